@@ -1,0 +1,14 @@
+complete -c cronlock -s u -l redis-url -d 'Redis server URL: redis://[user][:password@]host[:port][/db] or redis+unix:///path' -r
+complete -c cronlock -s t -l ttl -d 'Lock expiry in Redis; it only matters when the holder dies' -r
+complete -c cronlock -s w -l wait -d 'How long to wait for a busy lock before giving up (0: do not wait)' -r
+complete -c cronlock -l grace -d 'Time between SIGTERM and SIGKILL when cronlock stops the command [default: 5s, at most a quarter of --ttl]' -r
+complete -c cronlock -l max-runtime -d 'Stop the command (SIGTERM, then SIGKILL after --grace) when it runs longer; exit 124' -r
+complete -c cronlock -s E -l conflict-exit-code -d 'Exit status when the lock is held elsewhere and the command does not run' -r
+complete -c cronlock -s c -l command -d 'Run SHELL_COMMAND with /bin/sh -c instead of COMMAND' -r
+complete -c cronlock -l prefix -d 'Namespace for cronlock\'s Redis keys' -r
+complete -c cronlock -l connect-timeout -d 'Timeout for connecting to Redis and for each Redis command outside the watchdog' -r
+complete -c cronlock -s n -l nonblock -d 'Do not wait for a busy lock, like flock -n (same as --wait 0)'
+complete -c cronlock -s q -l quiet -d 'Print only errors'
+complete -c cronlock -s v -l verbose -d 'Also report a busy lock, acquisition, release and renewals'
+complete -c cronlock -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c cronlock -s V -l version -d 'Print version'

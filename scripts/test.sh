@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Run the whole test suite on a fresh Debian/Ubuntu machine: installs what the tests need
+# (redis-server; a Rust toolchain must already be there) and runs them. The tests fail, never
+# skip, when a server they need is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v unshare >/dev/null 2>&1 || need+=(util-linux)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "test.sh: installing ${need[*]}" >&2
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+command -v redis-server >/dev/null || { echo "test.sh: redis-server is required" >&2; exit 1; }
+
+cargo test --locked "$@"

@@ -1,0 +1,5 @@
+//! The `cronlock` binary: everything lives in the library so tests and doc generators share it.
+
+fn main() -> std::process::ExitCode {
+    cronlock::run()
+}

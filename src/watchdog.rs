@@ -1,0 +1,286 @@
+//! The watchdog thread: renews the lock while the command runs and tracks, on the monotonic clock,
+//! until when the lock is known to be valid. The main thread reads that deadline to stop the
+//! command before the lock can expire in Redis.
+//!
+//! Validity: after a renewal Redis confirmed, the lock is valid until the time the renewal was
+//! *sent* plus the TTL, since Redis starts the new expiry only when it runs the script. No Redis
+//! call may carry the watchdog past that deadline; errors are retried quickly until it.
+
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use redis::Connection;
+
+use crate::connect::{first_line, set_io_timeout, Redis};
+use crate::duration::Span;
+use crate::lock::{self, Held};
+use crate::log::{Level, Log};
+
+/// The shortest TTL that leaves room to renew, terminate and kill before expiry.
+pub const MIN_TTL: Duration = Duration::from_millis(250);
+/// Default grace between SIGTERM and SIGKILL (shortened for short TTLs when not given).
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(5);
+
+/// The timing that follows from `--ttl` and `--grace`.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    pub ttl: Duration,
+    pub grace: Duration,
+    /// Kept between the SIGKILL and the lock's expiry, for clock-rate differences between us and
+    /// Redis and for the kill to take effect.
+    pub margin: Duration,
+    /// Between renewals.
+    pub interval: Duration,
+}
+
+impl Timing {
+    /// Check `--ttl` and `--grace` together. Without `--grace`, it defaults to 5s, shortened to a
+    /// quarter of the TTL when the TTL is short; an explicit `--grace` over half the TTL is refused.
+    pub fn new(ttl: Duration, grace: Option<Duration>) -> Result<Timing> {
+        if ttl < MIN_TTL {
+            bail!(
+                "--ttl {} is too short: it must be at least {} so the lock can be renewed and the \
+                 command stopped before it expires",
+                Span(ttl),
+                Span(MIN_TTL)
+            );
+        }
+        let grace = match grace {
+            Some(g) if g > ttl / 2 => bail!(
+                "--grace {} must be at most half of --ttl {}: the command must be gone before the \
+                 lock can expire",
+                Span(g),
+                Span(ttl)
+            ),
+            Some(g) => g,
+            None => DEFAULT_GRACE.min(ttl / 4),
+        };
+        let margin = Duration::from_millis(50) + ttl / 100;
+        // From a confirmed renewal to the moment a feared loss sends SIGTERM: renew at least three
+        // times in that window, so two failures in a row are survivable.
+        let window = ttl - grace - margin;
+        let interval = (ttl / 3).min(window / 3);
+        Ok(Timing {
+            ttl,
+            grace,
+            margin,
+            interval,
+        })
+    }
+}
+
+/// What the main thread needs to know about the lock.
+#[derive(Debug, Clone)]
+pub enum LockState {
+    Valid { until: Instant },
+    Lost(String),
+}
+
+#[derive(Debug)]
+struct Inner {
+    valid_until: Instant,
+    lost: Option<String>,
+    last_error: Option<String>,
+}
+
+/// The shared view of the lock's validity.
+#[derive(Debug, Clone)]
+pub struct Watch {
+    inner: Arc<Mutex<Inner>>,
+    pub margin: Duration,
+}
+
+impl Watch {
+    fn new(valid_until: Instant, margin: Duration) -> Watch {
+        Watch {
+            inner: Arc::new(Mutex::new(Inner {
+                valid_until,
+                lost: None,
+                last_error: None,
+            })),
+            margin,
+        }
+    }
+
+    pub fn state(&self) -> LockState {
+        let inner = self.inner.lock().unwrap();
+        match &inner.lost {
+            Some(reason) => LockState::Lost(reason.clone()),
+            None => LockState::Valid {
+                until: inner.valid_until,
+            },
+        }
+    }
+
+    pub fn is_lost(&self) -> bool {
+        self.inner.lock().unwrap().lost.is_some()
+    }
+
+    pub fn last_error(&self) -> Option<String> {
+        self.inner.lock().unwrap().last_error.clone()
+    }
+
+    fn valid_until(&self) -> Instant {
+        self.inner.lock().unwrap().valid_until
+    }
+
+    fn lose(&self, reason: String) {
+        self.inner.lock().unwrap().lost = Some(reason);
+        crate::signals::wake_main();
+    }
+}
+
+/// The running renewal thread.
+pub struct Watchdog {
+    pub watch: Watch,
+    stop: mpsc::Sender<()>,
+    handle: JoinHandle<Option<Connection>>,
+}
+
+impl Watchdog {
+    /// Start renewing `held` over `con` (reconnecting through `redis` when needed).
+    pub fn start(
+        redis: Redis,
+        con: Connection,
+        held: Held,
+        timing: Timing,
+        log: Log,
+    ) -> Result<Watchdog> {
+        let watch = Watch::new(held.sent_at + timing.ttl, timing.margin);
+        let (stop, stop_rx) = mpsc::channel();
+        let w = watch.clone();
+        let handle = std::thread::Builder::new()
+            .name("watchdog".into())
+            .spawn(move || renew_loop(redis, Some(con), held, timing, w, stop_rx, log))?;
+        Ok(Watchdog {
+            watch,
+            stop,
+            handle,
+        })
+    }
+
+    /// Stop renewing; returns the connection if it is still good, for the release.
+    pub fn stop(self) -> Option<Connection> {
+        let _ = self.stop.send(());
+        self.handle.join().ok().flatten()
+    }
+}
+
+fn renew_loop(
+    redis: Redis,
+    mut con: Option<Connection>,
+    held: Held,
+    timing: Timing,
+    watch: Watch,
+    stop: mpsc::Receiver<()>,
+    log: Log,
+) -> Option<Connection> {
+    let retry = (timing.interval / 4).clamp(Duration::from_millis(10), Duration::from_millis(100));
+    // A hung Redis must not hold one attempt for long when a retry could still succeed.
+    let call_cap = timing.interval.max(Duration::from_millis(200));
+    let mut next = held.sent_at + timing.interval;
+    let mut failing_since: Option<Instant> = None;
+    loop {
+        match stop.recv_timeout(next.saturating_duration_since(Instant::now())) {
+            Err(RecvTimeoutError::Timeout) => {}
+            _ => return con,
+        }
+        let now = Instant::now();
+        let valid_until = watch.valid_until();
+        if now >= valid_until {
+            let err = watch.last_error().unwrap_or_else(|| "no reply".into());
+            watch.lose(format!(
+                "no renewal of '{}' was confirmed before it could expire ({err})",
+                held.keys.name
+            ));
+            return None;
+        }
+        let budget = (valid_until - now).min(call_cap);
+        let result = match con.take() {
+            Some(c) => Ok(c),
+            None => redis.connect_within(budget, budget),
+        }
+        .and_then(|mut c| {
+            set_io_timeout(&c, budget)?;
+            let sent = Instant::now();
+            let ours = lock::renew(&mut c, &held).map_err(|e| anyhow::anyhow!(first_line(&e)))?;
+            Ok((c, sent, ours))
+        });
+        match result {
+            Ok((c, sent, true)) => {
+                watch.inner.lock().unwrap().valid_until = sent + timing.ttl;
+                if let Some(since) = failing_since.take() {
+                    log.event(
+                        Level::Info,
+                        "renew_recovered",
+                        &format!(
+                            "renewing lock '{}' works again after failing for {}",
+                            held.keys.name,
+                            Span(Duration::from_millis(since.elapsed().as_millis() as u64))
+                        ),
+                        &[],
+                    );
+                }
+                log.event(Level::Debug, "renewed", "lock renewed", &[]);
+                con = Some(c);
+                next = sent + timing.interval;
+            }
+            Ok((_, _, false)) => {
+                watch.lose(format!(
+                    "lock '{}' is no longer ours (deleted, expired or taken over)",
+                    held.keys.name
+                ));
+                return None;
+            }
+            Err(e) => {
+                let msg = format!("{e:#}");
+                if failing_since.is_none() {
+                    failing_since = Some(now);
+                    log.event(
+                        Level::Info,
+                        "renew_failed",
+                        &format!("cannot renew lock '{}': {msg}; retrying", held.keys.name),
+                        &[],
+                    );
+                }
+                watch.inner.lock().unwrap().last_error = Some(msg);
+                next = Instant::now() + retry;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_grace_shrinks_for_short_ttls() {
+        let t = Timing::new(Duration::from_secs(30), None).unwrap();
+        assert_eq!(t.grace, Duration::from_secs(5));
+        assert_eq!(
+            t.interval,
+            Duration::from_secs(10).min((t.ttl - t.grace - t.margin) / 3)
+        );
+        let t = Timing::new(Duration::from_secs(1), None).unwrap();
+        assert_eq!(t.grace, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn renewal_always_precedes_feared_loss() {
+        for ms in [250u64, 1000, 3000, 30_000, 600_000] {
+            let t = Timing::new(Duration::from_millis(ms), None).unwrap();
+            assert!(t.interval * 3 <= t.ttl - t.grace - t.margin, "ttl {ms}ms");
+        }
+    }
+
+    #[test]
+    fn rejects_impossible_combinations() {
+        assert!(Timing::new(Duration::from_millis(100), None).is_err());
+        assert!(Timing::new(Duration::from_secs(1), Some(Duration::from_secs(5))).is_err());
+        assert!(Timing::new(Duration::from_secs(10), Some(Duration::from_secs(5))).is_ok());
+    }
+}

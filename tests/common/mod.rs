@@ -1,0 +1,275 @@
+//! Test harness: a real `redis-server` per test on a free loopback port, the real cronlock binary,
+//! and bounded polling instead of sleeps.
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_cronlock");
+
+/// Poll `cond` every 5 ms until it holds or `timeout` passes; returns whether it held.
+pub fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A fresh directory for one test's files.
+pub fn scratch(name: &str) -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "{name}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A real redis-server on 127.0.0.1, killed on drop.
+pub struct Redis {
+    pub port: u16,
+    pub password: Option<String>,
+    extra: Vec<String>,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Redis {
+    pub fn start() -> Redis {
+        Redis::start_with(None, &[])
+    }
+
+    pub fn with_password(pw: &str) -> Redis {
+        Redis::start_with(Some(pw), &[])
+    }
+
+    pub fn start_with(password: Option<&str>, extra: &[&str]) -> Redis {
+        let mut r = Redis {
+            port: 0,
+            password: password.map(str::to_string),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            dir: scratch("redis"),
+            child: None,
+        };
+        r.launch(None);
+        r
+    }
+
+    /// (Re)start the server, on the same port when given.
+    fn launch(&mut self, port: Option<u16>) {
+        for _ in 0..20 {
+            let port = port.unwrap_or_else(free_port);
+            let mut cmd = Command::new("redis-server");
+            cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+                .args(["--loglevel", "warning"])
+                .arg("--dir")
+                .arg(&self.dir)
+                .args(&self.extra)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            if let Some(pw) = &self.password {
+                cmd.args(["--requirepass", pw]);
+            }
+            let mut child = cmd.spawn().expect(
+                "redis-server is required for the tests and was not found on PATH; \
+                 run ./scripts/test.sh, which installs it",
+            );
+            self.port = port;
+            let up = wait_for(Duration::from_secs(10), || {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return true;
+                }
+                self.try_con().is_ok()
+            });
+            if up && child.try_wait().unwrap().is_none() {
+                self.child = Some(child);
+                return;
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("redis-server did not start");
+    }
+
+    pub fn url(&self) -> String {
+        match &self.password {
+            Some(pw) => format!("redis://:{pw}@127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
+    }
+
+    fn try_con(&self) -> redis::RedisResult<redis::Connection> {
+        let client = redis::Client::open(self.url())?;
+        let mut con = client.get_connection_with_timeout(Duration::from_secs(1))?;
+        con.set_read_timeout(Some(Duration::from_secs(5)))?;
+        redis::cmd("PING").query::<String>(&mut con)?;
+        Ok(con)
+    }
+
+    /// A test-side connection, for looking at and tampering with keys.
+    pub fn con(&self) -> redis::Connection {
+        self.try_con().expect("connect to test redis")
+    }
+
+    pub fn get(&self, key: &str) -> Option<String> {
+        redis::cmd("GET").arg(key).query(&mut self.con()).unwrap()
+    }
+
+    pub fn exists(&self, key: &str) -> bool {
+        redis::cmd("EXISTS")
+            .arg(key)
+            .query::<i64>(&mut self.con())
+            .unwrap()
+            == 1
+    }
+
+    pub fn pttl(&self, key: &str) -> i64 {
+        redis::cmd("PTTL").arg(key).query(&mut self.con()).unwrap()
+    }
+
+    pub fn set(&self, key: &str, value: &str) {
+        redis::cmd("SET")
+            .arg(key)
+            .arg(value)
+            .query::<()>(&mut self.con())
+            .unwrap();
+    }
+
+    pub fn del(&self, key: &str) {
+        redis::cmd("DEL")
+            .arg(key)
+            .query::<()>(&mut self.con())
+            .unwrap();
+    }
+
+    /// All keys, sorted.
+    pub fn keys(&self) -> Vec<String> {
+        let mut k: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut self.con()).unwrap();
+        k.sort();
+        k
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    /// SIGSTOP: the server hangs (connections are accepted by the kernel, nothing answers).
+    pub fn pause(&self) {
+        unsafe { libc::kill(self.pid(), libc::SIGSTOP) };
+    }
+
+    pub fn resume(&self) {
+        unsafe { libc::kill(self.pid(), libc::SIGCONT) };
+    }
+
+    /// SIGKILL the server: connections are refused until it is restarted.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Start again on the same port, without persistence: every key is gone.
+    pub fn restart(&mut self) {
+        self.kill();
+        let port = self.port;
+        self.launch(Some(port));
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.resume();
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The cronlock binary with a clean environment pointing at `redis`.
+pub fn cronlock(redis: &Redis) -> Command {
+    let mut cmd = Command::new(BIN);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("CRONLOCK_") || k == "REDIS_URL" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("CRONLOCK_REDIS_URL", redis.url());
+    cmd.stdin(Stdio::null());
+    cmd
+}
+
+/// Run to completion and return the output.
+pub fn run(cmd: &mut Command) -> Output {
+    cmd.output().expect("run cronlock")
+}
+
+pub fn code(out: &Output) -> i32 {
+    out.status.code().expect("cronlock exited by a signal")
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Is process `pid` still alive (and not a zombie)?
+pub fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .unwrap_or("X");
+            state != "Z" && state != "X"
+        }
+        Err(_) => false,
+    }
+}
+
+/// Send `sig` to `pid`.
+pub fn signal(pid: i32, sig: i32) {
+    unsafe { libc::kill(pid, sig) };
+}
+
+/// Read a pid a test child wrote to `path`, waiting for it to appear.
+pub fn read_pid(path: &Path) -> i32 {
+    let mut pid = 0;
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            pid = std::fs::read_to_string(path)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(0);
+            pid > 0
+        }),
+        "no pid in {}",
+        path.display()
+    );
+    pid
+}
