@@ -116,7 +116,7 @@ pub fn spawn(argv: &[OsString], extra_env: &[(&str, String)]) -> Result<Child, S
         candidates(&argv[0]).map_err(fail)?,
         args,
         env,
-        signals::original_mask(),
+        signals::SigSet::of(&[]),
     );
 
     let mut fds = [0; 2];
@@ -306,7 +306,7 @@ pub fn supervise(child: &Child, watch: &Watch, limits: Limits, log: &Log) -> End
         }
         let timeout = next.saturating_duration_since(now);
         if let Some(sig) = signals::wait(&set, timeout) {
-            if signals::FORWARDED.contains(&sig) {
+            if signals::forwarded().contains(&sig) {
                 log.event(
                     if forwarded_once {
                         Level::Debug

@@ -27,7 +27,7 @@ pub struct Prepared {
     pub envp: Vec<CString>,
     pub argv_ptrs: Vec<*const libc::c_char>,
     pub envp_ptrs: Vec<*const libc::c_char>,
-    /// The signal mask cronlock started with, restored in the command.
+    /// The command's signal mask (empty: the signals cronlock blocks must reach it).
     pub child_mask: SigSet,
     /// What the guard waits for: forwarded signals, SIGCHLD and the death signal.
     pub guard_set: SigSet,

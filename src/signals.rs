@@ -2,7 +2,10 @@
 //! from the start and taken synchronously with `sigtimedwait` on the main thread.
 //!
 //! Blocked signals are queued even for PID 1 (which ignores signals left at their default action),
-//! so the same code works as a container entrypoint. The child gets the original mask back.
+//! so the same code works as a container entrypoint. The child starts with an empty mask.
+//!
+//! A forwarded signal that was already ignored when cronlock started (`nohup` ignores SIGHUP) is
+//! left ignored and not forwarded, so `nohup cronlock ...` keeps its meaning for the command.
 
 use std::mem::MaybeUninit;
 use std::sync::OnceLock;
@@ -21,8 +24,8 @@ pub const FORWARDED: [libc::c_int; 6] = [
 /// The watchdog wakes the main thread with this when it learns the lock is lost.
 pub const WAKEUP: libc::c_int = libc::SIGALRM;
 
-/// The mask cronlock was started with, restored in the child before exec.
-static ORIGINAL_MASK: OnceLock<SigSet> = OnceLock::new();
+/// The forwarded signals that were not ignored at start: these are blocked and forwarded.
+static ACTIVE: OnceLock<Vec<libc::c_int>> = OnceLock::new();
 
 /// A `sigset_t` that is `Send + Sync` so it can live in a static.
 #[derive(Clone, Copy)]
@@ -46,27 +49,37 @@ impl SigSet {
     }
 }
 
+fn is_ignored(sig: libc::c_int) -> bool {
+    let mut old = MaybeUninit::<libc::sigaction>::uninit();
+    // SAFETY: a null new action only queries the current one.
+    let rc = unsafe { libc::sigaction(sig, std::ptr::null(), old.as_mut_ptr()) };
+    // SAFETY: filled by sigaction on success.
+    rc == 0 && unsafe { old.assume_init() }.sa_sigaction == libc::SIG_IGN
+}
+
+/// The signals cronlock forwards to the command (those not ignored at start).
+pub fn forwarded() -> &'static [libc::c_int] {
+    ACTIVE.get_or_init(|| {
+        FORWARDED
+            .iter()
+            .copied()
+            .filter(|&s| !is_ignored(s))
+            .collect()
+    })
+}
+
 /// Everything the main thread waits for: forwarded signals, child exits and watchdog wake-ups.
 pub fn watched() -> SigSet {
-    let mut all = FORWARDED.to_vec();
+    let mut all = forwarded().to_vec();
     all.extend([libc::SIGCHLD, WAKEUP]);
     SigSet::of(&all)
 }
 
-/// Block [`watched`] in the calling thread (call before any thread starts so all inherit it) and
-/// remember the original mask for the child.
+/// Block [`watched`] in the calling thread; call before any thread starts so all inherit it.
 pub fn block() {
-    let mut old = MaybeUninit::<libc::sigset_t>::uninit();
     let set = watched();
-    // SAFETY: valid sets; pthread_sigmask only fails for an invalid `how`.
-    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set.0, old.as_mut_ptr()) };
-    // SAFETY: pthread_sigmask filled `old`.
-    let _ = ORIGINAL_MASK.set(SigSet(unsafe { old.assume_init() }));
-}
-
-/// The mask to restore in the child.
-pub fn original_mask() -> SigSet {
-    *ORIGINAL_MASK.get_or_init(|| SigSet::of(&[]))
+    // SAFETY: valid set; pthread_sigmask only fails for an invalid `how`.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set.0, std::ptr::null_mut()) };
 }
 
 /// Wait up to `timeout` for one of `set`; `None` on timeout.
@@ -82,7 +95,7 @@ pub fn wait(set: &SigSet, timeout: Duration) -> Option<libc::c_int> {
 
 /// A forwarded signal already pending (used while no child runs: before and while waiting).
 pub fn pending_forwarded() -> Option<libc::c_int> {
-    wait(&SigSet::of(&FORWARDED), Duration::ZERO)
+    wait(&SigSet::of(forwarded()), Duration::ZERO)
 }
 
 /// Wake the main thread (from the watchdog).

@@ -38,7 +38,7 @@ pub fn acquire(
     wait: Duration,
     log: &Log,
 ) -> Result<Acquired> {
-    let forwarded = SigSet::of(&signals::FORWARDED);
+    let forwarded = SigSet::of(signals::forwarded());
     let deadline = Instant::now() + wait;
     let mut backoff = Duration::from_millis(10);
     let mut announced = false;

@@ -171,17 +171,19 @@ impl Redis {
         k
     }
 
-    pub fn pid(&self) -> i32 {
-        self.child.as_ref().unwrap().id() as i32
+    fn send(&self, sig: i32) {
+        if let Some(c) = &self.child {
+            unsafe { libc::kill(c.id() as i32, sig) };
+        }
     }
 
     /// SIGSTOP: the server hangs (connections are accepted by the kernel, nothing answers).
     pub fn pause(&self) {
-        unsafe { libc::kill(self.pid(), libc::SIGSTOP) };
+        self.send(libc::SIGSTOP);
     }
 
     pub fn resume(&self) {
-        unsafe { libc::kill(self.pid(), libc::SIGCONT) };
+        self.send(libc::SIGCONT);
     }
 
     /// SIGKILL the server: connections are refused until it is restarted.
@@ -232,6 +234,11 @@ pub fn code(out: &Output) -> i32 {
 
 pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// cronlock's own lines (the child may write to the same stderr).
+pub fn own_lines(err: &str) -> Vec<&str> {
+    err.lines().filter(|l| l.starts_with("cronlock:")).collect()
 }
 
 pub fn stdout(out: &Output) -> String {
