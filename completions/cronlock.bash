@@ -23,7 +23,7 @@ _cronlock() {
 
     case "${cmd}" in
         cronlock)
-            opts="-u -t -w -n -E -c -q -v -h -V --redis-url --ttl --wait --nonblock --grace --max-runtime --conflict-exit-code --command --quiet --verbose --prefix --connect-timeout --help --version"
+            opts="-u -t -w -n -E -c -q -v -h -V --redis-url --ttl --wait --nonblock --grace --max-runtime --min-hold --conflict-exit-code --command --quiet --verbose --prefix --connect-timeout --history --history-ttl --log-format --status --list --force-release --json --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -61,6 +61,10 @@ _cronlock() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --min-hold)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --conflict-exit-code)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -83,6 +87,18 @@ _cronlock() {
                     ;;
                 --connect-timeout)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --history)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --history-ttl)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --log-format)
+                    COMPREPLY=($(compgen -W "text json" -- "${cur}"))
                     return 0
                     ;;
                 *)

@@ -5,7 +5,7 @@ use std::ffi::OsString;
 
 use anyhow::{bail, Result};
 use clap::builder::FalseyValueParser;
-use clap::{CommandFactory, Parser};
+use clap::{ArgGroup, CommandFactory, Parser, ValueEnum};
 
 use crate::duration::{self, Span};
 
@@ -94,7 +94,12 @@ fn after_long_help() -> String {
     name = "cronlock",
     version,
     after_long_help = after_long_help(),
-    override_usage = "cronlock [OPTIONS] <KEY> [--] <COMMAND> [ARGS]...\n       cronlock [OPTIONS] <KEY> -c <SHELL_COMMAND>"
+    override_usage = "cronlock [OPTIONS] <KEY> [--] <COMMAND> [ARGS]...\n       \
+                      cronlock [OPTIONS] <KEY> -c <SHELL_COMMAND>\n       \
+                      cronlock --status [--json] <KEY>\n       \
+                      cronlock --list [--json]\n       \
+                      cronlock --force-release <KEY>",
+    group(ArgGroup::new("admin").args(["status", "list", "force_release"]))
 )]
 pub struct Cli {
     /// Redis server URL: redis://[user][:password@]host[:port][/db] or redis+unix:///path
@@ -135,6 +140,20 @@ pub struct Cli {
     #[arg(long, env = "CRONLOCK_MAX_RUNTIME", value_name = "DURATION",
           value_parser = duration::positive)]
     pub max_runtime: Option<Span>,
+
+    /// Keep the lock until at least this long after it was taken, even when the command
+    /// finishes sooner
+    ///
+    /// Hosts fire the same cron line seconds apart (clock skew, busy schedulers); a short job
+    /// released at once would let a lagging host run it again. Rule of thumb: a bit less than the
+    /// schedule period (e.g. 4m for a job every 5 minutes).
+    #[arg(
+        long,
+        env = "CRONLOCK_MIN_HOLD",
+        value_name = "DURATION",
+        default_value = "0"
+    )]
+    pub min_hold: Span,
 
     /// Exit status when the lock is held elsewhere and the command does not run
     #[arg(
@@ -180,6 +199,37 @@ pub struct Cli {
           value_parser = duration::positive)]
     pub connect_timeout: Span,
 
+    /// How many past run records to keep per KEY (0: only the last run)
+    #[arg(long, env = "CRONLOCK_HISTORY", value_name = "N", default_value_t = 10)]
+    pub history: u32,
+
+    /// Expire the last-run record and history this long after the last run [default: never]
+    #[arg(long, env = "CRONLOCK_HISTORY_TTL", value_name = "DURATION",
+          value_parser = duration::positive)]
+    pub history_ttl: Option<Span>,
+
+    /// Format of cronlock's own messages on stderr
+    #[arg(long, env = "CRONLOCK_LOG_FORMAT", value_name = "FORMAT", value_enum,
+          default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Show whether KEY is held, by whom, and its last run; then exit
+    #[arg(long, requires = "key")]
+    pub status: bool,
+
+    /// List every lock currently held under --prefix; then exit
+    #[arg(long)]
+    pub list: bool,
+
+    /// Delete KEY's lock whoever holds it (the holder's command is then stopped, exit 122)
+    #[arg(long, requires = "key")]
+    pub force_release: bool,
+
+    /// Print --status, --list and --force-release results as JSON
+    #[arg(long, env = "CRONLOCK_JSON", value_parser = FalseyValueParser::new(),
+          default_value_t = false, num_args = 0, default_missing_value = "true")]
+    pub json: bool,
+
     /// Name of the lock; every host running the same job uses the same KEY
     #[arg(value_name = "KEY")]
     pub key: Option<String>,
@@ -191,6 +241,24 @@ pub struct Cli {
         allow_hyphen_values = true
     )]
     pub command: Vec<OsString>,
+}
+
+/// `--log-format` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// `cronlock: ...` lines
+    Text,
+    /// one JSON object per line
+    Json,
+}
+
+/// What cronlock was asked to do.
+#[derive(Debug, Clone)]
+pub enum Mode {
+    Run(Job),
+    Status(String),
+    List,
+    ForceRelease(String),
 }
 
 /// What to run, once the arguments are checked.
@@ -220,6 +288,40 @@ impl Cli {
         }
     }
 
+    /// The mode, with the checks clap cannot express.
+    pub fn mode(&self) -> Result<Mode> {
+        let admin = if self.status {
+            Some("--status")
+        } else if self.list {
+            Some("--list")
+        } else if self.force_release {
+            Some("--force-release")
+        } else {
+            None
+        };
+        let Some(flag) = admin else {
+            return self.job().map(Mode::Run);
+        };
+        if !self.command.is_empty() || self.shell_command.is_some() {
+            bail!("{flag} runs no command: remove COMMAND");
+        }
+        if self.list {
+            if self.key.is_some() {
+                bail!("--list takes no KEY");
+            }
+            return Ok(Mode::List);
+        }
+        let key = match self.key.as_deref() {
+            None | Some("") => bail!("{flag} needs a non-empty KEY"),
+            Some(k) => k.to_string(),
+        };
+        Ok(if self.status {
+            Mode::Status(key)
+        } else {
+            Mode::ForceRelease(key)
+        })
+    }
+
     /// Checks that clap cannot express, each with a message naming what is wrong.
     pub fn job(&self) -> Result<Job> {
         let key = match self.key.as_deref() {
@@ -242,8 +344,7 @@ impl Cli {
     }
 }
 
-/// Parse `std::env::args_os()`. Help and version are `Ok(Err(text))` to print and exit 0; usage
-/// errors become one line, since the full clap report is several.
+/// Parse `std::env::args_os()`; see [`one_line`] for how errors are shown.
 pub fn parse() -> std::result::Result<Cli, clap::Error> {
     Cli::try_parse()
 }
@@ -251,9 +352,15 @@ pub fn parse() -> std::result::Result<Cli, clap::Error> {
 /// clap's error as one `cronlock:`-style line.
 pub fn one_line(err: &clap::Error) -> String {
     let rendered = err.render().to_string();
-    let first = rendered.lines().next().unwrap_or("invalid usage");
-    let first = first.strip_prefix("error: ").unwrap_or(first);
-    format!("{first} (see 'cronlock --help')")
+    // The message is the first paragraph (some span lines: "required arguments: <KEY>").
+    let message: Vec<&str> = rendered
+        .lines()
+        .take_while(|l| !l.trim().is_empty())
+        .map(str::trim)
+        .collect();
+    let message = message.join(" ");
+    let message = message.strip_prefix("error: ").unwrap_or(&message);
+    format!("{message} (see 'cronlock --help')")
 }
 
 /// The clap command, for the man page and completion generators.

@@ -3,6 +3,7 @@
 //! `run()` is the whole program: parse the command line, take the lock, run the command under the
 //! watchdog, release, and turn what happened into the documented exit status.
 
+pub mod admin;
 pub mod child;
 pub mod cli;
 pub mod connect;
@@ -12,22 +13,27 @@ pub mod guard;
 pub mod host;
 pub mod lock;
 pub mod log;
+pub mod record;
 pub mod signals;
 pub mod wait;
 pub mod watchdog;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
+use std::time::Instant;
 
 use anyhow::Result;
 use clap::error::ErrorKind;
+use serde_json::Value;
 
 use crate::child::{Limits, Stop};
-use crate::cli::{Cli, Job};
+use crate::cli::{Cli, Job, LogFormat, Mode};
 use crate::connect::Redis;
+use crate::duration::Span;
 use crate::exit::Exit;
-use crate::lock::{Held, Keys, Released};
+use crate::lock::{Held, Keys, ReleaseOptions, Released};
 use crate::log::{Level, Log};
+use crate::record::Ending;
 use crate::wait::Acquired;
 use crate::watchdog::{Timing, Watchdog};
 
@@ -44,13 +50,15 @@ pub fn run() -> ExitCode {
                     Exit::Success.into()
                 }
                 _ => {
-                    eprintln!("cronlock: {}", cli::one_line(&e));
+                    // The format is unknown when parsing failed; honour the environment's.
+                    let json = std::env::var("CRONLOCK_LOG_FORMAT").is_ok_and(|f| f == "json");
+                    Log::new(false, false, json).error("usage", &cli::one_line(&e));
                     Exit::Failure.into()
                 }
-            }
+            };
         }
     };
-    let log = Log::new(cli.quiet, cli.verbose, false);
+    let log = Log::new(cli.quiet, cli.verbose, cli.log_format == LogFormat::Json);
     match execute(&cli, &log) {
         Ok(exit) => exit.into(),
         Err(e) => {
@@ -76,17 +84,54 @@ fn command_line(argv: &[OsString]) -> String {
 }
 
 fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
-    let job = cli.job()?;
-    let timing = Timing::new(cli.ttl.0, cli.grace.map(|g| g.0))?;
+    let mode = cli.mode()?;
+    let timing = match &mode {
+        Mode::Run(_) => Some(Timing::new(cli.ttl.0, cli.grace.map(|g| g.0))?),
+        _ => None,
+    };
     let redis = Redis::new(&cli.redis_url(), cli.connect_timeout.0)?;
     if let Some(p) = redis.password() {
         log.add_secret(&p);
     }
+    let io_timeout = cli.connect_timeout.0;
+    match mode {
+        Mode::Run(job) => run_job(cli, &job, timing.expect("checked for runs"), &redis, log),
+        Mode::Status(key) => {
+            let mut con = redis.connect(io_timeout)?;
+            admin::status(&mut con, &Keys::new(&cli.prefix, &key), cli.json)?;
+            Ok(Exit::Success)
+        }
+        Mode::List => {
+            let mut con = redis.connect(io_timeout)?;
+            admin::list(&mut con, &cli.prefix, cli.json)?;
+            Ok(Exit::Success)
+        }
+        Mode::ForceRelease(key) => {
+            let mut con = redis.connect(io_timeout)?;
+            admin::force_release(&mut con, &Keys::new(&cli.prefix, &key), cli.json)?;
+            Ok(Exit::Success)
+        }
+    }
+}
+
+/// Take the lock, run the command under the watchdog, release and record the run.
+fn run_job(cli: &Cli, job: &Job, timing: Timing, redis: &Redis, log: &Log) -> Result<Exit> {
     log.set_key(&job.key);
     let keys = Keys::new(&cli.prefix, &job.key);
-    let mut con = redis.connect(cli.connect_timeout.0)?;
+    let io_timeout = cli.connect_timeout.0;
+    let mut con = redis.connect(io_timeout)?;
     let command = command_line(&job.argv);
-    let held = match wait::acquire(&mut con, &keys, &command, timing.ttl, cli.wait(), log)? {
+    let asked = Instant::now();
+    let acquired = wait::acquire(
+        &mut con,
+        &keys,
+        &command,
+        timing.ttl,
+        cli.wait(),
+        io_timeout,
+        log,
+    )?;
+    let held = match acquired {
         Acquired::Held(held) => *held,
         Acquired::Busy => {
             log.info(
@@ -95,7 +140,7 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
                     "lock '{}' is held elsewhere; not running the command",
                     job.key
                 ),
-                &[],
+                &[("conflict_exit_code", cli.conflict_exit_code.into())],
             );
             return Ok(Exit::Conflict(cli.conflict_exit_code));
         }
@@ -106,7 +151,7 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
                     "received {} while waiting; not running the command",
                     signals::name(sig)
                 ),
-                &[],
+                &[("signal", sig.into())],
             );
             return Ok(Exit::Signal(sig));
         }
@@ -115,12 +160,12 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
     log.info(
         "acquired",
         &format!("acquired lock '{}' (fencing token {})", job.key, held.fence),
-        &[],
+        &[("waited_ms", (asked.elapsed().as_millis() as u64).into())],
     );
     let watchdog = match Watchdog::start(redis.clone(), con, held.clone(), timing, log.clone()) {
         Ok(w) => w,
         Err(e) => {
-            release(&redis, None, &held, false, log);
+            release(redis, None, &held, false, &ReleaseOptions::default(), log);
             return Err(e.context("cannot start the watchdog thread"));
         }
     };
@@ -128,15 +173,28 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
         grace: timing.grace,
         max_runtime: cli.max_runtime.map(|m| m.0),
     };
-    let exit = run_child(&job, &held, &watchdog.watch, limits, log);
+    let (exit, ending) = run_child(job, &held, &watchdog.watch, limits, log);
     let lost = watchdog.watch.is_lost();
     let con = watchdog.stop();
-    release(&redis, con, &held, lost, log);
+    let duration = held.sent_at.elapsed();
+    let opts = ReleaseOptions {
+        hold: (held.sent_at + cli.min_hold.0).saturating_duration_since(Instant::now()),
+        record: Some(record::run_record(&held, ending, exit, duration).to_string()),
+        history: cli.history,
+        record_ttl: cli.history_ttl.map(|t| t.0),
+    };
+    release(redis, con, &held, lost, &opts, log);
     Ok(exit)
 }
 
 /// Spawn and supervise the command; the lock is held throughout.
-fn run_child(job: &Job, held: &Held, watch: &watchdog::Watch, limits: Limits, log: &Log) -> Exit {
+fn run_child(
+    job: &Job,
+    held: &Held,
+    watch: &watchdog::Watch,
+    limits: Limits,
+    log: &Log,
+) -> (Exit, Ending) {
     if let Some(sig) = signals::pending_forwarded() {
         log.info(
             "signal",
@@ -144,9 +202,9 @@ fn run_child(job: &Job, held: &Held, watch: &watchdog::Watch, limits: Limits, lo
                 "received {} before starting; not running the command",
                 signals::name(sig)
             ),
-            &[],
+            &[("signal", sig.into())],
         );
-        return Exit::Signal(sig);
+        return (Exit::Signal(sig), Ending::NotStarted);
     }
     let env = [
         ("CRONLOCK_KEY", job.key.clone()),
@@ -166,50 +224,74 @@ fn run_child(job: &Job, held: &Held, watch: &watchdog::Watch, limits: Limits, lo
                 "spawn_failed",
                 &format!("cannot run '{}': {text}", e.program),
             );
-            return e.exit();
+            return (e.exit(), Ending::NotStarted);
         }
     };
+    let started = Instant::now();
     let ended = child::supervise(&child, watch, limits, log);
     let exit = ended.exit();
-    let how = match (&ended.stopped, ended.status) {
-        (Some(Stop::LockLost(_)), _) => "terminated: lock lost".to_string(),
-        (Some(Stop::MaxRuntime), _) => "terminated: max runtime".to_string(),
-        (None, Exit::Signal(n)) => format!("killed by {}", signals::name(n)),
-        (None, e) => format!("exited with status {}", e.code()),
+    let (ending, how) = match (&ended.stopped, ended.status) {
+        (Some(Stop::LockLost(_)), _) => (Ending::Lost, "was terminated: lock lost".to_string()),
+        (Some(Stop::MaxRuntime), _) => (Ending::MaxRuntime, "was terminated: --max-runtime".into()),
+        (None, Exit::Signal(n)) => (
+            Ending::Signalled,
+            format!("was killed by {}", signals::name(n)),
+        ),
+        (None, e) => (Ending::Exited, format!("exited with status {}", e.code())),
     };
+    let took_ms = started.elapsed().as_millis() as u64;
     log.info(
         "finished",
-        &format!("command {how}"),
-        &[("exit_status", exit.code().into())],
+        &format!(
+            "command {how} after {}",
+            Span(std::time::Duration::from_millis(took_ms))
+        ),
+        &[
+            ("exit_status", exit.code().into()),
+            ("ended", ending.name().into()),
+            ("duration_ms", took_ms.into()),
+        ],
     );
-    exit
+    (exit, ending)
 }
 
-/// Release our lock; problems are warnings, since the command's status is what matters now.
-fn release(redis: &Redis, con: Option<redis::Connection>, held: &Held, lost: bool, log: &Log) {
+/// Release our lock and record the run; problems are warnings, since the command's status is what
+/// matters now.
+fn release(
+    redis: &Redis,
+    con: Option<redis::Connection>,
+    held: &Held,
+    lost: bool,
+    opts: &ReleaseOptions,
+    log: &Log,
+) {
     let result = match con {
         Some(c) => Ok(c),
         None => redis.connect(redis.connect_timeout),
     }
-    .and_then(|mut c| lock::release(&mut c, held));
+    .and_then(|mut c| lock::release(&mut c, held, opts));
+    let name = &held.keys.name;
     match result {
-        Ok(Released::Deleted) => log.info(
-            "released",
-            &format!("released lock '{}'", held.keys.name),
-            &[],
+        Ok(Released::Deleted) => log.info("released", &format!("released lock '{name}'"), &[]),
+        Ok(Released::Kept) => log.info(
+            "held_for_min_hold",
+            &format!(
+                "keeping lock '{name}' for {} more (--min-hold)",
+                Span(std::time::Duration::from_millis(opts.hold.as_millis() as u64))
+            ),
+            &[("hold_ms", Value::from(opts.hold.as_millis() as u64))],
         ),
         Ok(Released::NotOurs) if lost => {}
         Ok(Released::NotOurs) => log.warn(
             "release_not_ours",
             &format!(
-                "lock '{}' was no longer ours at release (it expired or was taken over); left it alone",
-                held.keys.name
+                "lock '{name}' was no longer ours at release (it expired or was taken over); left it alone"
             ),
         ),
         Err(e) => log.event(
             Level::Warn,
             "release_failed",
-            &format!("{e:#}; it will expire within {}", duration::Span(held.ttl)),
+            &format!("{e:#}; it will expire within {}", Span(held.ttl)),
             &[],
         ),
     }

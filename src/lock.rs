@@ -5,6 +5,9 @@
 //! Key layout for KEY under the default prefix `cronlock:` (all in one Cluster hash slot, `{KEY}`):
 //! - `cronlock:{KEY}`        the lock; its value identifies the holder
 //! - `cronlock:{KEY}:fence`  the fencing counter, bumped on every acquisition, never expires
+//! - `cronlock:{KEY}:last`   the last run's record (JSON)
+//! - `cronlock:{KEY}:history` the last runs' records, newest first, capped
+//! - `cronlock:{KEY}:notify` a one-element list that wakes one `--wait`er on release
 
 use std::time::{Duration, Instant};
 
@@ -17,6 +20,11 @@ use crate::connect::first_line;
 static ACQUIRE: &str = include_str!("lua/acquire.lua");
 static RENEW: &str = include_str!("lua/renew.lua");
 static RELEASE: &str = include_str!("lua/release.lua");
+static FORCE_RELEASE: &str = include_str!("lua/force_release.lua");
+static STATUS: &str = include_str!("lua/status.lua");
+
+/// How long a release notification waits for a waiter before it expires.
+pub const NOTIFY_TTL: Duration = Duration::from_secs(10);
 
 /// The Redis keys that belong to one KEY.
 #[derive(Debug, Clone)]
@@ -24,6 +32,9 @@ pub struct Keys {
     pub name: String,
     pub lock: String,
     pub fence: String,
+    pub last: String,
+    pub history: String,
+    pub notify: String,
 }
 
 impl Keys {
@@ -32,8 +43,20 @@ impl Keys {
         Keys {
             name: name.to_string(),
             fence: format!("{lock}:fence"),
+            last: format!("{lock}:last"),
+            history: format!("{lock}:history"),
+            notify: format!("{lock}:notify"),
             lock,
         }
+    }
+
+    /// The KEY of a lock key found by SCAN, if `redis_key` is one (not a `:fence` or other key).
+    pub fn name_of<'a>(prefix: &str, redis_key: &'a str) -> Option<&'a str> {
+        redis_key
+            .strip_prefix(prefix)?
+            .strip_prefix('{')?
+            .strip_suffix('}')
+            .filter(|name| !name.is_empty())
     }
 }
 
@@ -89,36 +112,61 @@ pub struct Held {
 pub enum Released {
     /// We deleted our lock.
     Deleted,
+    /// We kept it, expiring after the rest of `--min-hold`.
+    Kept,
     /// The lock was no longer ours: we touched nothing.
     NotOurs,
+}
+
+/// What the release also does besides deleting.
+#[derive(Debug, Clone, Default)]
+pub struct ReleaseOptions {
+    /// Keep the lock this much longer instead of deleting it (`--min-hold`).
+    pub hold: Duration,
+    /// The run record (JSON) to store as the last run.
+    pub record: Option<String>,
+    pub history: u32,
+    pub record_ttl: Option<Duration>,
+}
+
+/// One attempt's outcome.
+#[derive(Debug)]
+pub enum Attempt {
+    Held(Box<Held>),
+    /// Held elsewhere; the holder's lock expires in this much (None: no expiry set).
+    Busy(Option<Duration>),
 }
 
 fn ms(d: Duration) -> u64 {
     d.as_millis().max(1) as u64
 }
 
-/// One acquisition attempt. `Ok(None)` when the lock is held elsewhere.
+/// One acquisition attempt.
 pub fn try_acquire(
     con: &mut Connection,
     keys: &Keys,
     holder: &Holder,
     ttl: Duration,
-) -> Result<Option<Held>> {
+) -> Result<Attempt> {
     let sent_at = Instant::now();
-    let fence: i64 = Script::new(ACQUIRE)
+    let (fence, pttl): (i64, i64) = Script::new(ACQUIRE)
         .key(&keys.lock)
         .key(&keys.fence)
         .arg(&holder.value)
         .arg(ms(ttl))
         .invoke(con)
         .map_err(|e| anyhow!("cannot acquire lock '{}': {}", keys.name, first_line(&e)))?;
-    Ok((fence > 0).then(|| Held {
+    if fence <= 0 {
+        let left = u64::try_from(pttl).ok().map(Duration::from_millis);
+        return Ok(Attempt::Busy(left));
+    }
+    Ok(Attempt::Held(Box::new(Held {
         keys: keys.clone(),
         holder: holder.clone(),
         fence,
         ttl,
         sent_at,
-    }))
+    })))
 }
 
 /// Extend our lock to `ttl` from now if it is still ours: `Ok(true)` ours, `Ok(false)` not ours.
@@ -130,23 +178,66 @@ pub fn renew(con: &mut Connection, held: &Held) -> RedisResult<bool> {
         .invoke(con)
 }
 
-/// Delete our lock if it is still ours.
-pub fn release(con: &mut Connection, held: &Held) -> Result<Released> {
+/// Delete (or, for `--min-hold`, shorten) our lock if it is still ours, and record the run.
+pub fn release(con: &mut Connection, held: &Held, opts: &ReleaseOptions) -> Result<Released> {
+    let keys = &held.keys;
     let n: i64 = Script::new(RELEASE)
-        .key(&held.keys.lock)
+        .key(&keys.lock)
+        .key(&keys.last)
+        .key(&keys.history)
+        .key(&keys.notify)
         .arg(&held.holder.value)
+        .arg(if opts.hold.is_zero() {
+            0
+        } else {
+            ms(opts.hold)
+        })
+        .arg(opts.record.as_deref().unwrap_or(""))
+        .arg(opts.history)
+        .arg(opts.record_ttl.map_or(0, ms))
+        .arg(ms(NOTIFY_TTL))
         .invoke(con)
-        .map_err(|e| {
-            anyhow!(
-                "cannot release lock '{}': {}",
-                held.keys.name,
-                first_line(&e)
-            )
-        })?;
-    Ok(if n == 1 {
-        Released::Deleted
-    } else {
-        Released::NotOurs
+        .map_err(|e| anyhow!("cannot release lock '{}': {}", keys.name, first_line(&e)))?;
+    Ok(match n {
+        1 => Released::Deleted,
+        2 => Released::Kept,
+        _ => Released::NotOurs,
+    })
+}
+
+/// Delete the lock whoever holds it; returns the holder value, or None if it was free.
+pub fn force_release(con: &mut Connection, keys: &Keys) -> Result<Option<String>> {
+    Script::new(FORCE_RELEASE)
+        .key(&keys.lock)
+        .key(&keys.notify)
+        .arg(ms(NOTIFY_TTL))
+        .invoke(con)
+        .map_err(|e| anyhow!("cannot release lock '{}': {}", keys.name, first_line(&e)))
+}
+
+/// A consistent snapshot of one lock.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub holder: Option<String>,
+    pub pttl: i64,
+    pub fence: Option<i64>,
+    pub last_run: Option<String>,
+}
+
+/// Read the lock, its expiry, its fencing counter and its last run at one instant.
+pub fn snapshot(con: &mut Connection, keys: &Keys) -> Result<Snapshot> {
+    type Reply = (Option<String>, i64, Option<i64>, Option<String>);
+    let (holder, pttl, fence, last_run): Reply = Script::new(STATUS)
+        .key(&keys.lock)
+        .key(&keys.fence)
+        .key(&keys.last)
+        .invoke(con)
+        .map_err(|e| anyhow!("cannot read lock '{}': {}", keys.name, first_line(&e)))?;
+    Ok(Snapshot {
+        holder,
+        pttl,
+        fence,
+        last_run,
     })
 }
 
@@ -159,6 +250,10 @@ mod tests {
         let k = Keys::new("cronlock:", "nightly");
         assert_eq!(k.lock, "cronlock:{nightly}");
         assert_eq!(k.fence, "cronlock:{nightly}:fence");
+        assert_eq!(k.notify, "cronlock:{nightly}:notify");
+        assert_eq!(Keys::name_of("cronlock:", &k.lock), Some("nightly"));
+        assert_eq!(Keys::name_of("cronlock:", &k.fence), None);
+        assert_eq!(Keys::name_of("cronlock:", "other:{x}"), None);
     }
 
     #[test]

@@ -1,17 +1,25 @@
-//! Getting the lock: one attempt, or retries with jittered backoff until `--wait` runs out.
+//! Getting the lock: one attempt, or, with `--wait`, a fast handoff from the releasing holder.
 //!
-//! While waiting, cronlock sleeps in `sigtimedwait`, so SIGTERM or Ctrl-C end the wait at once
-//! (the command never runs and no lock is left behind).
+//! A release pushes one element to the KEY's notify list; waiters block on it with `BLPOP`, so one
+//! of them wakes within a round trip and takes the lock. Each `BLPOP` is bounded by the holder's
+//! remaining expiry (a crashed holder is noticed when its lock expires), by what is left of
+//! `--wait`, and by a short jittered cap, so a lost notification costs at most one poll and signals
+//! (checked between polls) end the wait promptly. No lock is taken, and the command never runs,
+//! when the wait ends without it.
 
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{anyhow, Result};
 use redis::Connection;
 
+use crate::connect::{first_line, set_io_timeout};
 use crate::duration::Span;
-use crate::lock::{self, Held, Holder, Keys};
+use crate::lock::{self, Attempt, Held, Holder, Keys};
 use crate::log::Log;
-use crate::signals::{self, SigSet};
+use crate::signals;
+
+/// The longest a waiter blocks between attempts.
+const POLL_CAP: Duration = Duration::from_millis(500);
 
 /// The result of trying to get the lock.
 #[derive(Debug)]
@@ -23,7 +31,7 @@ pub enum Acquired {
     Signalled(libc::c_int),
 }
 
-/// A random duration in `[d/2, d]`, so waiters on many hosts do not retry in step.
+/// A random duration in `[d/2, d]`, so waiters on many hosts do not poll in step.
 fn jitter(d: Duration) -> Duration {
     let r = (uuid::Uuid::new_v4().as_u128() % 1024) as u32;
     d / 2 + d / 2 * r / 1024
@@ -36,20 +44,20 @@ pub fn acquire(
     command: &str,
     ttl: Duration,
     wait: Duration,
+    io_timeout: Duration,
     log: &Log,
 ) -> Result<Acquired> {
-    let forwarded = SigSet::of(signals::forwarded());
     let deadline = Instant::now() + wait;
-    let mut backoff = Duration::from_millis(10);
     let mut announced = false;
     loop {
         if let Some(sig) = signals::pending_forwarded() {
             return Ok(Acquired::Signalled(sig));
         }
         // A fresh holder per attempt, so `started` says when we got it.
-        if let Some(held) = lock::try_acquire(con, keys, &Holder::new(command), ttl)? {
-            return Ok(Acquired::Held(Box::new(held)));
-        }
+        let expires_in = match lock::try_acquire(con, keys, &Holder::new(command), ttl)? {
+            Attempt::Held(held) => return Ok(Acquired::Held(held)),
+            Attempt::Busy(expires_in) => expires_in,
+        };
         let now = Instant::now();
         if now >= deadline {
             return Ok(Acquired::Busy);
@@ -66,10 +74,19 @@ pub fn acquire(
                 &[("wait_ms", (wait.as_millis() as u64).into())],
             );
         }
-        let sleep = jitter(backoff).min(deadline - now);
-        backoff = (backoff * 2).min(Duration::from_millis(500));
-        if let Some(sig) = signals::wait(&forwarded, sleep) {
-            return Ok(Acquired::Signalled(sig));
+        let mut block = jitter(POLL_CAP).min(deadline - now);
+        if let Some(left) = expires_in {
+            block = block.min(left + Duration::from_millis(1));
         }
+        // BLPOP takes seconds with millisecond precision (Redis >= 6); 0 would block forever.
+        let secs = (block.as_millis().max(1) as f64) / 1000.0;
+        set_io_timeout(con, block + io_timeout)?;
+        let woke: Option<(String, String)> = redis::cmd("BLPOP")
+            .arg(&keys.notify)
+            .arg(secs)
+            .query(con)
+            .map_err(|e| anyhow!("cannot wait for lock '{}': {}", keys.name, first_line(&e)))?;
+        set_io_timeout(con, io_timeout)?;
+        let _ = woke;
     }
 }
