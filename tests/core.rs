@@ -373,3 +373,37 @@ fn database_number_in_url_is_used() {
     let f: Option<String> = redis::cmd("GET").arg(FENCE).query(&mut con).unwrap();
     assert_eq!(f.as_deref(), Some("1"));
 }
+
+#[test]
+fn acl_user_and_password_in_url() {
+    let r = Redis::start();
+    let mut con = r.con();
+    redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("alice")
+        .arg("on")
+        .arg(">alice-pw")
+        .arg("~*")
+        .arg("+@all")
+        .query::<()>(&mut con)
+        .unwrap();
+    let url = format!("redis://alice:alice-pw@127.0.0.1:{}", r.port);
+    let out = run(cronlock(&r).args(["-u", &url, "k", "true"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(r.get(FENCE).as_deref(), Some("1"));
+    let bad = format!("redis://alice:not-alice-pw@127.0.0.1:{}", r.port);
+    let out = run(cronlock(&r).args(["-u", &bad, "k", "true"]));
+    assert_eq!(code(&out), 125);
+    assert!(!stderr(&out).contains("not-alice-pw"), "{}", stderr(&out));
+}
+
+#[test]
+fn errors_print_even_when_quiet() {
+    let r = Redis::start();
+    let out = run(cronlock(&r).args(["-q", "k", "no-such-command-cronlock"]));
+    assert_eq!(code(&out), 127);
+    assert_one_line(&out);
+    let out = run(cronlock(&r).args(["-q", "-u", "redis://127.0.0.1:1", "k", "true"]));
+    assert_eq!(code(&out), 125);
+    assert_one_line(&out);
+}
