@@ -124,9 +124,10 @@ impl Log {
         } else {
             format!("cronlock: {msg}")
         };
-        let line = self.redact(&line);
-        let mut err = std::io::stderr().lock();
-        let _ = writeln!(err, "{line}");
+        // One write per line, so lines stay whole next to the command's own stderr output.
+        let mut line = self.redact(&line);
+        line.push('\n');
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
     }
 
     pub fn error(&self, event: &str, msg: &str) {

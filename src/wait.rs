@@ -81,12 +81,12 @@ pub fn acquire(
         // BLPOP takes seconds with millisecond precision (Redis >= 6); 0 would block forever.
         let secs = (block.as_millis().max(1) as f64) / 1000.0;
         set_io_timeout(con, block + io_timeout)?;
-        let woke: Option<(String, String)> = redis::cmd("BLPOP")
+        // Woken or timed out, the next step is the same: try again.
+        redis::cmd("BLPOP")
             .arg(&keys.notify)
             .arg(secs)
-            .query(con)
+            .query::<Option<(String, String)>>(con)
             .map_err(|e| anyhow!("cannot wait for lock '{}': {}", keys.name, first_line(&e)))?;
         set_io_timeout(con, io_timeout)?;
-        let _ = woke;
     }
 }
