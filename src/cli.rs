@@ -235,11 +235,7 @@ pub struct Cli {
     pub key: Option<String>,
 
     /// The command to run and its arguments, passed on untouched
-    #[arg(
-        value_name = "COMMAND",
-        trailing_var_arg = true,
-        allow_hyphen_values = true
-    )]
+    #[arg(value_name = "COMMAND", trailing_var_arg = true)]
     pub command: Vec<OsString>,
 }
 

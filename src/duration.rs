@@ -4,6 +4,10 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+/// The longest duration accepted: far beyond any sensible lock, well within what Redis expiries
+/// and the monotonic clock can represent.
+pub const MAX: Duration = Duration::from_secs(10 * 31_557_600);
+
 /// A duration parsed from the command line or environment; displays back in humantime form.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub struct Span(pub Duration);
@@ -13,14 +17,17 @@ impl FromStr for Span {
 
     fn from_str(s: &str) -> Result<Span, String> {
         let s = s.trim();
-        if let Ok(secs) = s.parse::<f64>() {
-            return Duration::try_from_secs_f64(secs)
-                .map(Span)
-                .map_err(|_| "expected a non-negative duration".to_string());
+        let d = if let Ok(secs) = s.parse::<f64>() {
+            Duration::try_from_secs_f64(secs)
+                .map_err(|_| "expected a non-negative duration".to_string())?
+        } else {
+            humantime::parse_duration(s)
+                .map_err(|_| "expected a duration like 500ms, 30s, 5m or 1h30m".to_string())?
+        };
+        if d > MAX {
+            return Err("must be at most 10 years".into());
         }
-        humantime::parse_duration(s)
-            .map(Span)
-            .map_err(|_| "expected a duration like 500ms, 30s, 5m or 1h30m".to_string())
+        Ok(Span(d))
     }
 }
 
@@ -56,5 +63,8 @@ mod tests {
         assert!("-1".parse::<Span>().is_err());
         assert!(positive("0").is_err());
         assert!(positive("0s").is_err());
+        assert!("10y".parse::<Span>().is_ok());
+        assert!("11y".parse::<Span>().is_err());
+        assert!("1e30".parse::<Span>().is_err());
     }
 }
