@@ -84,6 +84,8 @@ pub unsafe fn run(p: &Prepared, report_fd: libc::c_int) -> ! {
             0,
             0,
         );
+        // So `ps -o comm` tells the guard from cronlock.
+        libc::prctl(libc::PR_SET_NAME, c"cronlock-guard".as_ptr(), 0, 0, 0);
         libc::pthread_sigmask(libc::SIG_BLOCK, &p.guard_set.0, std::ptr::null_mut());
         if libc::getppid() != p.parent {
             // cronlock died before the death signal was armed: run nothing.

@@ -28,7 +28,7 @@ use serde_json::Value;
 
 use crate::child::{Limits, Stop};
 use crate::cli::{Cli, Job, LogFormat, Mode};
-use crate::connect::Redis;
+use crate::connect::{first_line, Redis};
 use crate::duration::Span;
 use crate::exit::Exit;
 use crate::lock::{Held, Keys, ReleaseOptions, Released};
@@ -265,12 +265,24 @@ fn release(
     opts: &ReleaseOptions,
     log: &Log,
 ) {
-    let result = match con {
-        Some(c) => Ok(c),
-        None => redis.connect(redis.connect_timeout),
-    }
-    .and_then(|mut c| lock::release(&mut c, held, opts));
     let name = &held.keys.name;
+    let fresh = || redis.connect(redis.connect_timeout);
+    let mut retried = false;
+    let result = match con.map_or_else(fresh, Ok) {
+        Ok(mut c) => match lock::release(&mut c, held, opts) {
+            // The watchdog's connection may have been dropped since its last renewal (a Redis
+            // restart, an idle timeout): one more try on a new one.
+            Err(e) if e.is_io_error() || e.is_connection_dropped() => {
+                retried = true;
+                fresh().and_then(|mut c| {
+                    lock::release(&mut c, held, opts).map_err(|e| anyhow::anyhow!(first_line(&e)))
+                })
+            }
+            r => r.map_err(|e| anyhow::anyhow!(first_line(&e))),
+        },
+        Err(e) => Err(e),
+    }
+    .map_err(|e| e.context(format!("cannot release lock '{name}'")));
     match result {
         Ok(Released::Deleted) => log.info("released", &format!("released lock '{name}'"), &[]),
         Ok(Released::Kept) => log.info(
@@ -281,7 +293,8 @@ fn release(
             ),
             &[("hold_ms", Value::from(opts.hold.as_millis() as u64))],
         ),
-        Ok(Released::NotOurs) if lost => {}
+        // Lost, or deleted by a first try whose reply the dropped connection lost.
+        Ok(Released::NotOurs) if lost || retried => {}
         Ok(Released::NotOurs) => log.warn(
             "release_not_ours",
             &format!(

@@ -179,7 +179,8 @@ pub fn renew(con: &mut Connection, held: &Held) -> RedisResult<bool> {
 }
 
 /// Delete (or, for `--min-hold`, shorten) our lock if it is still ours, and record the run.
-pub fn release(con: &mut Connection, held: &Held, opts: &ReleaseOptions) -> Result<Released> {
+/// The Redis error is returned as is, so the caller can tell a dropped connection.
+pub fn release(con: &mut Connection, held: &Held, opts: &ReleaseOptions) -> RedisResult<Released> {
     let keys = &held.keys;
     let n: i64 = Script::new(RELEASE)
         .key(&keys.lock)
@@ -196,8 +197,7 @@ pub fn release(con: &mut Connection, held: &Held, opts: &ReleaseOptions) -> Resu
         .arg(opts.history)
         .arg(opts.record_ttl.map_or(0, ms))
         .arg(ms(NOTIFY_TTL))
-        .invoke(con)
-        .map_err(|e| anyhow!("cannot release lock '{}': {}", keys.name, first_line(&e)))?;
+        .invoke(con)?;
     Ok(match n {
         1 => Released::Deleted,
         2 => Released::Kept,

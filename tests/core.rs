@@ -407,3 +407,68 @@ fn errors_print_even_when_quiet() {
     assert_eq!(code(&out), 125);
     assert_one_line(&out);
 }
+
+#[test]
+fn release_survives_a_dropped_connection() {
+    let r = Redis::start();
+    let dir = scratch("dropped");
+    let started = dir.join("started");
+    let go = dir.join("go");
+    let script = format!(
+        "touch {s}; while [ ! -f {g} ]; do sleep 0.01; done",
+        s = started.display(),
+        g = go.display()
+    );
+    let child = cronlock(&r)
+        .args(["k", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(10), || started.exists()));
+    // Drop every client connection but ours, as a server-side idle timeout would.
+    let mut con = r.con();
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .arg("SKIPME")
+        .arg("yes")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(killed, 1);
+    std::fs::write(&go, "").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stderr(&out), "", "the release must recover quietly");
+    assert!(!r.exists(LOCK));
+    assert!(r.exists("cronlock:{k}:last"), "the run is recorded");
+}
+
+#[test]
+fn a_signal_while_waiting_ends_the_wait_without_running() {
+    let r = Redis::start();
+    r.set(LOCK, "someone else");
+    let dir = scratch("waitsig");
+    let marker = dir.join("ran");
+    let child = cronlock(&r)
+        .args(["-w", "30s", "k", "touch"])
+        .arg(&marker)
+        .spawn()
+        .unwrap();
+    // Let it start waiting (it has polled once when the notify key was looked at).
+    std::thread::sleep(Duration::from_millis(300));
+    let t = std::time::Instant::now();
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(code(&out), 128 + libc::SIGTERM);
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert!(!marker.exists());
+    assert_eq!(r.get(LOCK).as_deref(), Some("someone else"));
+}
+
+#[test]
+fn the_guard_is_named_in_ps() {
+    let r = Redis::start();
+    let out = run(cronlock(&r).args(["k", "sh", "-c", "cat /proc/$PPID/comm"]));
+    assert_eq!(stdout(&out), "cronlock-guard\n");
+}
