@@ -105,7 +105,14 @@ pub struct Cli {
     /// Redis server URL: redis://[user][:password@]host[:port][/db] or redis+unix:///path
     ///
     /// Falls back to REDIS_URL, then to redis://127.0.0.1:6379.
-    #[arg(short = 'u', long, env = "CRONLOCK_REDIS_URL", value_name = "URL")]
+    // The value may hold a password: --help must not show it.
+    #[arg(
+        short = 'u',
+        long,
+        env = "CRONLOCK_REDIS_URL",
+        value_name = "URL",
+        hide_env_values = true
+    )]
     pub redis_url: Option<String>,
 
     /// Lock expiry in Redis; it only matters when the holder dies

@@ -472,3 +472,13 @@ fn the_guard_is_named_in_ps() {
     let out = run(cronlock(&r).args(["k", "sh", "-c", "cat /proc/$PPID/comm"]));
     assert_eq!(stdout(&out), "cronlock-guard\n");
 }
+
+#[test]
+fn help_never_shows_the_url_from_the_environment() {
+    let r = Redis::start();
+    let out = run(cronlock(&r)
+        .env("CRONLOCK_REDIS_URL", "redis://:env-secret-pw@127.0.0.1:1")
+        .arg("--help"));
+    assert_eq!(code(&out), 0);
+    assert!(!stdout(&out).contains("env-secret-pw"));
+}
