@@ -6,6 +6,7 @@
 pub mod admin;
 pub mod child;
 pub mod cli;
+pub mod clock;
 pub mod connect;
 pub mod duration;
 pub mod exit;
@@ -20,7 +21,6 @@ pub mod watchdog;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
-use std::time::Instant;
 
 use anyhow::Result;
 use clap::error::ErrorKind;
@@ -28,6 +28,7 @@ use serde_json::Value;
 
 use crate::child::{Limits, Stop};
 use crate::cli::{Cli, Job, LogFormat, Mode};
+use crate::clock::Instant;
 use crate::connect::{first_line, Redis};
 use crate::duration::Span;
 use crate::exit::Exit;

@@ -9,12 +9,13 @@
 //! - `cronlock:{KEY}:history` the last runs' records, newest first, capped
 //! - `cronlock:{KEY}:notify` a one-element list that wakes one `--wait`er on release
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{anyhow, Result};
 use redis::{Connection, RedisResult, Script};
 use serde_json::json;
 
+use crate::clock::Instant;
 use crate::connect::first_line;
 
 static ACQUIRE: &str = include_str!("lua/acquire.lua");

@@ -7,11 +7,12 @@
 //! (checked between polls) end the wait promptly. No lock is taken, and the command never runs,
 //! when the wait ends without it.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{anyhow, Result};
 use redis::Connection;
 
+use crate::clock::Instant;
 use crate::connect::{first_line, set_io_timeout};
 use crate::duration::Span;
 use crate::lock::{self, Attempt, Held, Holder, Keys};

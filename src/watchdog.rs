@@ -1,4 +1,5 @@
-//! The watchdog thread: renews the lock while the command runs and tracks, on the monotonic clock,
+//! The watchdog thread: renews the lock while the command runs and tracks, on the monotonic clock
+//! ([`crate::clock`], which counts system suspend),
 //! until when the lock is known to be valid. The main thread reads that deadline to stop the
 //! command before the lock can expire in Redis.
 //!
@@ -9,11 +10,12 @@
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Result};
 use redis::Connection;
 
+use crate::clock::Instant;
 use crate::connect::{first_line, set_io_timeout, Redis};
 use crate::duration::Span;
 use crate::lock::{self, Held};

@@ -1,0 +1,76 @@
+//! The clock every deadline is measured on: `CLOCK_BOOTTIME`.
+//!
+//! It is monotonic like `std::time::Instant` (`CLOCK_MONOTONIC`) but keeps counting while the
+//! system is suspended. Redis's expiry keeps running then too, so after a resume cronlock must see
+//! the time that passed: with `CLOCK_MONOTONIC` it would believe a lock valid for up to a whole TTL
+//! after Redis dropped it. With this clock the next check after the resume (within a second) finds
+//! the deadline passed and stops the command.
+
+use std::ops::{Add, Sub};
+use std::time::Duration;
+
+/// A point on `CLOCK_BOOTTIME`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Instant(Duration);
+
+impl Instant {
+    pub fn now() -> Instant {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: valid out-pointer; CLOCK_BOOTTIME exists on every Linux cronlock supports.
+        let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+        assert_eq!(rc, 0, "clock_gettime(CLOCK_BOOTTIME) failed");
+        Instant(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        Instant::now().saturating_duration_since(*self)
+    }
+
+    /// `self - earlier`, or zero when `earlier` is later.
+    pub fn saturating_duration_since(&self, earlier: Instant) -> Duration {
+        self.0.saturating_sub(earlier.0)
+    }
+
+    pub fn checked_sub(&self, d: Duration) -> Option<Instant> {
+        self.0.checked_sub(d).map(Instant)
+    }
+}
+
+impl Add<Duration> for Instant {
+    type Output = Instant;
+
+    fn add(self, d: Duration) -> Instant {
+        Instant(self.0 + d)
+    }
+}
+
+/// Saturating, like [`Instant::saturating_duration_since`].
+impl Sub for Instant {
+    type Output = Duration;
+
+    fn sub(self, earlier: Instant) -> Duration {
+        self.saturating_duration_since(earlier)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn advances_with_std_instant() {
+        let (a, s) = (Instant::now(), std::time::Instant::now());
+        std::thread::sleep(Duration::from_millis(20));
+        let (ours, theirs) = (a.elapsed(), s.elapsed());
+        assert!(ours >= Duration::from_millis(20));
+        assert!(
+            ours.abs_diff(theirs) < Duration::from_millis(5),
+            "{ours:?} vs {theirs:?}"
+        );
+        assert_eq!(a + Duration::from_secs(1) - a, Duration::from_secs(1));
+        assert_eq!(a - (a + Duration::from_secs(1)), Duration::ZERO);
+    }
+}
