@@ -243,6 +243,9 @@ fn signals_are_forwarded_and_reported_as_128_plus_n() {
         (libc::SIGTERM, "TERM"),
         (libc::SIGINT, "INT"),
         (libc::SIGHUP, "HUP"),
+        (libc::SIGQUIT, "QUIT"),
+        (libc::SIGUSR1, "USR1"),
+        (libc::SIGUSR2, "USR2"),
     ] {
         let r = Redis::start();
         let dir = scratch("sig");
