@@ -138,7 +138,7 @@ unsafe fn end_like(status: libc::c_int) -> ! {
             };
             libc::setrlimit(libc::RLIMIT_CORE, &no_core);
             libc::signal(sig, libc::SIG_DFL);
-            let one = SigSet::of_unsafe(sig);
+            let one = SigSet::of(&[sig]);
             libc::pthread_sigmask(libc::SIG_UNBLOCK, &one.0, std::ptr::null_mut());
             libc::kill(libc::getpid(), sig);
             libc::_exit(128 + sig);
@@ -192,17 +192,4 @@ unsafe fn report(fd: libc::c_int, err: libc::c_int) {
     let bytes = err.to_ne_bytes();
     // SAFETY: writing 4 bytes from a stack buffer.
     unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
-}
-
-impl SigSet {
-    /// A one-signal set without allocation (usable after fork).
-    pub fn of_unsafe(sig: libc::c_int) -> SigSet {
-        let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
-        // SAFETY: initialise then add a valid signal number.
-        unsafe {
-            libc::sigemptyset(set.as_mut_ptr());
-            libc::sigaddset(set.as_mut_ptr(), sig);
-            SigSet(set.assume_init())
-        }
-    }
 }

@@ -2,8 +2,13 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// The host name from `gethostname(2)`, or `unknown`.
+/// The host name from `gethostname(2)`, or `unknown`; read once.
 pub fn hostname() -> String {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(read_hostname).clone()
+}
+
+fn read_hostname() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: the buffer is valid for its length; gethostname NUL-terminates when it fits.
     let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };

@@ -36,6 +36,7 @@ unsafe impl Send for SigSet {}
 unsafe impl Sync for SigSet {}
 
 impl SigSet {
+    /// A set of `signals`. Allocation-free, so the guard may call it after `fork()`.
     pub fn of(signals: &[libc::c_int]) -> SigSet {
         let mut set = MaybeUninit::<libc::sigset_t>::uninit();
         // SAFETY: sigemptyset initialises the set; sigaddset takes valid signal numbers.

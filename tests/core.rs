@@ -212,10 +212,9 @@ fn wrong_password_is_125_and_never_printed() {
     assert_eq!(code(&out), 125);
 }
 
-#[test]
-fn a_lock_taken_over_is_not_deleted_by_us() {
-    let r = Redis::start();
-    let dir = scratch("takeover");
+/// cronlock running a command that waits for a file; returns once the command has started.
+fn start_gated(r: &Redis, name: &str) -> (std::process::Child, std::path::PathBuf) {
+    let dir = scratch(name);
     let started = dir.join("started");
     let go = dir.join("go");
     let script = format!(
@@ -223,15 +222,27 @@ fn a_lock_taken_over_is_not_deleted_by_us() {
         s = started.display(),
         g = go.display()
     );
-    let child = cronlock(&r)
+    let child = cronlock(r)
         .args(["k", "-c", &script])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     assert!(wait_for(Duration::from_secs(10), || started.exists()));
+    (child, go)
+}
+
+/// Let the command of [`start_gated`] finish and collect cronlock's output.
+fn open_gate(child: std::process::Child, go: &std::path::Path) -> std::process::Output {
+    std::fs::write(go, "").unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn a_lock_taken_over_is_not_deleted_by_us() {
+    let r = Redis::start();
+    let (child, go) = start_gated(&r, "takeover");
     r.set(LOCK, "another holder");
-    std::fs::write(&go, "").unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = open_gate(child, &go);
     assert_eq!(code(&out), 0);
     assert_eq!(r.get(LOCK).as_deref(), Some("another holder"));
     assert!(stderr(&out).contains("no longer ours"), "{}", stderr(&out));
@@ -411,20 +422,7 @@ fn errors_print_even_when_quiet() {
 #[test]
 fn release_survives_a_dropped_connection() {
     let r = Redis::start();
-    let dir = scratch("dropped");
-    let started = dir.join("started");
-    let go = dir.join("go");
-    let script = format!(
-        "touch {s}; while [ ! -f {g} ]; do sleep 0.01; done",
-        s = started.display(),
-        g = go.display()
-    );
-    let child = cronlock(&r)
-        .args(["k", "-c", &script])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    assert!(wait_for(Duration::from_secs(10), || started.exists()));
+    let (child, go) = start_gated(&r, "dropped");
     // Drop every client connection but ours, as a server-side idle timeout would.
     let mut con = r.con();
     let killed: i64 = redis::cmd("CLIENT")
@@ -436,8 +434,7 @@ fn release_survives_a_dropped_connection() {
         .query(&mut con)
         .unwrap();
     assert_eq!(killed, 1);
-    std::fs::write(&go, "").unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = open_gate(child, &go);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(stderr(&out), "", "the release must recover quietly");
     assert!(!r.exists(LOCK));
