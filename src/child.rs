@@ -248,7 +248,7 @@ pub fn supervise(child: &Child, watch: &Watch, limits: Limits, log: &Log) -> End
                 LockState::Lost(reason) => Some(Stop::LockLost(reason.clone())),
                 LockState::Valid { .. } if term_at.is_some_and(|t| now >= t) => {
                     Some(Stop::LockLost(format!(
-                        "no renewal confirmed in time ({}); stopping the command before the lock can expire",
+                        "no renewal was confirmed in time ({}), so it may expire soon",
                         watch.last_error().unwrap_or_else(|| "no reply".into())
                     )))
                 }

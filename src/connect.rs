@@ -72,6 +72,9 @@ pub fn set_io_timeout(con: &Connection, timeout: Duration) -> Result<()> {
 /// A Redis error as one readable line: `WRONGTYPE Operation against ...`, without the script
 /// location Redis appends.
 pub fn first_line(e: &redis::RedisError) -> String {
+    if e.is_timeout() {
+        return "Redis did not answer in time".into();
+    }
     let text = match (e.code(), e.detail()) {
         (Some(code), Some(detail)) => format!("{code} {detail}"),
         _ => e.to_string(),

@@ -175,7 +175,8 @@ fn run_job(cli: &Cli, job: &Job, timing: Timing, redis: &Redis, log: &Log) -> Re
         max_runtime: cli.max_runtime.map(|m| m.0),
     };
     let (exit, ending) = run_child(job, &held, &watchdog.watch, limits, log);
-    let lost = watchdog.watch.is_lost();
+    // Confirmed by Redis, or feared by the main loop (no renewal in time).
+    let lost = watchdog.watch.is_lost() || ending == Ending::Lost;
     let con = watchdog.stop();
     let duration = held.sent_at.elapsed();
     let opts = ReleaseOptions {
@@ -302,8 +303,9 @@ fn release(
                 "lock '{name}' was no longer ours at release (it expired or was taken over); left it alone"
             ),
         ),
+        // After a loss the release is expected to fail: the loss was the one line to print.
         Err(e) => log.event(
-            Level::Warn,
+            if lost { Level::Info } else { Level::Warn },
             "release_failed",
             &format!("{e:#}; it will expire within {}", Span(held.ttl)),
             &[],

@@ -155,6 +155,11 @@ fn assert_child_dead_before_expiry(fault: impl FnOnce(&mut Redis)) {
     r.resume();
     assert_eq!(code, 122, "{err}");
     assert!(err.contains("lock lost"), "{err}");
+    // One line says why; the only other one reports the SIGKILL this TERM-ignoring child needed
+    // (the failed release of a lost lock is not worth a line).
+    let lines = own_lines(&err);
+    assert_eq!(lines.len(), 2, "{err}");
+    assert!(lines[1].contains("SIGKILL"), "{err}");
 }
 
 #[test]
