@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -90,6 +91,19 @@ impl Redis {
                 .stderr(Stdio::null());
             if let Some(pw) = &self.password {
                 cmd.args(["--requirepass", pw]);
+            }
+            // Even if the test process aborts, the server must not outlive it.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::prctl(
+                        libc::PR_SET_PDEATHSIG,
+                        libc::SIGKILL as libc::c_ulong,
+                        0,
+                        0,
+                        0,
+                    );
+                    Ok(())
+                });
             }
             let mut child = cmd.spawn().expect(
                 "redis-server is required for the tests and was not found on PATH; \
