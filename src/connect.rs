@@ -19,13 +19,13 @@ impl Redis {
     pub fn new(url: &str, connect_timeout: Duration) -> Result<Redis> {
         let shown_url = redact_url(url);
         let info = url.into_connection_info().map_err(|e| {
-            anyhow::anyhow!("invalid --redis-url '{shown_url}': {}", first_line(&e))
+            anyhow::anyhow!("invalid --redis-url '{shown_url}': {}", url_problem(&e))
         })?;
         // One round trip fewer per run: skip CLIENT SETINFO.
         let settings = info.redis_settings().clone().set_skip_set_lib_name();
         let info = info.set_redis_settings(settings);
         let client = Client::open(info).map_err(|e| {
-            anyhow::anyhow!("invalid --redis-url '{shown_url}': {}", first_line(&e))
+            anyhow::anyhow!("invalid --redis-url '{shown_url}': {}", url_problem(&e))
         })?;
         Ok(Redis {
             client,
@@ -58,6 +58,19 @@ impl Redis {
             .with_context(|| format!("cannot connect to Redis at {}", self.shown_url))?;
         set_io_timeout(&con, io_timeout)?;
         Ok(con)
+    }
+}
+
+/// What is wrong with a URL, in words a user can act on.
+fn url_problem(e: &redis::RedisError) -> String {
+    let text = e.to_string();
+    let text = text.trim_end_matches(" - InvalidClientConfig");
+    if text.contains("TLS") {
+        "TLS (rediss://) is not supported yet".into()
+    } else if text.contains("did not parse") {
+        "expected redis://[user][:password@]host[:port][/db] or redis+unix:///path/to/socket".into()
+    } else {
+        text.to_lowercase()
     }
 }
 
