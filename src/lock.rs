@@ -9,6 +9,7 @@
 //! - `cronlock:{KEY}:history` the last runs' records, newest first, capped
 //! - `cronlock:{KEY}:notify` a one-element list that wakes one `--wait`er on release
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
@@ -18,11 +19,13 @@ use serde_json::json;
 use crate::clock::Instant;
 use crate::connect::first_line;
 
-static ACQUIRE: &str = include_str!("lua/acquire.lua");
-static RENEW: &str = include_str!("lua/renew.lua");
-static RELEASE: &str = include_str!("lua/release.lua");
-static FORCE_RELEASE: &str = include_str!("lua/force_release.lua");
-static STATUS: &str = include_str!("lua/status.lua");
+// The scripts, hashed once: every call then sends EVALSHA with the cached SHA1.
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/acquire.lua")));
+static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/renew.lua")));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/release.lua")));
+static FORCE_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/force_release.lua")));
+static STATUS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/status.lua")));
 
 /// How long a release notification waits for a waiter before it expires.
 pub const NOTIFY_TTL: Duration = Duration::from_secs(10);
@@ -150,7 +153,7 @@ pub fn try_acquire(
     ttl: Duration,
 ) -> Result<Attempt> {
     let sent_at = Instant::now();
-    let (fence, pttl): (i64, i64) = Script::new(ACQUIRE)
+    let (fence, pttl): (i64, i64) = ACQUIRE
         .key(&keys.lock)
         .key(&keys.fence)
         .arg(&holder.value)
@@ -172,7 +175,7 @@ pub fn try_acquire(
 
 /// Extend our lock to `ttl` from now if it is still ours: `Ok(true)` ours, `Ok(false)` not ours.
 pub fn renew(con: &mut Connection, held: &Held) -> RedisResult<bool> {
-    Script::new(RENEW)
+    RENEW
         .key(&held.keys.lock)
         .arg(&held.holder.value)
         .arg(ms(held.ttl))
@@ -183,7 +186,7 @@ pub fn renew(con: &mut Connection, held: &Held) -> RedisResult<bool> {
 /// The Redis error is returned as is, so the caller can tell a dropped connection.
 pub fn release(con: &mut Connection, held: &Held, opts: &ReleaseOptions) -> RedisResult<Released> {
     let keys = &held.keys;
-    let n: i64 = Script::new(RELEASE)
+    let n: i64 = RELEASE
         .key(&keys.lock)
         .key(&keys.last)
         .key(&keys.history)
@@ -208,7 +211,7 @@ pub fn release(con: &mut Connection, held: &Held, opts: &ReleaseOptions) -> Redi
 
 /// Delete the lock whoever holds it; returns the holder value, or None if it was free.
 pub fn force_release(con: &mut Connection, keys: &Keys) -> Result<Option<String>> {
-    Script::new(FORCE_RELEASE)
+    FORCE_RELEASE
         .key(&keys.lock)
         .key(&keys.notify)
         .arg(ms(NOTIFY_TTL))
@@ -228,7 +231,7 @@ pub struct Snapshot {
 /// Read the lock, its expiry, its fencing counter and its last run at one instant.
 pub fn snapshot(con: &mut Connection, keys: &Keys) -> Result<Snapshot> {
     type Reply = (Option<String>, i64, Option<i64>, Option<String>);
-    let (holder, pttl, fence, last_run): Reply = Script::new(STATUS)
+    let (holder, pttl, fence, last_run): Reply = STATUS
         .key(&keys.lock)
         .key(&keys.fence)
         .key(&keys.last)
