@@ -1,17 +1,23 @@
-//! Running the command: spawn it (behind the [guard](crate::guard)) in its own process group,
-//! forward signals to the group, and stop it — SIGTERM, grace, SIGKILL — when the lock is lost or
-//! `--max-runtime` passes. Also reaps orphans, which matters when cronlock is PID 1.
+//! Running the command: spawn it (behind the [guard](crate::guard)) in its own process group and,
+//! where possible, its own [cgroup](crate::cgroup); forward signals to the group, and stop it —
+//! SIGTERM, grace, SIGKILL — when the lock is lost or `--max-runtime` passes. cronlock is a child
+//! subreaper and reaps orphans, which matters when it is PID 1 and when the guard dies.
 
 use std::ffi::{CString, OsStr, OsString};
-use std::io;
+use std::io::{self, Read};
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::time::Duration;
 
-use crate::clock::Instant;
+use nix::fcntl::OFlag;
+use nix::unistd::pipe2;
 
+use crate::cgroup::Cgroup;
+use crate::clock::Instant;
 use crate::exit::Exit;
 use crate::guard::{self, Prepared};
 use crate::log::{Level, Log};
+use crate::shared::{self, Shared};
 use crate::signals;
 use crate::watchdog::{LockState, Watch};
 
@@ -20,11 +26,14 @@ use crate::watchdog::{LockState, Watch};
 pub struct SpawnError {
     pub program: String,
     pub error: io::Error,
+    /// The lock's kill-by time had passed when the command was about to start: it did not.
+    pub too_late: bool,
 }
 
 impl SpawnError {
     pub fn exit(&self) -> Exit {
         match self.error.kind() {
+            _ if self.too_late => Exit::LockLost,
             io::ErrorKind::NotFound => Exit::NotFound,
             _ => Exit::CannotExecute,
         }
@@ -35,6 +44,8 @@ impl SpawnError {
 #[derive(Debug)]
 pub struct Child {
     pub group: libc::pid_t,
+    shared: Shared,
+    cgroup: Option<Cgroup>,
 }
 
 /// Why cronlock stopped the command itself.
@@ -87,12 +98,39 @@ fn candidates(program: &OsStr) -> io::Result<Vec<CString>> {
         .collect()
 }
 
-/// Start `argv` with `extra_env` added, behind a guard, in a new process group.
-pub fn spawn(argv: &[OsString], extra_env: &[(&str, String)]) -> Result<Child, SpawnError> {
+/// How the job is contained: its own cgroup where one can be made, else the guard's subreaper and
+/// process group. The text says which, for `-v`.
+pub fn contain() -> (Option<Cgroup>, String) {
+    match Cgroup::create() {
+        Ok(cg) => {
+            let text = format!(
+                "the command runs in its own cgroup {} (ended with cgroup.kill)",
+                cg.dir.display()
+            );
+            (Some(cg), text)
+        }
+        Err(why) => (
+            None,
+            format!(
+                "the command runs in its own process group under a subreaper guard (no cgroup: {why})"
+            ),
+        ),
+    }
+}
+
+/// Start `argv` with `extra_env` added, behind a guard, in a new process group (and `cgroup`).
+/// The guard and the command read the kill-by time from `shared`.
+pub fn spawn(
+    argv: &[OsString],
+    extra_env: &[(&str, String)],
+    shared: Shared,
+    cgroup: Option<Cgroup>,
+) -> Result<Child, SpawnError> {
     let program = argv[0].to_string_lossy().into_owned();
     let fail = |error| SpawnError {
         program: program.clone(),
         error,
+        too_late: false,
     };
     let args = argv
         .iter()
@@ -118,54 +156,54 @@ pub fn spawn(argv: &[OsString], extra_env: &[(&str, String)]) -> Result<Child, S
         candidates(&argv[0]).map_err(fail)?,
         args,
         env,
-        signals::SigSet::of(&[]),
+        shared,
+        cgroup.as_ref().map(Cgroup::fds),
     );
+    // Orphans whose guard died (SIGKILLed with the group) come to us, to be killed, not to init.
+    // SAFETY: plain prctl on our own process.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
 
-    let mut fds = [0; 2];
-    // SAFETY: fds is a valid 2-element array.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(fail(io::Error::last_os_error()));
-    }
-    let [read_fd, write_fd] = fds;
+    let (read_end, write_end) = pipe2(OFlag::O_CLOEXEC).map_err(|e| fail(e.into()))?;
+    let write_fd = write_end.as_raw_fd();
     // SAFETY: the forked process runs only guard::run, which is async-signal-safe.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         // SAFETY: we are the freshly forked child and `prepared` was built before the fork.
         unsafe { guard::run(&prepared, write_fd) };
     }
-    // SAFETY: closing our copy of the write end; the pipe is ours.
-    unsafe { libc::close(write_fd) };
+    drop(write_end);
     if pid < 0 {
-        let e = io::Error::last_os_error();
-        // SAFETY: closing our read end.
-        unsafe { libc::close(read_fd) };
-        return Err(fail(e));
+        return Err(fail(io::Error::last_os_error()));
     }
     // Also from the parent, so the group exists before we could signal it.
     // SAFETY: plain system call on our child.
     unsafe { libc::setpgid(pid, pid) };
 
     // The pipe closes on a successful exec; an exec failure sends its errno first.
-    let mut buf = [0u8; 4];
-    let mut got = 0;
-    while got < buf.len() {
-        // SAFETY: reading into the remaining part of a stack buffer.
-        let n = unsafe { libc::read(read_fd, buf[got..].as_mut_ptr().cast(), buf.len() - got) };
-        if n > 0 {
-            got += n as usize;
-        } else if n == 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-            break;
-        }
-    }
-    // SAFETY: closing our read end.
-    unsafe { libc::close(read_fd) };
-    if got == buf.len() {
+    let mut report = Vec::with_capacity(4);
+    let _ = std::fs::File::from(read_end).read_to_end(&mut report);
+    if let Ok(bytes) = <[u8; 4]>::try_from(report.as_slice()) {
         let mut status = 0;
         // SAFETY: reaping our own child.
         unsafe { libc::waitpid(pid, &mut status, 0) };
-        return Err(fail(io::Error::from_raw_os_error(i32::from_ne_bytes(buf))));
+        if let Some(cg) = cgroup {
+            cg.remove(Duration::from_secs(1));
+        }
+        let code = i32::from_ne_bytes(bytes);
+        if code == guard::REPORT_TOO_LATE {
+            return Err(SpawnError {
+                program,
+                error: io::Error::other("the lock could expire before it started"),
+                too_late: true,
+            });
+        }
+        return Err(fail(io::Error::from_raw_os_error(code)));
     }
-    Ok(Child { group: pid })
+    Ok(Child {
+        group: pid,
+        shared,
+        cgroup,
+    })
 }
 
 impl Child {
@@ -175,10 +213,35 @@ impl Child {
         unsafe { libc::kill(-self.group, sig) };
     }
 
+    /// A signal meant to end the command also continues it, so a stopped job sees it (uutils
+    /// `timeout` does the same).
+    pub fn terminate(&self, sig: libc::c_int) {
+        self.signal_group(sig);
+        self.signal_group(libc::SIGCONT);
+    }
+
+    /// SIGKILL the whole job: its cgroup when there is one, and its process group.
+    fn kill_all(&self) {
+        if let Some(cg) = &self.cgroup {
+            cg.kill();
+        }
+        self.signal_group(libc::SIGKILL);
+    }
+
+    /// Did the guard end the job because the kill-by time passed?
+    pub fn guard_enforced(&self) -> bool {
+        self.shared.has(shared::GUARD_ENFORCED)
+    }
+
+    /// Which containment the command actually got.
+    pub fn in_cgroup(&self) -> bool {
+        self.cgroup.is_some() && self.shared.has(shared::CGROUP_JOINED)
+    }
+
     /// Reap whatever has exited. Returns the guard's wait status once it has ended, after killing
-    /// anything the command left running in its group (the lock is about to be released).
-    /// Other children are orphans reparented to us (when PID 1) and are simply reaped.
-    fn try_finish(&self) -> Option<libc::c_int> {
+    /// anything the command left running (the lock is about to be released): its group, its
+    /// cgroup, and orphans that reached us because the guard died.
+    fn try_finish(&mut self) -> Option<libc::c_int> {
         loop {
             // SAFETY: zeroed siginfo_t is a valid out-parameter for waitid.
             let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
@@ -199,9 +262,14 @@ impl Child {
             let mut status = 0;
             if pid == self.group {
                 // The guard is a zombie: the group id cannot be reused yet.
-                self.signal_group(libc::SIGKILL);
+                self.kill_all();
                 // SAFETY: reaping our own child.
                 unsafe { libc::waitpid(pid, &mut status, 0) };
+                // SAFETY: no child's status matters any more; this reaps the orphans it kills.
+                unsafe { guard::kill_descendants(self.cgroup.as_ref().map(Cgroup::fds)) };
+                if let Some(cg) = self.cgroup.take() {
+                    cg.remove(Duration::from_secs(1));
+                }
                 return Some(status);
             }
             // SAFETY: reaping an orphan that is ready.
@@ -219,7 +287,10 @@ pub struct Limits {
 }
 
 /// Wait for the command, forwarding signals and enforcing the lock's validity and `--max-runtime`.
-pub fn supervise(child: &Child, watch: &Watch, limits: Limits, log: &Log) -> Ended {
+///
+/// On the safety path the signal always goes out before anything is logged: a log line may wait
+/// for a stalled stderr reader (it is queued, see [`crate::log`]), a kill must not.
+pub fn supervise(mut child: Child, watch: &Watch, limits: Limits, log: &Log) -> Ended {
     let set = signals::watched();
     let started = Instant::now();
     let mut stopped: Option<Stop> = None;
@@ -228,6 +299,13 @@ pub fn supervise(child: &Child, watch: &Watch, limits: Limits, log: &Log) -> End
     let mut forwarded_once = false;
     loop {
         if let Some(status) = child.try_finish() {
+            if stopped.is_none() && child.guard_enforced() {
+                let reason = "no renewal was confirmed in time because cronlock itself was \
+                              stopped or starved, so the guard ended the command at the lock's \
+                              deadline";
+                log.event(Level::Error, "lost", &format!("lock lost: {reason}"), &[]);
+                stopped = Some(Stop::LockLost(reason.into()));
+            }
             return Ended {
                 status: Exit::from_wait_status(status),
                 stopped,
@@ -240,12 +318,13 @@ pub fn supervise(child: &Child, watch: &Watch, limits: Limits, log: &Log) -> End
                 until.checked_sub(limits.grace + watch.margin),
                 until.checked_sub(watch.margin),
             ),
-            // Redis said the lock is not ours: there is no validity left to protect, only the grace.
-            LockState::Lost(_) => (Some(now), None),
+            // No validity left to protect but what was confirmed before: the grace, cut short by
+            // the last known deadline.
+            LockState::Lost { until, .. } => (Some(now), until.checked_sub(watch.margin)),
         };
         if stopped.is_none() {
             let why = match &lock {
-                LockState::Lost(reason) => Some(Stop::LockLost(reason.clone())),
+                LockState::Lost { reason, .. } => Some(Stop::LockLost(reason.clone())),
                 LockState::Valid { .. } if term_at.is_some_and(|t| now >= t) => {
                     Some(Stop::LockLost(format!(
                         "no renewal was confirmed in time ({}), so it may expire soon",
@@ -258,27 +337,29 @@ pub fn supervise(child: &Child, watch: &Watch, limits: Limits, log: &Log) -> End
                     .map(|_| Stop::MaxRuntime),
             };
             if let Some(why) = why {
-                let msg = match &why {
-                    Stop::LockLost(reason) => {
-                        format!("lock lost: {reason}; terminating the command")
-                    }
-                    Stop::MaxRuntime => format!(
-                        "the command ran past --max-runtime ({}); terminating it",
-                        crate::duration::Span(limits.max_runtime.unwrap_or_default())
+                child.terminate(libc::SIGTERM);
+                kill_at = Some(now + limits.grace);
+                let (event, msg) = match &why {
+                    Stop::LockLost(reason) => (
+                        "lost",
+                        format!("lock lost: {reason}; terminating the command"),
+                    ),
+                    Stop::MaxRuntime => (
+                        "max_runtime",
+                        format!(
+                            "the command ran past --max-runtime ({}); terminating it",
+                            crate::duration::Span(limits.max_runtime.unwrap_or_default())
+                        ),
                     ),
                 };
-                let event = match why {
-                    Stop::LockLost(_) => "lost",
-                    Stop::MaxRuntime => "max_runtime",
-                };
-                log.event(Level::Error, event, &msg, &[]);
-                child.signal_group(libc::SIGTERM);
-                kill_at = Some(now + limits.grace);
                 stopped = Some(why);
+                log.event(Level::Error, event, &msg, &[]);
             }
         }
         let must_kill = kill_at.is_some_and(|k| now >= k) || hard_kill_at.is_some_and(|k| now >= k);
         if must_kill && !killed {
+            child.kill_all();
+            killed = true;
             if stopped.is_some() {
                 log.event(
                     Level::Warn,
@@ -287,8 +368,6 @@ pub fn supervise(child: &Child, watch: &Watch, limits: Limits, log: &Log) -> End
                     &[],
                 );
             }
-            child.signal_group(libc::SIGKILL);
-            killed = true;
         }
         // Sleep until the next moment something may have to happen, or a signal.
         let mut next = now + Duration::from_secs(1);
@@ -309,8 +388,16 @@ pub fn supervise(child: &Child, watch: &Watch, limits: Limits, log: &Log) -> End
         let timeout = next.saturating_duration_since(now);
         if let Some(sig) = signals::wait(&set, timeout) {
             if signals::forwarded().contains(&sig) {
+                if matches!(
+                    sig,
+                    libc::SIGTERM | libc::SIGINT | libc::SIGHUP | libc::SIGQUIT
+                ) {
+                    child.terminate(sig);
+                } else {
+                    child.signal_group(sig);
+                }
                 log.event(
-                    if forwarded_once {
+                    if forwarded_once || sig == libc::SIGWINCH {
                         Level::Debug
                     } else {
                         Level::Info
@@ -323,7 +410,6 @@ pub fn supervise(child: &Child, watch: &Watch, limits: Limits, log: &Log) -> End
                     &[("signal", sig.into())],
                 );
                 forwarded_once = true;
-                child.signal_group(sig);
             }
         }
     }

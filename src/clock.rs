@@ -25,6 +25,15 @@ impl Instant {
         Instant(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
     }
 
+    /// Time since boot: what the shared page stores.
+    pub fn as_duration(&self) -> Duration {
+        self.0
+    }
+
+    pub fn from_duration(d: Duration) -> Instant {
+        Instant(d)
+    }
+
     pub fn elapsed(&self) -> Duration {
         Instant::now().saturating_duration_since(*self)
     }

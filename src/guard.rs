@@ -1,23 +1,44 @@
-//! The guard: a small process between cronlock and the command that outlives cronlock just long
-//! enough to kill the command's whole process group if cronlock dies (SIGKILL, OOM).
+//! The guard: a small process between cronlock and the command that enforces the lock's deadline
+//! even when cronlock cannot: when cronlock dies (SIGKILL, OOM) or is frozen (SIGSTOP, a debugger).
 //!
 //! `PR_SET_PDEATHSIG` reaches only a direct child, so with `sh -c 'a; b'` the real work would run on
 //! without a lock. The guard is forked from cronlock's main thread (which lives as long as cronlock),
-//! leads the command's process group, gets a death signal when cronlock goes, and then SIGKILLs the
-//! group. Otherwise it is transparent: it ignores signals cronlock sends to the group (they reach the
-//! command directly) and ends exactly as the command did, exit code or signal.
+//! leads the command's process group, and is a child subreaper, so every descendant that is
+//! orphaned (`setsid`, daemonizing, `timeout(1)`'s own group) comes back to it. It ends the whole
+//! job — the job's cgroup when there is one (`cgroup.kill`), every descendant, the group — when:
+//! - cronlock dies (the death signal);
+//! - the kill-by time cronlock publishes in the [shared page](crate::shared) passes without being
+//!   moved on by a confirmed renewal (cronlock frozen or starved).
 //!
-//! It is a plain `fork()` without `exec`, which is cheaper than re-executing cronlock. Since
-//! cronlock may already run the watchdog thread when it forks, everything here after `fork()` uses
-//! only async-signal-safe system calls on data prepared beforehand: no allocation, no locks, no
-//! panics.
+//! Otherwise it is transparent: it ignores signals cronlock sends to the group (they reach the
+//! command directly), relays them to children that left the group, and ends exactly as the command
+//! did, exit code or signal, after killing whatever the command left behind.
+//!
+//! It is a plain `fork()` without `exec`. Since cronlock may already run other threads when it
+//! forks, everything here after `fork()` uses only async-signal-safe system calls on data prepared
+//! beforehand: no allocation, no locks, no panics.
 
+use std::cell::Cell;
 use std::ffi::CString;
+use std::os::fd::RawFd;
 
+use crate::shared::{self, Shared};
 use crate::signals::SigSet;
 
 /// Sent to the guard when cronlock dies. Not a signal cronlock forwards.
 pub const DEATH_SIGNAL: libc::c_int = libc::SIGPWR;
+
+/// How the guard reports an exec failure on the report pipe when the deadline had passed.
+pub const REPORT_TOO_LATE: i32 = -1;
+
+/// The job's cgroup, as file descriptors opened before the fork.
+#[derive(Debug, Clone, Copy)]
+pub struct CgroupFds {
+    /// `cgroup.procs`: the command's process writes `0` to join before `execve`.
+    pub procs: RawFd,
+    /// `cgroup.kill`: writing `1` kills every process in the cgroup.
+    pub kill: RawFd,
+}
 
 /// Everything the guard and the command need, computed before `fork()`.
 pub struct Prepared {
@@ -27,20 +48,28 @@ pub struct Prepared {
     pub envp: Vec<CString>,
     pub argv_ptrs: Vec<*const libc::c_char>,
     pub envp_ptrs: Vec<*const libc::c_char>,
+    /// `/bin/sh FILE ARGS...` for a file without `#!` (ENOEXEC), like `execvp`; slot 1 is filled
+    /// with the candidate that failed.
+    pub sh_argv: Vec<Cell<*const libc::c_char>>,
     /// The command's signal mask (empty: the signals cronlock blocks must reach it).
     pub child_mask: SigSet,
     /// What the guard waits for: forwarded signals, SIGCHLD and the death signal.
     pub guard_set: SigSet,
     /// cronlock's pid; when the guard's parent changes, cronlock is gone.
     pub parent: libc::pid_t,
+    pub shared: Shared,
+    pub cgroup: Option<CgroupFds>,
 }
+
+const SH: &std::ffi::CStr = c"/bin/sh";
 
 impl Prepared {
     pub fn new(
         candidates: Vec<CString>,
         argv: Vec<CString>,
         envp: Vec<CString>,
-        child_mask: SigSet,
+        shared: Shared,
+        cgroup: Option<CgroupFds>,
     ) -> Prepared {
         let ptrs = |v: &[CString]| {
             v.iter()
@@ -48,24 +77,48 @@ impl Prepared {
                 .chain(std::iter::once(std::ptr::null()))
                 .collect::<Vec<_>>()
         };
+        let sh_argv = [SH.as_ptr(), std::ptr::null()]
+            .into_iter()
+            .chain(argv[1..].iter().map(|a| a.as_ptr()))
+            .chain(std::iter::once(std::ptr::null()))
+            .map(Cell::new)
+            .collect();
         let mut guarded = crate::signals::FORWARDED.to_vec();
         guarded.extend([libc::SIGCHLD, DEATH_SIGNAL, crate::signals::WAKEUP]);
         Prepared {
             argv_ptrs: ptrs(&argv),
             envp_ptrs: ptrs(&envp),
+            sh_argv,
             candidates,
             argv,
             envp,
-            child_mask,
+            child_mask: SigSet::of(&[]),
             guard_set: SigSet::of(&guarded),
             // SAFETY: getpid cannot fail.
             parent: unsafe { libc::getpid() },
+            shared,
+            cgroup,
         }
     }
 }
 
 fn errno() -> libc::c_int {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// `CLOCK_BOOTTIME` in nanoseconds, without the assertion of [`crate::clock::Instant::now`].
+fn boottime_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer; clock_gettime is async-signal-safe.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn kill_by_ns(p: &Prepared) -> u64 {
+    p.shared.kill_by().as_duration().as_nanos() as u64
 }
 
 /// The guard's body, run in the forked process. Never returns.
@@ -84,6 +137,8 @@ pub unsafe fn run(p: &Prepared, report_fd: libc::c_int) -> ! {
             0,
             0,
         );
+        // Orphaned descendants (setsid, daemons, timeout(1)'s own group) come back to us.
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
         // So `ps -o comm` tells the guard from cronlock.
         libc::prctl(libc::PR_SET_NAME, c"cronlock-guard".as_ptr(), 0, 0, 0);
         libc::pthread_sigmask(libc::SIG_BLOCK, &p.guard_set.0, std::ptr::null_mut());
@@ -101,27 +156,143 @@ pub unsafe fn run(p: &Prepared, report_fd: libc::c_int) -> ! {
         }
         libc::close(report_fd);
         loop {
-            let sig = libc::sigwaitinfo(&p.guard_set.0, std::ptr::null_mut());
+            let now = boottime_ns();
+            let kill_by = kill_by_ns(p);
+            if now >= kill_by {
+                // cronlock did not move the deadline on in time: frozen, starved or stuck.
+                p.shared.set(shared::GUARD_ENFORCED);
+                end_everything(p);
+            }
+            let left = kill_by - now;
+            let ts = libc::timespec {
+                tv_sec: (left / 1_000_000_000).min(i32::MAX as u64) as libc::time_t,
+                tv_nsec: (left % 1_000_000_000) as libc::c_long,
+            };
+            let sig = libc::sigtimedwait(&p.guard_set.0, std::ptr::null_mut(), &ts);
             if libc::getppid() != p.parent {
-                // cronlock is gone: nothing renews the lock any more. Stop the whole group now.
-                libc::kill(0, libc::SIGKILL);
-                libc::_exit(crate::exit::LOCK_LOST as libc::c_int);
+                // cronlock is gone: nothing renews the lock any more. Stop the whole job now.
+                end_everything(p);
             }
             if sig == libc::SIGCHLD {
                 let mut status = 0;
                 loop {
                     let r = libc::waitpid(-1, &mut status, libc::WNOHANG);
                     if r == pid {
+                        // Nothing of the job may outlive the command: the lock is released next.
+                        kill_descendants(p.cgroup);
                         end_like(status);
                     }
                     if r <= 0 {
                         break;
                     }
                 }
+            } else if sig > 0 && sig != DEATH_SIGNAL && sig != crate::signals::WAKEUP {
+                // cronlock sent this to the whole group, so it reached the command already;
+                // children that left the group (`timeout(1)` makes its own) get it from us.
+                relay_to_escaped_children(sig);
             }
-            // Forwarded signals were sent to the whole group by cronlock and have reached the
-            // command already; the guard ignores its copy.
         }
+    }
+}
+
+/// Kill the whole job and exit: the lock can no longer protect it.
+unsafe fn end_everything(p: &Prepared) -> ! {
+    // SAFETY (whole block): async-signal-safe calls only.
+    unsafe {
+        kill_descendants(p.cgroup);
+        // Whatever is left of our group (only the guard itself, normally).
+        libc::kill(0, libc::SIGKILL);
+        libc::_exit(crate::exit::LOCK_LOST as libc::c_int);
+    }
+}
+
+/// Call `f` with the pid of each child of the calling thread, from `/proc/thread-self/children`.
+/// Returns how many there were, or `None` when `/proc` cannot tell (not mounted: an empty root).
+unsafe fn for_each_child(mut f: impl FnMut(libc::pid_t)) -> Option<usize> {
+    // SAFETY (whole block): open/read/close on a stack buffer are async-signal-safe.
+    unsafe {
+        let fd = libc::open(
+            c"/proc/thread-self/children".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        );
+        if fd < 0 {
+            return None;
+        }
+        let mut buf = [0u8; 512];
+        let mut n = 0usize;
+        let mut pid: libc::pid_t = 0;
+        loop {
+            let got = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+            if got <= 0 {
+                break;
+            }
+            for &b in &buf[..got as usize] {
+                if b.is_ascii_digit() {
+                    pid = pid
+                        .saturating_mul(10)
+                        .saturating_add((b - b'0') as libc::pid_t);
+                } else if pid > 0 {
+                    f(pid);
+                    n += 1;
+                    pid = 0;
+                }
+            }
+        }
+        if pid > 0 {
+            f(pid);
+            n += 1;
+        }
+        libc::close(fd);
+        Some(n)
+    }
+}
+
+/// Kill every descendant of the calling thread: the job's cgroup at once when there is one, then
+/// children one by one; as a subreaper, their orphaned children come back to us and are killed in
+/// the next round. Bounded: a process stuck in the kernel cannot keep us here.
+///
+/// Async-signal-safe, so the guard may call it; cronlock's main thread uses it too, for orphans
+/// that reached it after the guard died.
+///
+/// # Safety
+/// Reaps any child of the caller with `waitpid(-1)`: call it only when no child's status matters.
+pub unsafe fn kill_descendants(cgroup: Option<CgroupFds>) {
+    // SAFETY (whole block): async-signal-safe calls on stack data.
+    unsafe {
+        if let Some(cg) = cgroup {
+            libc::write(cg.kill, b"1".as_ptr().cast(), 1);
+        }
+        for _ in 0..2000 {
+            while libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) > 0 {}
+            match for_each_child(|pid| {
+                libc::kill(pid, libc::SIGKILL);
+            }) {
+                Some(0) | None => return,
+                Some(_) => {}
+            }
+            let ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 1_000_000,
+            };
+            libc::nanosleep(&ts, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Send `sig` to our children outside our process group (it reached the group already).
+unsafe fn relay_to_escaped_children(sig: libc::c_int) {
+    // SAFETY (whole block): async-signal-safe calls only.
+    unsafe {
+        let ours = libc::getpgrp();
+        for_each_child(|pid| {
+            let group = libc::getpgid(pid);
+            if group > 0 && group != ours {
+                libc::kill(pid, sig);
+                if !crate::signals::is_stop(sig) && sig != libc::SIGCONT {
+                    libc::kill(pid, libc::SIGCONT);
+                }
+            }
+        });
     }
 }
 
@@ -147,7 +318,8 @@ unsafe fn end_like(status: libc::c_int) -> ! {
     }
 }
 
-/// In the command's process: restore what cronlock changed, then exec like `execvp`.
+/// In the command's process: join the job's cgroup, restore what cronlock changed, check the
+/// deadline, then exec like `execvp` (including `/bin/sh` for a file without `#!`).
 unsafe fn exec_command(p: &Prepared, report_fd: libc::c_int) -> ! {
     // SAFETY (whole block): async-signal-safe calls on memory prepared before fork.
     unsafe {
@@ -159,14 +331,32 @@ unsafe fn exec_command(p: &Prepared, report_fd: libc::c_int) -> ! {
             0,
             0,
         );
+        if let Some(cg) = p.cgroup {
+            if libc::write(cg.procs, b"0".as_ptr().cast(), 1) == 1 {
+                p.shared.set(shared::CGROUP_JOINED);
+            }
+        }
         // Rust's runtime ignores SIGPIPE; commands expect the default.
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         libc::pthread_sigmask(libc::SIG_SETMASK, &p.child_mask.0, std::ptr::null_mut());
         let mut saw_eacces = false;
         let mut err = libc::ENOENT;
         for path in &p.candidates {
+            // The last moment to check: the lock must still be valid when the command starts.
+            if boottime_ns() >= kill_by_ns(p) {
+                p.shared.set(shared::TOO_LATE);
+                report(report_fd, REPORT_TOO_LATE);
+                libc::_exit(crate::exit::LOCK_LOST as libc::c_int);
+            }
             libc::execve(path.as_ptr(), p.argv_ptrs.as_ptr(), p.envp_ptrs.as_ptr());
             match errno() {
+                libc::ENOEXEC => {
+                    // A script without `#!`: run it with /bin/sh, as execvp, env(1) and tini do.
+                    p.sh_argv[1].set(path.as_ptr());
+                    libc::execve(SH.as_ptr(), p.sh_argv.as_ptr().cast(), p.envp_ptrs.as_ptr());
+                    err = errno();
+                    break;
+                }
                 libc::EACCES => saw_eacces = true,
                 libc::ENOENT | libc::ENOTDIR => {}
                 other => {

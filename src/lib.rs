@@ -4,6 +4,7 @@
 //! watchdog, release, and turn what happened into the documented exit status.
 
 pub mod admin;
+pub mod cgroup;
 pub mod child;
 pub mod cli;
 pub mod clock;
@@ -15,12 +16,15 @@ pub mod host;
 pub mod lock;
 pub mod log;
 pub mod record;
+pub mod shared;
 pub mod signals;
 pub mod wait;
 pub mod watchdog;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Duration;
 
 use anyhow::Result;
 use clap::error::ErrorKind;
@@ -36,12 +40,17 @@ use crate::lock::{Held, Keys, ReleaseOptions, Released};
 use crate::log::{Level, Log};
 use crate::record::Ending;
 use crate::wait::Acquired;
-use crate::watchdog::{Timing, Watchdog};
+use crate::watchdog::{LockState, Timing, Watch, Watchdog};
+
+/// The command's process group while one runs, so a panic on the main thread can still end it.
+static RUNNING_GROUP: AtomicI32 = AtomicI32::new(0);
 
 /// The program: returns the exit status; never exits while the lock is held.
 pub fn run() -> ExitCode {
     // Before any thread exists, so every thread inherits the mask (see `signals`).
     signals::block();
+    // A panic is reported once, as our own line, by whoever catches it; never as Rust's text.
+    std::panic::set_hook(Box::new(|_| {}));
     let cli = match cli::parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -53,21 +62,45 @@ pub fn run() -> ExitCode {
                 _ => {
                     // The format is unknown when parsing failed; honour the environment's.
                     let json = std::env::var("CRONLOCK_LOG_FORMAT").is_ok_and(|f| f == "json");
-                    Log::new(false, false, json).error("usage", &cli::one_line(&e));
+                    let log = Log::new(false, false, json);
+                    log.error("usage", &cli::one_line(&e));
+                    log.flush(FLUSH_WAIT);
                     Exit::Failure.into()
                 }
             };
         }
     };
     let log = Log::new(cli.quiet, cli.verbose, cli.log_format == LogFormat::Json);
-    match execute(&cli, &log) {
-        Ok(exit) => exit.into(),
-        Err(e) => {
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| execute(&cli, &log)));
+    let exit = match result {
+        Ok(Ok(exit)) => exit,
+        Ok(Err(e)) => {
             log.error("error", &format!("{e:#}"));
-            Exit::Failure.into()
+            Exit::Failure
         }
-    }
+        Err(payload) => {
+            let group = RUNNING_GROUP.swap(0, Ordering::SeqCst);
+            let msg = watchdog::panic_message(&*payload);
+            if group > 0 {
+                // SAFETY: killing the command's process group, which we created.
+                unsafe { libc::kill(-group, libc::SIGKILL) };
+                log.error(
+                    "internal",
+                    &format!("internal error: {msg}; the command was stopped"),
+                );
+                Exit::LockLost
+            } else {
+                log.error("internal", &format!("internal error: {msg}"));
+                Exit::Failure
+            }
+        }
+    };
+    log.flush(FLUSH_WAIT);
+    exit.into()
 }
+
+/// How long the exit waits for queued log lines to reach a slow stderr.
+const FLUSH_WAIT: Duration = Duration::from_millis(500);
 
 /// `argv` as one line for people (the holder's `command` field).
 fn command_line(argv: &[OsString]) -> String {
@@ -119,21 +152,11 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
 fn run_job(cli: &Cli, job: &Job, timing: Timing, redis: &Redis, log: &Log) -> Result<Exit> {
     log.set_key(&job.key);
     let keys = Keys::new(&cli.prefix, &job.key);
-    let io_timeout = cli.connect_timeout.0;
-    let mut con = redis.connect(io_timeout)?;
     let command = command_line(&job.argv);
     let asked = Instant::now();
-    let acquired = wait::acquire(
-        &mut con,
-        &keys,
-        &command,
-        timing.ttl,
-        cli.wait(),
-        io_timeout,
-        log,
-    )?;
-    let held = match acquired {
-        Acquired::Held(held) => *held,
+    let acquired = wait::acquire(redis, &keys, &command, timing.ttl, cli.wait(), log)?;
+    let (held, con) = match acquired {
+        Acquired::Held(held, con) => (*held, con),
         Acquired::Busy => {
             log.info(
                 "busy",
@@ -163,10 +186,16 @@ fn run_job(cli: &Cli, job: &Job, timing: Timing, redis: &Redis, log: &Log) -> Re
         &format!("acquired lock '{}' (fencing token {})", job.key, held.fence),
         &[("waited_ms", (asked.elapsed().as_millis() as u64).into())],
     );
-    let watchdog = match Watchdog::start(redis.clone(), con, held.clone(), timing, log.clone()) {
+    let started = Watch::new(held.sent_at + timing.ttl, timing.margin)
+        .map_err(anyhow::Error::from)
+        .and_then(|watch| {
+            Watchdog::start(redis.clone(), con, held.clone(), timing, watch, log.clone())
+        });
+    let watchdog = match started {
         Ok(w) => w,
         Err(e) => {
-            release(redis, None, &held, false, &ReleaseOptions::default(), log);
+            let opts = ReleaseOptions::default();
+            release(redis, None, &held, held.sent_at + timing.ttl, &opts, log);
             return Err(e.context("cannot start the watchdog thread"));
         }
     };
@@ -175,9 +204,20 @@ fn run_job(cli: &Cli, job: &Job, timing: Timing, redis: &Redis, log: &Log) -> Re
         max_runtime: cli.max_runtime.map(|m| m.0),
     };
     let (exit, ending) = run_child(job, &held, &watchdog.watch, limits, log);
-    // Confirmed by Redis, or feared by the main loop (no renewal in time).
+    // From here on, the end of the run is bounded by --connect-timeout in all.
+    let release_by = Instant::now() + redis.connect_timeout;
+    let valid_until = match watchdog.watch.state() {
+        LockState::Valid { until } => until,
+        LockState::Lost { until, .. } => until,
+    };
+    // Confirmed by Redis, or feared by the main loop (no renewal in time): nothing to wait for.
     let lost = watchdog.watch.is_lost() || ending == Ending::Lost;
-    let con = watchdog.stop();
+    let stop_wait = if lost {
+        Duration::ZERO
+    } else {
+        (release_by - Instant::now()).min(valid_until - Instant::now())
+    };
+    let con = watchdog.stop(stop_wait);
     let duration = held.sent_at.elapsed();
     let opts = ReleaseOptions {
         hold: (held.sent_at + cli.min_hold.0).saturating_duration_since(Instant::now()),
@@ -185,7 +225,8 @@ fn run_job(cli: &Cli, job: &Job, timing: Timing, redis: &Redis, log: &Log) -> Re
         history: cli.history,
         record_ttl: cli.history_ttl.map(|t| t.0),
     };
-    release(redis, con, &held, lost, &opts, log);
+    let lost_until = if lost { Instant::now() } else { valid_until };
+    release(redis, con, &held, lost_until, &opts, log);
     Ok(exit)
 }
 
@@ -208,13 +249,33 @@ fn run_child(
         );
         return (Exit::Signal(sig), Ending::NotStarted);
     }
+    let too_late = || {
+        log.error(
+            "lost",
+            &format!(
+                "lock '{}' was taken too late to run the command safely (it could expire before \
+                 the command was stopped); not running it",
+                job.key
+            ),
+        );
+        (Exit::LockLost, Ending::NotStarted)
+    };
+    // The command starts only with the whole grace period still ahead of the lock's deadline.
+    match watch.state() {
+        LockState::Valid { until }
+            if until.checked_sub(limits.grace + watch.margin) > Some(Instant::now()) => {}
+        _ => return too_late(),
+    }
     let env = [
         ("CRONLOCK_KEY", job.key.clone()),
         ("CRONLOCK_TOKEN", held.holder.token.clone()),
         ("CRONLOCK_FENCING_TOKEN", held.fence.to_string()),
     ];
-    let child = match child::spawn(&job.argv, &env) {
+    let (cgroup, containment) = child::contain();
+    log.event(Level::Debug, "containment", &containment, &[]);
+    let child = match child::spawn(&job.argv, &env, watch.shared(), cgroup) {
         Ok(c) => c,
+        Err(e) if e.too_late => return too_late(),
         Err(e) => {
             let text = e.error.to_string();
             let text = text
@@ -229,8 +290,14 @@ fn run_child(
             return (e.exit(), Ending::NotStarted);
         }
     };
+    RUNNING_GROUP.store(child.group, Ordering::SeqCst);
+    #[cfg(debug_assertions)]
+    if std::env::var_os("CRONLOCK_DEBUG_PANIC").is_some_and(|v| v == "main") {
+        panic!("injected by CRONLOCK_DEBUG_PANIC");
+    }
     let started = Instant::now();
-    let ended = child::supervise(&child, watch, limits, log);
+    let ended = child::supervise(child, watch, limits, log);
+    RUNNING_GROUP.store(0, Ordering::SeqCst);
     let exit = ended.exit();
     let (ending, how) = match (&ended.stopped, ended.status) {
         (Some(Stop::LockLost(_)), _) => (Ending::Lost, "was terminated: lock lost".to_string()),
@@ -258,32 +325,42 @@ fn run_child(
 }
 
 /// Release our lock and record the run; problems are warnings, since the command's status is what
-/// matters now.
+/// matters now. Bounded by `--connect-timeout` in all; a dropped connection is retried once on a
+/// new one, but only while the lock can still be alive in Redis (before `valid_until`).
 fn release(
     redis: &Redis,
     con: Option<redis::Connection>,
     held: &Held,
-    lost: bool,
+    valid_until: Instant,
     opts: &ReleaseOptions,
     log: &Log,
 ) {
     let name = &held.keys.name;
-    let fresh = || redis.connect(redis.connect_timeout);
+    let end = Instant::now() + redis.connect_timeout;
+    let lost = Instant::now() >= valid_until;
+    let left = || end.saturating_duration_since(Instant::now());
+    let fresh = || redis.connect_within(left(), left());
+    let attempt = |c: &mut redis::Connection| {
+        connect::set_io_timeout(c, left())?;
+        lock::release(c, held, opts).map_err(anyhow::Error::from)
+    };
     let mut retried = false;
     let result = match con.map_or_else(fresh, Ok) {
-        Ok(mut c) => match lock::release(&mut c, held, opts) {
+        Ok(mut c) => match attempt(&mut c) {
             // The watchdog's connection may have been dropped since its last renewal (a Redis
-            // restart, an idle timeout): one more try on a new one.
-            Err(e) if e.is_io_error() || e.is_connection_dropped() => {
+            // restart, an idle timeout): one more try on a new one, if it can still matter.
+            Err(e) if is_dropped(&e) && Instant::now() < valid_until && !left().is_zero() => {
                 retried = true;
-                fresh().and_then(|mut c| {
-                    lock::release(&mut c, held, opts).map_err(|e| anyhow::anyhow!(first_line(&e)))
-                })
+                fresh().and_then(|mut c| attempt(&mut c))
             }
-            r => r.map_err(|e| anyhow::anyhow!(first_line(&e))),
+            r => r,
         },
         Err(e) => Err(e),
     }
+    .map_err(|e| match e.downcast_ref::<redis::RedisError>() {
+        Some(re) => anyhow::anyhow!(first_line(re)),
+        None => e,
+    })
     .map_err(|e| e.context(format!("cannot release lock '{name}'")));
     match result {
         Ok(Released::Deleted) => log.info("released", &format!("released lock '{name}'"), &[]),
@@ -311,4 +388,9 @@ fn release(
             &[],
         ),
     }
+}
+
+fn is_dropped(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<redis::RedisError>()
+        .is_some_and(|e| e.is_io_error() || e.is_connection_dropped() || e.is_timeout())
 }

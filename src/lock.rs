@@ -4,10 +4,11 @@
 //!
 //! Key layout for KEY under the default prefix `cronlock:` (all in one Cluster hash slot, `{KEY}`):
 //! - `cronlock:{KEY}`        the lock; its value identifies the holder
-//! - `cronlock:{KEY}:fence`  the fencing counter, bumped on every acquisition, never expires
+//! - `cronlock:{KEY}:fence`  the fencing counter: the last token, max(last + 1, Redis TIME in µs)
 //! - `cronlock:{KEY}:last`   the last run's record (JSON)
 //! - `cronlock:{KEY}:history` the last runs' records, newest first, capped
 //! - `cronlock:{KEY}:notify` a one-element list that wakes one `--wait`er on release
+//! - `cronlock:{KEY}:abandoned:TOKEN` for a TTL after an acquire whose reply was lost
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -26,6 +27,7 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lu
 static FORCE_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/force_release.lua")));
 static STATUS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/status.lua")));
+static ABANDON: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/abandon.lua")));
 
 /// How long a release notification waits for a waiter before it expires.
 pub const NOTIFY_TTL: Duration = Duration::from_secs(10);
@@ -52,6 +54,11 @@ impl Keys {
             notify: format!("{lock}:notify"),
             lock,
         }
+    }
+
+    /// The marker that makes a late-running acquire of the attempt `token` take nothing.
+    pub fn abandoned(&self, token: &str) -> String {
+        format!("{}:abandoned:{token}", self.lock)
     }
 
     /// The KEY of a lock key found by SCAN, if `redis_key` is one (not a `:fence` or other key).
@@ -145,21 +152,39 @@ fn ms(d: Duration) -> u64 {
     d.as_millis().max(1) as u64
 }
 
+/// An acquire that failed; `unknown` when Redis may have run it anyway (timeout, dropped
+/// connection), so the lock may be ours without our knowing.
+#[derive(Debug)]
+pub struct AcquireError {
+    pub error: redis::RedisError,
+    pub unknown: bool,
+}
+
+impl AcquireError {
+    pub fn transient(&self) -> bool {
+        self.unknown || self.error.code() == Some("LOADING") || self.error.code() == Some("BUSY")
+    }
+}
+
 /// One acquisition attempt.
 pub fn try_acquire(
     con: &mut Connection,
     keys: &Keys,
     holder: &Holder,
     ttl: Duration,
-) -> Result<Attempt> {
+) -> std::result::Result<Attempt, AcquireError> {
     let sent_at = Instant::now();
     let (fence, pttl): (i64, i64) = ACQUIRE
         .key(&keys.lock)
         .key(&keys.fence)
+        .key(keys.abandoned(&holder.token))
         .arg(&holder.value)
         .arg(ms(ttl))
         .invoke(con)
-        .map_err(|e| anyhow!("cannot acquire lock '{}': {}", keys.name, first_line(&e)))?;
+        .map_err(|error| AcquireError {
+            unknown: error.is_timeout() || error.is_io_error() || error.is_connection_dropped(),
+            error,
+        })?;
     if fence <= 0 {
         let left = u64::try_from(pttl).ok().map(Duration::from_millis);
         return Ok(Attempt::Busy(left));
@@ -171,6 +196,21 @@ pub fn try_acquire(
         ttl,
         sent_at,
     })))
+}
+
+/// Undo an attempt whose reply was lost (see `abandon.lua`): `Ok(true)` when it deleted our lock.
+pub fn abandon(
+    con: &mut Connection,
+    keys: &Keys,
+    holder: &Holder,
+    ttl: Duration,
+) -> RedisResult<bool> {
+    ABANDON
+        .key(&keys.lock)
+        .key(keys.abandoned(&holder.token))
+        .arg(&holder.value)
+        .arg(ms(ttl))
+        .invoke(con)
 }
 
 /// Extend our lock to `ttl` from now if it is still ours: `Ok(true)` ours, `Ok(false)` not ours.

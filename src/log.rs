@@ -4,9 +4,35 @@
 //! Levels decide what prints: errors always, warnings unless `-q`, info only with `-v` in text
 //! (cron mails any output, so a normal run is silent) but by default in JSON, where a pipeline
 //! wants to see `acquired` and `finished`.
+//!
+//! Writing to stderr can block forever: it is often a pipe that cron's or the container runtime's
+//! collector stopped reading, or that the command itself filled. So no thread that keeps the lock
+//! safe ever writes: lines go into a bounded queue, and a `log` thread (started with the first
+//! line, so a silent run starts none) does the writing. A full queue drops lines and counts them;
+//! the count is reported once the writer gets through. At exit, [`Log::flush`] waits only briefly.
 
 use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Lines that may wait for a slow stderr before new ones are dropped.
+const QUEUE: usize = 256;
+
+/// The queue and its writer thread.
+#[derive(Debug, Default)]
+struct Sink {
+    tx: Mutex<Option<SyncSender<String>>>,
+    done: Mutex<Option<Receiver<()>>>,
+    dropped: Arc<AtomicU64>,
+    /// Set by `flush`: later lines are written directly.
+    closed: std::sync::atomic::AtomicBool,
+}
+
+fn write_stderr(line: &str) {
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
 
 use serde_json::{Map, Value};
 
@@ -46,6 +72,7 @@ pub struct Log {
     ctx: Arc<Mutex<Context>>,
     /// Strings that must never be printed (the Redis password).
     secrets: Arc<Mutex<Vec<String>>>,
+    sink: Arc<Sink>,
 }
 
 impl Log {
@@ -62,6 +89,84 @@ impl Log {
             host: crate::host::hostname().into(),
             ctx: Arc::default(),
             secrets: Arc::default(),
+            sink: Arc::default(),
+        }
+    }
+
+    /// The line that reports dropped lines.
+    fn dropped_line(json: bool, host: &str, n: u64) -> String {
+        let msg = format!("{n} of cronlock's messages were dropped: stderr was not being read");
+        let mut line = if json {
+            serde_json::json!({
+                "ts": crate::host::unix_millis(), "level": "warn", "event": "log_dropped",
+                "host": host, "pid": std::process::id(), "dropped": n, "msg": msg,
+            })
+            .to_string()
+        } else {
+            format!("cronlock: {msg}")
+        };
+        line.push('\n');
+        line
+    }
+
+    /// Queue one finished line; never blocks.
+    fn emit(&self, line: String) {
+        if self.sink.closed.load(Ordering::SeqCst) {
+            return write_stderr(&line);
+        }
+        let mut tx = self.sink.tx.lock().unwrap_or_else(|e| e.into_inner());
+        if tx.is_none() {
+            let (send, recv) = mpsc::sync_channel::<String>(QUEUE);
+            let (done_tx, done_rx) = mpsc::channel();
+            let dropped = self.sink.dropped.clone();
+            let (json, host) = (self.json, self.host.clone());
+            let spawned = std::thread::Builder::new()
+                .name("log".into())
+                .stack_size(64 * 1024)
+                .spawn(move || {
+                    for line in recv {
+                        let n = dropped.swap(0, Ordering::SeqCst);
+                        if n > 0 {
+                            write_stderr(&Log::dropped_line(json, &host, n));
+                        }
+                        write_stderr(&line);
+                    }
+                    let n = dropped.swap(0, Ordering::SeqCst);
+                    if n > 0 {
+                        write_stderr(&Log::dropped_line(json, &host, n));
+                    }
+                    let _ = done_tx.send(());
+                });
+            if spawned.is_err() {
+                drop(tx);
+                return write_stderr(&line);
+            }
+            *tx = Some(send);
+            *self.sink.done.lock().unwrap_or_else(|e| e.into_inner()) = Some(done_rx);
+        }
+        if let Some(Err(TrySendError::Full(_))) = tx.as_ref().map(|t| t.try_send(line)) {
+            self.sink.dropped.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Let the writer finish the queued lines, waiting at most `within` (stderr may be stuck).
+    pub fn flush(&self, within: Duration) {
+        self.sink.closed.store(true, Ordering::SeqCst);
+        let tx = self
+            .sink
+            .tx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        drop(tx);
+        if let Some(done) = self
+            .sink
+            .done
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            let _ = done.recv_timeout(within);
         }
     }
 
@@ -127,7 +232,7 @@ impl Log {
         // One write per line, so lines stay whole next to the command's own stderr output.
         let mut line = self.redact(&line);
         line.push('\n');
-        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+        self.emit(line);
     }
 
     pub fn error(&self, event: &str, msg: &str) {

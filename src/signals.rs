@@ -4,6 +4,13 @@
 //! Blocked signals are queued even for PID 1 (which ignores signals left at their default action),
 //! so the same code works as a container entrypoint. The child starts with an empty mask.
 //!
+//! Inherited dispositions are decided, not trusted (tini's `configure_signals`, uutils'
+//! `install_sigchld`): SIGCHLD is reset to its default, because a parent that ignores it makes the
+//! kernel reap our children behind our back. The job-control signals SIGTSTP, SIGTTIN and SIGTTOU
+//! never stop cronlock itself (that would stop the watchdog while the command runs on): they are
+//! forwarded to the command's group, which stops while cronlock keeps renewing the lock, and SIGCONT
+//! is forwarded to continue it.
+//!
 //! A forwarded signal that was already ignored when cronlock started (`nohup` ignores SIGHUP) is
 //! left ignored and not forwarded, so `nohup cronlock ...` keeps its meaning for the command.
 
@@ -11,15 +18,27 @@ use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use nix::sys::signal::Signal;
+
 /// Signals forwarded to the child's process group.
-pub const FORWARDED: [libc::c_int; 6] = [
+pub const FORWARDED: [libc::c_int; 11] = [
     libc::SIGTERM,
     libc::SIGINT,
     libc::SIGHUP,
     libc::SIGQUIT,
     libc::SIGUSR1,
     libc::SIGUSR2,
+    libc::SIGTSTP,
+    libc::SIGTTIN,
+    libc::SIGTTOU,
+    libc::SIGCONT,
+    libc::SIGWINCH,
 ];
+
+/// Forwarded signals that stop the command; they are not followed by SIGCONT.
+pub fn is_stop(sig: libc::c_int) -> bool {
+    matches!(sig, libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU)
+}
 
 /// The watchdog wakes the main thread with this when it learns the lock is lost.
 pub const WAKEUP: libc::c_int = libc::SIGALRM;
@@ -31,15 +50,17 @@ static ACTIVE: OnceLock<Vec<libc::c_int>> = OnceLock::new();
 #[derive(Clone, Copy)]
 pub struct SigSet(pub libc::sigset_t);
 
-// SAFETY: sigset_t is plain data.
+// SAFETY: sigset_t is plain data without pointers; sharing or sending it between threads is sound.
 unsafe impl Send for SigSet {}
+// SAFETY: as above, plain data.
 unsafe impl Sync for SigSet {}
 
 impl SigSet {
     /// A set of `signals`. Allocation-free, so the guard may call it after `fork()`.
     pub fn of(signals: &[libc::c_int]) -> SigSet {
         let mut set = MaybeUninit::<libc::sigset_t>::uninit();
-        // SAFETY: sigemptyset initialises the set; sigaddset takes valid signal numbers.
+        // SAFETY: sigemptyset initialises the set before sigaddset and assume_init read it;
+        // sigaddset only fails (harmlessly) for invalid numbers.
         unsafe {
             libc::sigemptyset(set.as_mut_ptr());
             for &s in signals {
@@ -52,9 +73,9 @@ impl SigSet {
 
 fn is_ignored(sig: libc::c_int) -> bool {
     let mut old = MaybeUninit::<libc::sigaction>::uninit();
-    // SAFETY: a null new action only queries the current one.
+    // SAFETY: a null new action only queries the current one into `old`.
     let rc = unsafe { libc::sigaction(sig, std::ptr::null(), old.as_mut_ptr()) };
-    // SAFETY: filled by sigaction on success.
+    // SAFETY: sigaction filled `old` when it returned 0.
     rc == 0 && unsafe { old.assume_init() }.sa_sigaction == libc::SIG_IGN
 }
 
@@ -76,8 +97,11 @@ pub fn watched() -> SigSet {
     SigSet::of(&all)
 }
 
-/// Block [`watched`] in the calling thread; call before any thread starts so all inherit it.
+/// Reset SIGCHLD and block [`watched`] in the calling thread; call before any thread starts so
+/// all inherit the mask.
 pub fn block() {
+    // SAFETY: setting a default disposition installs no handler; SIGCHLD is a valid signal.
+    unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) };
     let set = watched();
     // SAFETY: valid set; pthread_sigmask only fails for an invalid `how`.
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set.0, std::ptr::null_mut()) };
@@ -95,8 +119,15 @@ pub fn wait(set: &SigSet, timeout: Duration) -> Option<libc::c_int> {
 }
 
 /// A forwarded signal already pending (used while no child runs: before and while waiting).
+/// Job-control signals are consumed and ignored then: there is nothing to stop yet.
 pub fn pending_forwarded() -> Option<libc::c_int> {
-    wait(&SigSet::of(forwarded()), Duration::ZERO)
+    let set = SigSet::of(forwarded());
+    while let Some(sig) = wait(&set, Duration::ZERO) {
+        if !is_stop(sig) && sig != libc::SIGCONT && sig != libc::SIGWINCH {
+            return Some(sig);
+        }
+    }
+    None
 }
 
 /// Wake the main thread (from the watchdog).
@@ -107,19 +138,20 @@ pub fn wake_main() {
 
 /// Conventional name, for messages: `SIGTERM`.
 pub fn name(sig: libc::c_int) -> String {
-    let name = match sig {
-        libc::SIGHUP => "SIGHUP",
-        libc::SIGINT => "SIGINT",
-        libc::SIGQUIT => "SIGQUIT",
-        libc::SIGKILL => "SIGKILL",
-        libc::SIGUSR1 => "SIGUSR1",
-        libc::SIGUSR2 => "SIGUSR2",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGPIPE => "SIGPIPE",
-        libc::SIGALRM => "SIGALRM",
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGABRT => "SIGABRT",
-        _ => return format!("signal {sig}"),
-    };
-    name.to_string()
+    match Signal::try_from(sig) {
+        Ok(s) => s.as_str().to_string(),
+        Err(_) => format!("signal {sig}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert_eq!(name(libc::SIGTERM), "SIGTERM");
+        assert_eq!(name(libc::SIGTSTP), "SIGTSTP");
+        assert_eq!(name(1000), "signal 1000");
+    }
 }

@@ -13,7 +13,7 @@ use anyhow::{anyhow, Result};
 use redis::Connection;
 
 use crate::clock::Instant;
-use crate::connect::{first_line, set_io_timeout};
+use crate::connect::{first_line, set_io_timeout, Redis};
 use crate::duration::Span;
 use crate::lock::{self, Attempt, Held, Holder, Keys};
 use crate::log::Log;
@@ -23,9 +23,9 @@ use crate::signals;
 const POLL_CAP: Duration = Duration::from_millis(500);
 
 /// The result of trying to get the lock.
-#[derive(Debug)]
 pub enum Acquired {
-    Held(Box<Held>),
+    /// Ours, with the connection that took it (the watchdog goes on with it).
+    Held(Box<Held>, Connection),
     /// Held elsewhere, and `--wait` (if any) ran out.
     Busy,
     /// A signal asked us to stop before we had the lock.
@@ -38,26 +38,103 @@ fn jitter(d: Duration) -> Duration {
     d / 2 + d / 2 * r / 1024
 }
 
-/// Try to take the lock, waiting up to `wait` for it.
+/// Sleep `d` unless a forwarded signal comes first; returns it.
+fn pause(d: Duration) -> Option<libc::c_int> {
+    let end = Instant::now() + d;
+    let set = signals::SigSet::of(signals::forwarded());
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        match signals::wait(&set, left) {
+            None => return None,
+            Some(sig) if signals::is_stop(sig) || sig == libc::SIGCONT || sig == libc::SIGWINCH => {
+            }
+            Some(sig) => return Some(sig),
+        }
+        if left.is_zero() {
+            return None;
+        }
+    }
+}
+
+/// The attempt with `holder` got no reply: Redis may have run it. Undo it on a new connection
+/// (best effort, bounded by the connect timeout) and say what became of it.
+fn abandon(redis: &Redis, keys: &Keys, holder: &Holder, ttl: Duration) -> String {
+    let undone = redis.connect(redis.connect_timeout).and_then(|mut c| {
+        lock::abandon(&mut c, keys, holder, ttl).map_err(|e| anyhow!(first_line(&e)))
+    });
+    match undone {
+        Ok(true) => "the lock it took anyway was released".into(),
+        Ok(false) => "it took no lock".into(),
+        Err(_) => format!(
+            "if Redis took the lock anyway, it expires within {}",
+            Span(ttl)
+        ),
+    }
+}
+
+/// Try to take the lock, waiting up to `wait` for it. While waiting, transient errors (Redis
+/// restarting or loading, a timeout, a dropped connection) are retried on a new connection.
 pub fn acquire(
-    con: &mut Connection,
+    redis: &Redis,
     keys: &Keys,
     command: &str,
     ttl: Duration,
     wait: Duration,
-    io_timeout: Duration,
     log: &Log,
 ) -> Result<Acquired> {
+    let io_timeout = redis.connect_timeout;
     let deadline = Instant::now() + wait;
     let mut announced = false;
+    let mut trouble_told = false;
+    let mut con: Option<Connection> = None;
     loop {
         if let Some(sig) = signals::pending_forwarded() {
             return Ok(Acquired::Signalled(sig));
         }
+        // Transient trouble is retried while --wait lasts; the last error is what we report.
+        let retry = |e: anyhow::Error, told: &mut bool| -> Result<Option<libc::c_int>> {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(e);
+            }
+            if !*told {
+                *told = true;
+                log.info("wait_retry", &format!("{e:#}; retrying while waiting"), &[]);
+            }
+            Ok(pause(jitter(POLL_CAP).min(left)))
+        };
+        let mut c = match con.take() {
+            Some(c) => c,
+            None => match redis.connect(io_timeout) {
+                Ok(c) => c,
+                Err(e) => match retry(e, &mut trouble_told)? {
+                    Some(sig) => return Ok(Acquired::Signalled(sig)),
+                    None => continue,
+                },
+            },
+        };
         // A fresh holder per attempt, so `started` says when we got it.
-        let expires_in = match lock::try_acquire(con, keys, &Holder::new(command), ttl)? {
-            Attempt::Held(held) => return Ok(Acquired::Held(held)),
-            Attempt::Busy(expires_in) => expires_in,
+        let holder = Holder::new(command);
+        let expires_in = match lock::try_acquire(&mut c, keys, &holder, ttl) {
+            Ok(Attempt::Held(held)) => return Ok(Acquired::Held(held, c)),
+            Ok(Attempt::Busy(expires_in)) => expires_in,
+            Err(e) => {
+                let mut text = format!(
+                    "cannot acquire lock '{}': {}",
+                    keys.name,
+                    first_line(&e.error)
+                );
+                if e.unknown {
+                    text += &format!(" ({})", abandon(redis, keys, &holder, ttl));
+                }
+                if !e.transient() {
+                    return Err(anyhow!(text));
+                }
+                match retry(anyhow!(text), &mut trouble_told)? {
+                    Some(sig) => return Ok(Acquired::Signalled(sig)),
+                    None => continue,
+                }
+            }
         };
         let now = Instant::now();
         if now >= deadline {
@@ -81,13 +158,24 @@ pub fn acquire(
         }
         // BLPOP takes seconds with millisecond precision (Redis >= 6); 0 would block forever.
         let secs = (block.as_millis().max(1) as f64) / 1000.0;
-        set_io_timeout(con, block + io_timeout)?;
+        set_io_timeout(&c, block + io_timeout)?;
         // Woken or timed out, the next step is the same: try again.
-        redis::cmd("BLPOP")
+        let woke = redis::cmd("BLPOP")
             .arg(&keys.notify)
             .arg(secs)
-            .query::<Option<(String, String)>>(con)
-            .map_err(|e| anyhow!("cannot wait for lock '{}': {}", keys.name, first_line(&e)))?;
-        set_io_timeout(con, io_timeout)?;
+            .query::<Option<(String, String)>>(&mut c);
+        match woke {
+            Ok(_) => {
+                set_io_timeout(&c, io_timeout)?;
+                con = Some(c);
+            }
+            // The connection is gone or out of step: the next round makes a new one.
+            Err(e) => {
+                let e = anyhow!("cannot wait for lock '{}': {}", keys.name, first_line(&e));
+                if let Some(sig) = retry(e, &mut trouble_told)? {
+                    return Ok(Acquired::Signalled(sig));
+                }
+            }
+        }
     }
 }

@@ -9,7 +9,6 @@
 
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
@@ -20,6 +19,7 @@ use crate::connect::{first_line, set_io_timeout, Redis};
 use crate::duration::Span;
 use crate::lock::{self, Held};
 use crate::log::{Level, Log};
+use crate::shared::Shared;
 
 /// The shortest TTL that leaves room to renew, terminate and kill before expiry.
 pub const MIN_TTL: Duration = Duration::from_millis(250);
@@ -77,8 +77,15 @@ impl Timing {
 /// What the main thread needs to know about the lock.
 #[derive(Debug, Clone)]
 pub enum LockState {
-    Valid { until: Instant },
-    Lost(String),
+    Valid {
+        until: Instant,
+    },
+    /// Lost, or feared lost; `until` is still the last moment the lock was known valid, so the
+    /// command is killed by then at the latest.
+    Lost {
+        reason: String,
+        until: Instant,
+    },
 }
 
 #[derive(Debug)]
@@ -88,29 +95,45 @@ struct Inner {
     last_error: Option<String>,
 }
 
-/// The shared view of the lock's validity.
-#[derive(Debug, Clone)]
+/// The shared view of the lock's validity, also published to the guard's [`Shared`] page.
+#[derive(Clone)]
 pub struct Watch {
     inner: Arc<Mutex<Inner>>,
+    shared: Shared,
     pub margin: Duration,
 }
 
 impl Watch {
-    fn new(valid_until: Instant, margin: Duration) -> Watch {
-        Watch {
+    /// Validity starts at `valid_until`; the guard's kill-by time follows it, `margin` earlier.
+    pub fn new(valid_until: Instant, margin: Duration) -> std::io::Result<Watch> {
+        let shared = Shared::new(valid_until.checked_sub(margin).unwrap_or(valid_until))?;
+        Ok(Watch {
             inner: Arc::new(Mutex::new(Inner {
                 valid_until,
                 lost: None,
                 last_error: None,
             })),
+            shared,
             margin,
-        }
+        })
+    }
+
+    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A poisoned lock still holds plain data worth reading.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn shared(&self) -> Shared {
+        self.shared
     }
 
     pub fn state(&self) -> LockState {
-        let inner = self.inner.lock().unwrap();
+        let inner = self.inner();
         match &inner.lost {
-            Some(reason) => LockState::Lost(reason.clone()),
+            Some(reason) => LockState::Lost {
+                reason: reason.clone(),
+                until: inner.valid_until,
+            },
             None => LockState::Valid {
                 until: inner.valid_until,
             },
@@ -118,19 +141,30 @@ impl Watch {
     }
 
     pub fn is_lost(&self) -> bool {
-        self.inner.lock().unwrap().lost.is_some()
+        self.inner().lost.is_some()
     }
 
     pub fn last_error(&self) -> Option<String> {
-        self.inner.lock().unwrap().last_error.clone()
+        self.inner().last_error.clone()
     }
 
     fn valid_until(&self) -> Instant {
-        self.inner.lock().unwrap().valid_until
+        self.inner().valid_until
     }
 
-    fn lose(&self, reason: String) {
-        self.inner.lock().unwrap().lost = Some(reason);
+    /// A renewal sent at `sent` was confirmed: the lock is valid until `sent + ttl`.
+    fn confirm(&self, until: Instant) {
+        let mut inner = self.inner();
+        if until > inner.valid_until {
+            inner.valid_until = until;
+            self.shared
+                .set_kill_by(until.checked_sub(self.margin).unwrap_or(until));
+        }
+    }
+
+    /// Mark the lock lost (the first reason wins) and wake the main thread.
+    pub fn lose(&self, reason: String) {
+        self.inner().lost.get_or_insert(reason);
         crate::signals::wake_main();
     }
 }
@@ -139,7 +173,16 @@ impl Watch {
 pub struct Watchdog {
     pub watch: Watch,
     stop: mpsc::Sender<()>,
-    handle: JoinHandle<Option<Connection>>,
+    done: mpsc::Receiver<Option<Connection>>,
+}
+
+/// A panic's message, for the one line that reports it.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
 }
 
 impl Watchdog {
@@ -149,25 +192,38 @@ impl Watchdog {
         con: Connection,
         held: Held,
         timing: Timing,
+        watch: Watch,
         log: Log,
     ) -> Result<Watchdog> {
-        let watch = Watch::new(held.sent_at + timing.ttl, timing.margin);
         let (stop, stop_rx) = mpsc::channel();
+        let (done_tx, done) = mpsc::channel();
         let w = watch.clone();
-        let handle = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("watchdog".into())
-            .spawn(move || renew_loop(redis, Some(con), held, timing, w, stop_rx, log))?;
-        Ok(Watchdog {
-            watch,
-            stop,
-            handle,
-        })
+            .spawn(move || {
+                let name = held.keys.name.clone();
+                let run = std::panic::AssertUnwindSafe(|| {
+                    renew_loop(redis, Some(con), held, timing, w.clone(), stop_rx, log)
+                });
+                let con = std::panic::catch_unwind(run).unwrap_or_else(|payload| {
+                    // Nobody renews the lock any more: that is a lost lock, not a silent end.
+                    w.lose(format!(
+                        "the watchdog renewing '{name}' failed ({})",
+                        panic_message(&*payload)
+                    ));
+                    None
+                });
+                let _ = done_tx.send(con);
+            })?;
+        Ok(Watchdog { watch, stop, done })
     }
 
-    /// Stop renewing; returns the connection if it is still good, for the release.
-    pub fn stop(self) -> Option<Connection> {
+    /// Stop renewing; returns the connection if it is still good, for the release. Waits at most
+    /// `within` for a renewal in flight: a hung Redis must not hold up the end of the run (a
+    /// renewal that lands later is harmless, since it only extends a lock that is still ours).
+    pub fn stop(self, within: Duration) -> Option<Connection> {
         let _ = self.stop.send(());
-        self.handle.join().ok().flatten()
+        self.done.recv_timeout(within).ok().flatten()
     }
 }
 
@@ -189,6 +245,10 @@ fn renew_loop(
         match stop.recv_timeout(next.saturating_duration_since(Instant::now())) {
             Err(RecvTimeoutError::Timeout) => {}
             _ => return con,
+        }
+        #[cfg(debug_assertions)]
+        if std::env::var_os("CRONLOCK_DEBUG_PANIC").is_some_and(|v| v == "watchdog") {
+            panic!("injected by CRONLOCK_DEBUG_PANIC");
         }
         let now = Instant::now();
         let valid_until = watch.valid_until();
@@ -213,7 +273,7 @@ fn renew_loop(
         });
         match result {
             Ok((c, sent, true)) => {
-                watch.inner.lock().unwrap().valid_until = sent + timing.ttl;
+                watch.confirm(sent + timing.ttl);
                 if let Some(since) = failing_since.take() {
                     log.event(
                         Level::Info,
@@ -248,7 +308,7 @@ fn renew_loop(
                         &[],
                     );
                 }
-                watch.inner.lock().unwrap().last_error = Some(msg);
+                watch.inner().last_error = Some(msg);
                 next = Instant::now() + retry;
             }
         }

@@ -18,7 +18,7 @@ fn runs_the_command_and_releases_the_lock() {
     assert_eq!(stdout(&out), "ran\n");
     assert_eq!(stderr(&out), "", "a normal run is silent");
     assert!(!r.exists(LOCK), "lock must be gone after the run");
-    assert_eq!(r.get(FENCE).as_deref(), Some("1"));
+    assert_fenced(r.get(FENCE));
 }
 
 #[test]
@@ -289,12 +289,22 @@ fn fencing_token_increases_across_runs_and_after_expiry() {
     holder.kill().unwrap();
     holder.wait().unwrap();
     assert!(wait_for(Duration::from_secs(5), || !r.exists(LOCK)));
+    let dead: i64 = r.get(FENCE).unwrap().parse().unwrap();
+    assert!(dead > b, "the dead holder took {dead} after {b}");
     let c = fence(&run(cronlock(&r).args(print)));
-    assert_eq!(
-        c,
-        b + 2,
-        "the dead holder took {} and the next one must follow",
-        b + 1
+    assert!(c > dead, "the next holder got {c} after {dead}");
+}
+
+/// The counter was written: a token is the larger of the last one + 1 and Redis's time in µs.
+fn assert_fenced(stored: Option<String>) {
+    let token: i64 = stored.expect("a fencing counter").parse().unwrap();
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64;
+    assert!(
+        (now_us - 60_000_000..=now_us + 60_000_000).contains(&token),
+        "token {token} is not near Redis's time {now_us}"
     );
 }
 
@@ -306,7 +316,10 @@ fn child_environment_names_the_lock() {
         "-c",
         "echo $CRONLOCK_KEY; echo ${#CRONLOCK_TOKEN}; echo $CRONLOCK_FENCING_TOKEN",
     ]));
-    assert_eq!(stdout(&out), "k\n36\n1\n");
+    let lines: Vec<String> = stdout(&out).lines().map(str::to_string).collect();
+    assert_eq!(lines[..2], ["k", "36"]);
+    assert_fenced(Some(lines[2].clone()));
+    assert_eq!(Some(lines[2].clone()), r.get(FENCE));
 }
 
 #[test]
@@ -346,7 +359,7 @@ fn redis_url_falls_back_to_redis_url_env() {
         .env("REDIS_URL", r.url())
         .args(["k", "true"]));
     assert_eq!(code(&out), 0, "{}", stderr(&out));
-    assert_eq!(r.get(FENCE).as_deref(), Some("1"));
+    assert_fenced(r.get(FENCE));
 }
 
 #[test]
@@ -369,7 +382,7 @@ fn unix_socket_urls_work() {
     let url = format!("redis+unix://{}", sock.display());
     let out = run(cronlock(&r).args(["-u", &url, "k", "true"]));
     assert_eq!(code(&out), 0, "{}", stderr(&out));
-    assert_eq!(r.get(FENCE).as_deref(), Some("1"));
+    assert_fenced(r.get(FENCE));
 }
 
 #[test]
@@ -382,7 +395,7 @@ fn database_number_in_url_is_used() {
     let mut con = r.con();
     redis::cmd("SELECT").arg(3).query::<()>(&mut con).unwrap();
     let f: Option<String> = redis::cmd("GET").arg(FENCE).query(&mut con).unwrap();
-    assert_eq!(f.as_deref(), Some("1"));
+    assert_fenced(f);
 }
 
 #[test]
@@ -401,7 +414,7 @@ fn acl_user_and_password_in_url() {
     let url = format!("redis://alice:alice-pw@127.0.0.1:{}", r.port);
     let out = run(cronlock(&r).args(["-u", &url, "k", "true"]));
     assert_eq!(code(&out), 0, "{}", stderr(&out));
-    assert_eq!(r.get(FENCE).as_deref(), Some("1"));
+    assert_fenced(r.get(FENCE));
     let bad = format!("redis://alice:not-alice-pw@127.0.0.1:{}", r.port);
     let out = run(cronlock(&r).args(["-u", &bad, "k", "true"]));
     assert_eq!(code(&out), 125);

@@ -84,7 +84,24 @@ fn twenty_waiters_each_run_once_without_overlap() {
             "critical sections overlapped: {text}"
         );
     }
-    assert_eq!(r.get("cronlock:{k}:fence").as_deref(), Some("20"));
+    // Every run took a larger token than the one before (history: newest first).
+    let mut con = r.con();
+    let hist: Vec<String> = redis::cmd("LRANGE")
+        .arg("cronlock:{k}:history")
+        .arg(0)
+        .arg(-1)
+        .query(&mut con)
+        .unwrap();
+    let tokens: Vec<i64> = hist
+        .iter()
+        .map(|h| {
+            serde_json::from_str::<Value>(h).unwrap()["fencing_token"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(tokens.len(), 10);
+    assert!(tokens.windows(2).all(|w| w[0] > w[1]), "{tokens:?}");
 }
 
 /// A waiter is woken by the release, not by its fallback polling (which waits 250-500ms).
@@ -141,7 +158,7 @@ fn status_list_and_force_release() {
     assert_eq!(v["held"], false);
     assert_eq!(v["last_run"]["exit_status"], 4);
     assert_eq!(v["last_run"]["ended"], "exited");
-    assert_eq!(v["last_run"]["fencing_token"], 1);
+    assert_eq!(v["last_run"]["fencing_token"], fence(&r));
     assert_eq!(v["last_run"]["command"], "sh -c 'exit 4'");
     assert!(v["last_run"]["host"].is_string());
     assert!(v["last_run"]["duration_ms"].is_u64());
@@ -162,13 +179,16 @@ fn status_list_and_force_release() {
         text.contains(&format!("pid:           {}", holder.id())),
         "{text}"
     );
-    assert!(text.contains("fencing token: 2"), "{text}");
+    assert!(
+        text.contains(&format!("fencing token: {}", fence(&r))),
+        "{text}"
+    );
     assert!(text.contains("exited with status 4"), "{text}");
     let out = run(cronlock(&r).args(["--status", "--json", "k"]));
     let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(v["held"], true);
     assert_eq!(v["holder"]["pid"], holder.id());
-    assert_eq!(v["fencing_token"], 2);
+    assert_eq!(v["fencing_token"], fence(&r));
     assert!(v["ttl_ms"].as_i64().unwrap() > 0);
 
     r.set("cronlock:{other}", "hand-made");
@@ -221,7 +241,7 @@ fn history_is_capped_and_can_expire() {
         .unwrap();
     assert_eq!(hist.len(), 3);
     let newest: Value = serde_json::from_str(&hist[0]).unwrap();
-    assert_eq!(newest["fencing_token"], 5);
+    assert_eq!(newest["fencing_token"], fence(&r));
     run(cronlock(&r).args(["--history-ttl", "1h", "k", "true"]));
     let ttl = r.pttl("cronlock:{k}:last");
     assert!(ttl > 3_500_000 && ttl <= 3_600_000, "{ttl}");
@@ -245,7 +265,7 @@ fn json_logs_are_one_object_per_line() {
     let finished = &events[1];
     assert_eq!(finished["exit_status"], 2);
     assert_eq!(finished["key"], "k");
-    assert_eq!(finished["fencing_token"], 1);
+    assert_eq!(finished["fencing_token"], fence(&r));
     assert!(finished["token"].is_string() && finished["host"].is_string());
     assert!(finished["duration_ms"].is_u64() && finished["pid"].is_u64());
 
@@ -262,4 +282,9 @@ fn json_logs_are_one_object_per_line() {
     assert_eq!(code(&out), 125);
     let v: Value = serde_json::from_str(stderr(&out).trim()).unwrap();
     assert_eq!(v["level"], "error");
+}
+
+/// The KEY `k`'s fencing counter: the last token handed out.
+fn fence(r: &Redis) -> i64 {
+    r.get("cronlock:{k}:fence").unwrap().parse().unwrap()
 }

@@ -1,0 +1,155 @@
+//! Containment: where cgroup v2 is writable (root on a host, systemd `Delegate=yes`), the job runs
+//! in a cgroup of its own, and ending it is one write to `cgroup.kill`, as systemd does. Nothing
+//! escapes that: not `setsid`, not a double fork, not a process group of its own.
+//!
+//! Where no cgroup can be made (a container with a read-only `/sys/fs/cgroup`, an unprivileged
+//! user), the [guard](crate::guard)'s subreaper and its process group do the same job, one
+//! process at a time.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::clock::Instant;
+use crate::guard::CgroupFds;
+
+/// A cgroup made for one run; removed by [`Cgroup::remove`].
+#[derive(Debug)]
+pub struct Cgroup {
+    pub dir: PathBuf,
+    procs: File,
+    kill: File,
+}
+
+/// Undo `/proc/self/mountinfo`'s octal escapes (`\040` for a space).
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(u8::is_ascii_digit) {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Our own cgroup v2 directory: the cgroup2 mount plus our path from `/proc/self/cgroup`.
+fn own_dir() -> Result<PathBuf, String> {
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup")
+        .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+    let rel = cgroups
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .ok_or("no cgroup v2 hierarchy")?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
+    for line in mounts.lines() {
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        if right.split(' ').next() != Some("cgroup2") {
+            continue;
+        }
+        let fields: Vec<&str> = left.split(' ').collect();
+        let (Some(root), Some(mount)) = (fields.get(3), fields.get(4)) else {
+            continue;
+        };
+        let root = unescape(root);
+        let Some(inside) = rel.strip_prefix(root.trim_end_matches('/')) else {
+            continue;
+        };
+        let mut dir = PathBuf::from(unescape(mount));
+        dir.extend(inside.split('/').filter(|s| !s.is_empty()));
+        return Ok(dir);
+    }
+    Err("no cgroup2 file system mounted".into())
+}
+
+impl Cgroup {
+    /// Make `cronlock-PID` under our own cgroup. The error says why not, for `-v`.
+    pub fn create() -> Result<Cgroup, String> {
+        let parent = own_dir()?;
+        let dir = parent.join(format!("cronlock-{}", std::process::id()));
+        if let Err(e) = std::fs::create_dir(&dir) {
+            // A stale one from a cronlock that died with our pid: removable only when empty.
+            if e.kind() != io::ErrorKind::AlreadyExists || std::fs::remove_dir(&dir).is_err() {
+                return Err(format!("cannot create {}: {e}", dir.display()));
+            }
+            std::fs::create_dir(&dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        }
+        let open = |name: &str| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(dir.join(name))
+                .map_err(|e| format!("cannot open {}: {e}", dir.join(name).display()))
+        };
+        match (open("cgroup.procs"), open("cgroup.kill")) {
+            (Ok(procs), Ok(kill)) => Ok(Cgroup { dir, procs, kill }),
+            (Err(e), _) | (_, Err(e)) => {
+                let _ = std::fs::remove_dir(&dir);
+                Err(e)
+            }
+        }
+    }
+
+    /// The descriptors the guard and the command use after `fork()`.
+    pub fn fds(&self) -> CgroupFds {
+        CgroupFds {
+            procs: self.procs.as_raw_fd(),
+            kill: self.kill.as_raw_fd(),
+        }
+    }
+
+    /// Kill everything in the cgroup.
+    pub fn kill(&self) {
+        use std::io::Write;
+        let _ = (&self.kill).write_all(b"1");
+    }
+
+    /// Kill what is left and remove the cgroup, waiting at most `within` for it to empty.
+    pub fn remove(self, within: Duration) {
+        remove_dir(&self.dir, &self, within);
+    }
+}
+
+fn remove_dir(dir: &Path, cg: &Cgroup, within: Duration) {
+    let end = Instant::now() + within;
+    let Ok(path) = CString::new(dir.as_os_str().as_bytes()) else {
+        return;
+    };
+    loop {
+        // SAFETY: a valid NUL-terminated path.
+        if unsafe { libc::rmdir(path.as_ptr()) } == 0 {
+            return;
+        }
+        match io::Error::last_os_error().raw_os_error() {
+            Some(libc::EBUSY) if Instant::now() < end => {
+                cg.kill();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            _ => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unescape;
+
+    #[test]
+    fn mountinfo_escapes() {
+        assert_eq!(unescape(r"/sys/fs/cgroup"), "/sys/fs/cgroup");
+        assert_eq!(unescape(r"/a\040b"), "/a b");
+    }
+}

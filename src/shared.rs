@@ -1,0 +1,115 @@
+//! The page cronlock shares with its guard process: the kill-by time, and what the guard did.
+//!
+//! cronlock may be frozen (SIGSTOP, a debugger, a page-fault storm) while the command runs on. The
+//! guard is an independent process, so cronlock publishes here, on `CLOCK_BOOTTIME`, the moment the
+//! command must be gone (the lock's validity deadline minus the safety margin), moving it on with
+//! every confirmed renewal. The guard kills the command by itself when that moment passes, and the
+//! command's process checks it right before `execve`. The page is an anonymous shared mapping made
+//! before the guard is forked, so both processes see the same atomics.
+
+use std::io;
+use std::num::NonZeroUsize;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use nix::sys::mman::{mmap_anonymous, MapFlags, ProtFlags};
+
+use crate::clock::Instant;
+
+/// The guard killed the command because the kill-by time passed.
+pub const GUARD_ENFORCED: u32 = 1;
+/// The command's process joined the job's cgroup before `execve`.
+pub const CGROUP_JOINED: u32 = 2;
+/// The command's process found the kill-by time passed and did not `execve`.
+pub const TOO_LATE: u32 = 4;
+
+#[repr(C)]
+#[derive(Debug)]
+struct Page {
+    /// Nanoseconds on `CLOCK_BOOTTIME`.
+    kill_by_ns: AtomicU64,
+    flags: AtomicU32,
+}
+
+/// A handle on the shared page. The mapping lives as long as the process (it is never unmapped:
+/// the guard may still read it after cronlock's handle is gone).
+#[derive(Debug, Clone, Copy)]
+pub struct Shared {
+    page: NonNull<Page>,
+}
+
+// SAFETY: the page holds only atomics, which are safe to use from any thread.
+unsafe impl Send for Shared {}
+// SAFETY: as above.
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    /// Map a fresh page; the kill-by time starts at `kill_by`.
+    pub fn new(kill_by: Instant) -> io::Result<Shared> {
+        let len = NonZeroUsize::new(std::mem::size_of::<Page>()).expect("non-empty page");
+        // SAFETY: a new anonymous mapping aliases nothing; it is zero-filled, which is a valid
+        // `Page` (atomics of 0).
+        let ptr = unsafe {
+            mmap_anonymous(
+                None,
+                len,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED,
+            )
+        }
+        .map_err(io::Error::from)?;
+        let shared = Shared { page: ptr.cast() };
+        shared.set_kill_by(kill_by);
+        Ok(shared)
+    }
+
+    fn page(&self) -> &Page {
+        // SAFETY: the mapping is valid, aligned (page-aligned) and never unmapped.
+        unsafe { self.page.as_ref() }
+    }
+
+    pub fn set_kill_by(&self, t: Instant) {
+        let ns = t.as_duration().as_nanos().min(u64::MAX as u128) as u64;
+        self.page().kill_by_ns.store(ns, Ordering::SeqCst);
+    }
+
+    pub fn kill_by(&self) -> Instant {
+        Instant::from_duration(Duration::from_nanos(
+            self.page().kill_by_ns.load(Ordering::SeqCst),
+        ))
+    }
+
+    pub fn set(&self, flag: u32) {
+        self.page().flags.fetch_or(flag, Ordering::SeqCst);
+    }
+
+    pub fn has(&self, flag: u32) -> bool {
+        self.page().flags.load(Ordering::SeqCst) & flag != 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_across_fork() {
+        let s = Shared::new(Instant::now()).unwrap();
+        let t = Instant::now() + Duration::from_secs(5);
+        // SAFETY: the child only touches atomics and calls _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            s.set_kill_by(t);
+            s.set(GUARD_ENFORCED);
+            // SAFETY: leaving the forked child without running the parent's destructors.
+            unsafe { libc::_exit(0) };
+        }
+        let mut status = 0;
+        // SAFETY: reaping our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert_eq!(s.kill_by(), t);
+        assert!(s.has(GUARD_ENFORCED));
+        assert!(!s.has(CGROUP_JOINED));
+    }
+}
