@@ -99,23 +99,9 @@ fn candidates(program: &OsStr) -> io::Result<Vec<CString>> {
 }
 
 /// How the job is contained: its own cgroup where one can be made, else the guard's subreaper and
-/// process group. The text says which, for `-v`.
-pub fn contain() -> (Option<Cgroup>, String) {
-    match Cgroup::create() {
-        Ok(cg) => {
-            let text = format!(
-                "the command runs in its own cgroup {} (ended with cgroup.kill)",
-                cg.dir.display()
-            );
-            (Some(cg), text)
-        }
-        Err(why) => (
-            None,
-            format!(
-                "the command runs in its own process group under a subreaper guard (no cgroup: {why})"
-            ),
-        ),
-    }
+/// process group. The error says why there is no cgroup, for `-v`.
+pub fn contain() -> Result<Cgroup, String> {
+    Cgroup::create()
 }
 
 /// Start `argv` with `extra_env` added, behind a guard, in a new process group (and `cgroup`).
@@ -233,9 +219,11 @@ impl Child {
         self.shared.has(shared::GUARD_ENFORCED)
     }
 
-    /// Which containment the command actually got.
-    pub fn in_cgroup(&self) -> bool {
-        self.cgroup.is_some() && self.shared.has(shared::CGROUP_JOINED)
+    /// The job's cgroup, if the command actually joined it.
+    pub fn cgroup(&self) -> Option<&Cgroup> {
+        self.cgroup
+            .as_ref()
+            .filter(|_| self.shared.has(shared::CGROUP_JOINED))
     }
 
     /// Reap whatever has exited. Returns the guard's wait status once it has ended, after killing
@@ -278,6 +266,11 @@ impl Child {
     }
 }
 
+/// The reason given when the guard ended the job by itself.
+const GUARD_ENFORCED: &str = "no renewal was confirmed in time because cronlock itself was \
+                              stopped or starved, so the guard ended the command at the lock's \
+                              deadline";
+
 /// When and how to stop the command.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -300,11 +293,13 @@ pub fn supervise(mut child: Child, watch: &Watch, limits: Limits, log: &Log) -> 
     loop {
         if let Some(status) = child.try_finish() {
             if stopped.is_none() && child.guard_enforced() {
-                let reason = "no renewal was confirmed in time because cronlock itself was \
-                              stopped or starved, so the guard ended the command at the lock's \
-                              deadline";
-                log.event(Level::Error, "lost", &format!("lock lost: {reason}"), &[]);
-                stopped = Some(Stop::LockLost(reason.into()));
+                log.event(
+                    Level::Error,
+                    "lost",
+                    &format!("lock lost: {GUARD_ENFORCED}"),
+                    &[],
+                );
+                stopped = Some(Stop::LockLost(GUARD_ENFORCED.into()));
             }
             return Ended {
                 status: Exit::from_wait_status(status),
@@ -325,6 +320,8 @@ pub fn supervise(mut child: Child, watch: &Watch, limits: Limits, log: &Log) -> 
         if stopped.is_none() {
             let why = match &lock {
                 LockState::Lost { reason, .. } => Some(Stop::LockLost(reason.clone())),
+                // The guard acted while we were frozen: say so, not what we would have done.
+                _ if child.guard_enforced() => Some(Stop::LockLost(GUARD_ENFORCED.into())),
                 LockState::Valid { .. } if term_at.is_some_and(|t| now >= t) => {
                     Some(Stop::LockLost(format!(
                         "no renewal was confirmed in time ({}), so it may expire soon",
@@ -337,7 +334,13 @@ pub fn supervise(mut child: Child, watch: &Watch, limits: Limits, log: &Log) -> 
                     .map(|_| Stop::MaxRuntime),
             };
             if let Some(why) = why {
-                child.terminate(libc::SIGTERM);
+                if hard_kill_at.is_some_and(|k| now >= k) {
+                    // No time left for a grace period: the kill below is part of this stop.
+                    child.kill_all();
+                    killed = true;
+                } else {
+                    child.terminate(libc::SIGTERM);
+                }
                 kill_at = Some(now + limits.grace);
                 let (event, msg) = match &why {
                     Stop::LockLost(reason) => (

@@ -271,8 +271,10 @@ fn run_child(
         ("CRONLOCK_TOKEN", held.holder.token.clone()),
         ("CRONLOCK_FENCING_TOKEN", held.fence.to_string()),
     ];
-    let (cgroup, containment) = child::contain();
-    log.event(Level::Debug, "containment", &containment, &[]);
+    let (cgroup, no_cgroup) = match child::contain() {
+        Ok(cg) => (Some(cg), None),
+        Err(why) => (None, Some(why)),
+    };
     let child = match child::spawn(&job.argv, &env, watch.shared(), cgroup) {
         Ok(c) => c,
         Err(e) if e.too_late => return too_late(),
@@ -291,6 +293,27 @@ fn run_child(
         }
     };
     RUNNING_GROUP.store(child.group, Ordering::SeqCst);
+    let (mechanism, how) = match (child.cgroup(), no_cgroup) {
+        (Some(cg), _) => (
+            "cgroup",
+            format!(
+                "its own cgroup {} (ended with cgroup.kill)",
+                cg.dir.display()
+            ),
+        ),
+        (None, why) => (
+            "process-group",
+            format!(
+                "its own process group under a subreaper guard ({})",
+                why.unwrap_or_else(|| "the command could not join the cgroup".into())
+            ),
+        ),
+    };
+    log.info(
+        "containment",
+        &format!("the command runs in {how}"),
+        &[("mechanism", mechanism.into())],
+    );
     #[cfg(debug_assertions)]
     if std::env::var_os("CRONLOCK_DEBUG_PANIC").is_some_and(|v| v == "main") {
         panic!("injected by CRONLOCK_DEBUG_PANIC");

@@ -27,7 +27,7 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lu
 static FORCE_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/force_release.lua")));
 static STATUS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/status.lua")));
-static ABANDON: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/abandon.lua")));
+const ABANDON_LUA: &str = include_str!("lua/abandon.lua");
 
 /// How long a release notification waits for a waiter before it expires.
 pub const NOTIFY_TTL: Duration = Duration::from_secs(10);
@@ -199,18 +199,23 @@ pub fn try_acquire(
 }
 
 /// Undo an attempt whose reply was lost (see `abandon.lua`): `Ok(true)` when it deleted our lock.
+///
+/// Sent as `EVAL` with the whole script: Redis is likely hung right now, and a `NOSCRIPT` reply
+/// to an `EVALSHA` would arrive after we stopped listening, so the script would never run.
 pub fn abandon(
     con: &mut Connection,
     keys: &Keys,
     holder: &Holder,
     ttl: Duration,
 ) -> RedisResult<bool> {
-    ABANDON
-        .key(&keys.lock)
-        .key(keys.abandoned(&holder.token))
+    redis::cmd("EVAL")
+        .arg(ABANDON_LUA)
+        .arg(2)
+        .arg(&keys.lock)
+        .arg(keys.abandoned(&holder.token))
         .arg(&holder.value)
         .arg(ms(ttl))
-        .invoke(con)
+        .query(con)
 }
 
 /// Extend our lock to `ttl` from now if it is still ours: `Ok(true)` ours, `Ok(false)` not ours.

@@ -261,8 +261,8 @@ fn json_logs_are_one_object_per_line() {
         .iter()
         .map(|e| e["event"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["acquired", "finished", "released"]);
-    let finished = &events[1];
+    assert_eq!(names, ["acquired", "containment", "finished", "released"]);
+    let finished = &events[2];
     assert_eq!(finished["exit_status"], 2);
     assert_eq!(finished["key"], "k");
     assert_eq!(finished["fencing_token"], fence(&r));
