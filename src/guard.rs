@@ -127,7 +127,7 @@ fn kill_by_ns(p: &Prepared) -> u64 {
 /// Call only in a freshly forked child; `p` must have been built before the fork, `report_fd` is
 /// the write end of a close-on-exec pipe on which exec failures are reported as an errno.
 pub unsafe fn run(p: &Prepared, report_fd: libc::c_int) -> ! {
-    // SAFETY (whole block): async-signal-safe calls on memory that was valid before the fork.
+    // SAFETY: (the whole block) async-signal-safe calls on memory that was valid before the fork.
     unsafe {
         libc::setpgid(0, 0);
         libc::prctl(
@@ -197,7 +197,7 @@ pub unsafe fn run(p: &Prepared, report_fd: libc::c_int) -> ! {
 
 /// Kill the whole job and exit: the lock can no longer protect it.
 unsafe fn end_everything(p: &Prepared) -> ! {
-    // SAFETY (whole block): async-signal-safe calls only.
+    // SAFETY: (the whole block) async-signal-safe calls only.
     unsafe {
         kill_descendants(p.cgroup);
         // Whatever is left of our group (only the guard itself, normally).
@@ -209,7 +209,7 @@ unsafe fn end_everything(p: &Prepared) -> ! {
 /// Call `f` with the pid of each child of the calling thread, from `/proc/thread-self/children`.
 /// Returns how many there were, or `None` when `/proc` cannot tell (not mounted: an empty root).
 unsafe fn for_each_child(mut f: impl FnMut(libc::pid_t)) -> Option<usize> {
-    // SAFETY (whole block): open/read/close on a stack buffer are async-signal-safe.
+    // SAFETY: (the whole block) open/read/close on a stack buffer are async-signal-safe.
     unsafe {
         let fd = libc::open(
             c"/proc/thread-self/children".as_ptr(),
@@ -257,7 +257,7 @@ unsafe fn for_each_child(mut f: impl FnMut(libc::pid_t)) -> Option<usize> {
 /// # Safety
 /// Reaps any child of the caller with `waitpid(-1)`: call it only when no child's status matters.
 pub unsafe fn kill_descendants(cgroup: Option<CgroupFds>) {
-    // SAFETY (whole block): async-signal-safe calls on stack data.
+    // SAFETY: (the whole block) async-signal-safe calls on stack data.
     unsafe {
         if let Some(cg) = cgroup {
             libc::write(cg.kill, b"1".as_ptr().cast(), 1);
@@ -281,7 +281,7 @@ pub unsafe fn kill_descendants(cgroup: Option<CgroupFds>) {
 
 /// Send `sig` to our children outside our process group (it reached the group already).
 unsafe fn relay_to_escaped_children(sig: libc::c_int) {
-    // SAFETY (whole block): async-signal-safe calls only.
+    // SAFETY: (the whole block) async-signal-safe calls only.
     unsafe {
         let ours = libc::getpgrp();
         for_each_child(|pid| {
@@ -298,7 +298,7 @@ unsafe fn relay_to_escaped_children(sig: libc::c_int) {
 
 /// Exit the way the command did, so cronlock sees the same status.
 unsafe fn end_like(status: libc::c_int) -> ! {
-    // SAFETY (whole block): async-signal-safe calls only.
+    // SAFETY: (the whole block) async-signal-safe calls only.
     unsafe {
         if libc::WIFSIGNALED(status) {
             let sig = libc::WTERMSIG(status);
@@ -321,7 +321,7 @@ unsafe fn end_like(status: libc::c_int) -> ! {
 /// In the command's process: join the job's cgroup, restore what cronlock changed, check the
 /// deadline, then exec like `execvp` (including `/bin/sh` for a file without `#!`).
 unsafe fn exec_command(p: &Prepared, report_fd: libc::c_int) -> ! {
-    // SAFETY (whole block): async-signal-safe calls on memory prepared before fork.
+    // SAFETY: (the whole block) async-signal-safe calls on memory prepared before fork.
     unsafe {
         // If the guard is killed alone, the command must not run on without it.
         libc::prctl(

@@ -6,6 +6,20 @@
 //! Validity: after a renewal Redis confirmed, the lock is valid until the time the renewal was
 //! *sent* plus the TTL, since Redis starts the new expiry only when it runs the script. No Redis
 //! call may carry the watchdog past that deadline; errors are retried quickly until it.
+//!
+//! What happens when Redis hangs (or dies, or the network drops), in order:
+//! 1. A renewal call gets no answer within its budget (the time left, capped at one interval): it
+//!    is retried, on a new connection when the old one is gone, every `interval / 4` at most.
+//! 2. At `deadline - grace - margin` the main thread fears the loss and sends SIGTERM; at
+//!    `deadline - margin` it sends SIGKILL ([`crate::child::supervise`]).
+//! 3. Independently, every confirmed renewal moves the kill-by time (`deadline - margin`) in the
+//!    [shared page](crate::shared); the [guard](crate::guard) kills the job by itself when it
+//!    passes, so a frozen cronlock changes nothing.
+//! 4. At the deadline the watchdog gives up and marks the lock lost; the release that follows is
+//!    bounded by `--connect-timeout` and not retried ([`Watchdog::stop`] waits for no hung call).
+//!
+//! If Redis answers "not ours" instead, the loss is confirmed: SIGTERM at once, SIGKILL after
+//! `--grace` or at `deadline - margin`, whichever comes first.
 
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};

@@ -468,6 +468,7 @@ fn a_signal_while_waiting_ends_the_wait_without_running() {
     // Let it start waiting (it has polled once when the notify key was looked at).
     std::thread::sleep(Duration::from_millis(300));
     let t = std::time::Instant::now();
+    // SAFETY: sending a signal to a process the test started.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let out = child.wait_with_output().unwrap();
     assert_eq!(code(&out), 128 + libc::SIGTERM);

@@ -93,6 +93,7 @@ impl Redis {
                 cmd.args(["--requirepass", pw]);
             }
             // Even if the test process aborts, the server must not outlive it.
+            // SAFETY: only async-signal-safe calls run between fork and exec.
             unsafe {
                 cmd.pre_exec(|| {
                     libc::prctl(
@@ -187,6 +188,7 @@ impl Redis {
 
     fn send(&self, sig: i32) {
         if let Some(c) = &self.child {
+            // SAFETY: sending a signal to a process the test started.
             unsafe { libc::kill(c.id() as i32, sig) };
         }
     }
@@ -224,9 +226,15 @@ impl Drop for Redis {
     }
 }
 
+/// The binary under test: this build's, or `CRONLOCK_TEST_BIN` (to show that a test fails on an
+/// older build).
+pub fn bin() -> String {
+    std::env::var("CRONLOCK_TEST_BIN").unwrap_or_else(|_| BIN.to_string())
+}
+
 /// The cronlock binary with a clean environment pointing at `redis`.
 pub fn cronlock(redis: &Redis) -> Command {
-    let mut cmd = Command::new(BIN);
+    let mut cmd = Command::new(bin());
     for (k, _) in std::env::vars() {
         if k.starts_with("CRONLOCK_") || k == "REDIS_URL" {
             cmd.env_remove(k);
@@ -275,6 +283,7 @@ pub fn alive(pid: i32) -> bool {
 
 /// Send `sig` to `pid`.
 pub fn signal(pid: i32, sig: i32) {
+    // SAFETY: sending a signal to a process the test started.
     unsafe { libc::kill(pid, sig) };
 }
 
