@@ -116,3 +116,30 @@ if [[ "${BASH_VERSINFO[0]}" -eq 4 && "${BASH_VERSINFO[1]}" -ge 4 || "${BASH_VERS
 else
     complete -F _cronlock -o bashdefault -o default cronlock
 fi
+
+# cronlock: after `--`, complete a command and its arguments, not cronlock's options; option
+# values that are durations, numbers or URLs do not complete as file names.
+_cronlock_wrapper() {
+    local i
+    for (( i=1; i < COMP_CWORD; i++ )); do
+        if [[ ${COMP_WORDS[i]} == -- ]]; then
+            if declare -F _command_offset >/dev/null; then
+                _command_offset $((i + 1))
+            elif (( i + 1 == COMP_CWORD )); then
+                COMPREPLY=($(compgen -c -- "${COMP_WORDS[COMP_CWORD]}"))
+            else
+                COMPREPLY=($(compgen -f -- "${COMP_WORDS[COMP_CWORD]}"))
+            fi
+            return 0
+        fi
+    done
+    case "${COMP_WORDS[COMP_CWORD-1]}" in
+        -u|--redis-url|-t|--ttl|-w|--wait|--grace|--max-runtime|--min-hold|-E|--conflict-exit-code|--prefix|--connect-timeout|--history|--history-ttl)
+            compopt +o default +o bashdefault 2>/dev/null
+            COMPREPLY=()
+            return 0
+            ;;
+    esac
+    _cronlock "$@"
+}
+complete -F _cronlock_wrapper -o nosort -o bashdefault -o default cronlock

@@ -2,13 +2,13 @@ complete -c cronlock -s u -l redis-url -d 'Redis server URL: redis://[user][:pas
 complete -c cronlock -s t -l ttl -d 'Lock expiry in Redis; it only matters when the holder dies' -r
 complete -c cronlock -s w -l wait -d 'How long to wait for a busy lock before giving up (0: do not wait)' -r
 complete -c cronlock -l grace -d 'Time between SIGTERM and SIGKILL when cronlock stops the command [default: 5s, at most a quarter of --ttl]' -r
-complete -c cronlock -l max-runtime -d 'Stop the command (SIGTERM, then SIGKILL after --grace) when it runs longer; exit 124' -r
+complete -c cronlock -l max-runtime -d 'Stop the command (SIGTERM, then SIGKILL after --grace) when it runs longer; exit 124 (0: no limit)' -r
 complete -c cronlock -l min-hold -d 'Keep the lock until at least this long after it was taken, even when the command finishes sooner' -r
 complete -c cronlock -s E -l conflict-exit-code -d 'Exit status when the lock is held elsewhere and the command does not run' -r
 complete -c cronlock -s c -l command -d 'Run SHELL_COMMAND with /bin/sh -c instead of COMMAND' -r
 complete -c cronlock -l prefix -d 'Namespace for cronlock\'s Redis keys' -r
 complete -c cronlock -l connect-timeout -d 'Timeout for connecting to Redis and for each Redis command outside the watchdog' -r
-complete -c cronlock -l history -d 'How many past run records to keep per KEY (0: only the last run)' -r
+complete -c cronlock -l history -d 'How many past run records to keep per KEY (0: only the last run); with --status, show the kept runs (all, or the last N)' -r
 complete -c cronlock -l history-ttl -d 'Expire the last-run record and history this long after the last run [default: never]' -r
 complete -c cronlock -l log-format -d 'Format of cronlock\'s own messages on stderr' -r -f -a "text\t'`cronlock: ...` lines'
 json\t'one JSON object per line'"

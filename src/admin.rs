@@ -1,7 +1,39 @@
 //! Operator commands that run no job: `--status KEY`, `--list`, `--force-release KEY`.
-//! Results go to stdout, as text for people or `--json` for scripts.
+//! Results go to stdout, as text for people or `--json` for scripts. Each builds its whole output
+//! first and [`print`] writes it once: a reader that went away (`| head -1`) ends us quietly with
+//! status 0, like ripgrep; a full disk is an error.
 
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::time::Duration;
+
+/// `writeln!` into a `String`, which cannot fail.
+macro_rules! w {
+    ($out:expr, $($arg:tt)*) => {{
+        let _ = writeln!($out, $($arg)*);
+    }};
+}
+
+/// Write `text` to stdout. A closed pipe is not an error (the reader has what it wanted).
+pub fn print(text: &str) -> Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => {
+            let text = e.to_string();
+            let text = text
+                .split(" (os error")
+                .next()
+                .unwrap_or(&text)
+                .to_lowercase();
+            Err(anyhow!("cannot write to stdout: {text}"))
+        }
+        Ok(()) => Ok(()),
+    }
+}
 
 use anyhow::{anyhow, Result};
 use redis::Connection;
@@ -11,9 +43,33 @@ use crate::connect::first_line;
 use crate::duration::Span;
 use crate::host::{rfc3339, unix_millis};
 use crate::lock::{self, Keys};
+use crate::log::Log;
+
+/// A holder in a few words for a log line: `host web-1 pid 42 since 2026-11-21T02:00:00Z`.
+pub fn describe_holder(value: &str) -> String {
+    let h = holder_json(value);
+    if h.get("value").is_some() {
+        return "a value cronlock did not write".into();
+    }
+    let since = h["started"]
+        .as_u64()
+        .map(|s| format!(" since {} ({} ago)", rfc3339(s), ago(s)))
+        .unwrap_or_default();
+    format!(
+        "host {} pid {}{since}",
+        text_field(&h, "host"),
+        text_field(&h, "pid")
+    )
+}
+
+/// Who a holder is (host, pid, since), without its command line, for log events.
+pub fn holder_identity(value: &str) -> Value {
+    let h = holder_json(value);
+    json!({ "host": h.get("host"), "pid": h.get("pid"), "started": h.get("started") })
+}
 
 /// A holder value as JSON; a value cronlock did not write is shown as `{"value": ...}`.
-fn holder_json(value: &str) -> Value {
+pub fn holder_json(value: &str) -> Value {
     match serde_json::from_str::<Value>(value) {
         Ok(v @ Value::Object(_)) => v,
         _ => json!({ "value": value }),
@@ -115,16 +171,27 @@ fn run_lines(r: &Value) -> Vec<String> {
     lines
 }
 
-/// `--status KEY`.
-pub fn status(con: &mut Connection, keys: &Keys, as_json: bool) -> Result<()> {
-    let snap = lock::snapshot(con, keys)?;
+/// `--status KEY`; with `history`, also the kept runs (`Some(None)`: all of them).
+pub fn status(
+    con: &mut Connection,
+    keys: &Keys,
+    as_json: bool,
+    history: Option<Option<u32>>,
+) -> Result<String> {
+    let mut out = String::new();
+    let snap = lock::snapshot(con, keys, history.map(|n| n.unwrap_or(u32::MAX)))?;
+    let runs: Vec<Value> = snap
+        .history
+        .iter()
+        .map(|r| serde_json::from_str::<Value>(r).unwrap_or_else(|_| json!({ "value": r })))
+        .collect();
     let last = snap
         .last_run
         .as_deref()
         .map(|r| serde_json::from_str::<Value>(r).unwrap_or_else(|_| json!({ "value": r })));
     let holder = snap.holder.as_deref().map(holder_json);
     if as_json {
-        let out = json!({
+        let out_json = json!({
             "key": keys.name,
             "held": holder.is_some(),
             "holder": holder,
@@ -132,8 +199,12 @@ pub fn status(con: &mut Connection, keys: &Keys, as_json: bool) -> Result<()> {
             "fencing_token": holder.as_ref().and(snap.fence),
             "last_run": last,
         });
-        println!("{out}");
-        return Ok(());
+        let mut out_json = out_json;
+        if history.is_some() {
+            out_json["history"] = Value::Array(runs);
+        }
+        w!(out, "{out_json}");
+        return Ok(out);
     }
     match &holder {
         Some(h) => {
@@ -145,23 +216,36 @@ pub fn status(con: &mut Connection, keys: &Keys, as_json: bool) -> Result<()> {
             } else {
                 ""
             };
-            println!("lock '{}' is held{note}", keys.name);
+            w!(out, "lock '{}' is held{note}", keys.name);
             for line in holder_lines(h, snap.pttl, snap.fence) {
-                println!("{line}");
+                w!(out, "{line}");
             }
         }
-        None => println!("lock '{}' is free", keys.name),
+        None => w!(out, "lock '{}' is free", keys.name),
     }
     match &last {
         Some(r) => {
-            println!("last run:");
+            w!(out, "last run:");
             for line in run_lines(r) {
-                println!("{line}");
+                w!(out, "{line}");
             }
         }
-        None => println!("last run: none recorded"),
+        None => w!(out, "last run: none recorded"),
     }
-    Ok(())
+    if history.is_some() {
+        if runs.is_empty() {
+            w!(out, "history: none recorded");
+        } else {
+            w!(out, "history ({} runs, newest first):", runs.len());
+        }
+        for (i, r) in runs.iter().enumerate() {
+            w!(out, "  #{}", i + 1);
+            for line in run_lines(r) {
+                w!(out, "  {line}");
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Escape glob characters so a prefix matches itself in SCAN MATCH.
@@ -176,8 +260,10 @@ fn glob_escape(s: &str) -> String {
     out
 }
 
-/// `--list`: every lock held under `prefix`, found with SCAN (never KEYS).
-pub fn list(con: &mut Connection, prefix: &str, as_json: bool) -> Result<()> {
+/// `--list`: every lock held under `prefix`, found with SCAN (never KEYS). A key under the prefix
+/// that cronlock cannot read (another type) is skipped with a warning.
+pub fn list(con: &mut Connection, prefix: &str, as_json: bool, log: &Log) -> Result<String> {
+    let mut out = String::new();
     let pattern = format!("{}{{*}}", glob_escape(prefix));
     let mut names: Vec<String> = Vec::new();
     let mut cursor: u64 = 0;
@@ -206,21 +292,31 @@ pub fn list(con: &mut Connection, prefix: &str, as_json: bool) -> Result<()> {
     let mut rows = Vec::new();
     for name in names {
         let keys = Keys::new(prefix, &name);
-        let snap = lock::snapshot(con, &keys)?;
-        // Gone since the scan, or a key of another type: skip.
+        let snap = match lock::snapshot(con, &keys, None) {
+            Ok(snap) => snap,
+            Err(e) if e.to_string().contains("WRONGTYPE") => {
+                log.warn(
+                    "list_skipped",
+                    &format!("skipped '{}': not a cronlock lock ({e:#})", keys.lock),
+                );
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        // Gone since the scan: skip.
         if let Some(value) = snap.holder {
             rows.push((name, holder_json(&value), snap.pttl, snap.fence));
         }
     }
     if as_json {
-        let out: Vec<Value> = rows
+        let rows_json: Vec<Value> = rows
             .iter()
             .map(|(name, h, pttl, fence)| {
                 json!({ "key": name, "holder": h, "ttl_ms": ttl_ms(*pttl), "fencing_token": fence })
             })
             .collect();
-        println!("{}", Value::Array(out));
-        return Ok(());
+        w!(out, "{}", Value::Array(rows_json));
+        return Ok(out);
     }
     for (name, h, pttl, fence) in rows {
         let since = h["started"]
@@ -243,25 +339,27 @@ pub fn list(con: &mut Connection, prefix: &str, as_json: bool) -> Result<()> {
                 text_field(&h, "command")
             )
         };
-        println!("{name}\t{who}");
+        w!(out, "{name}\t{who}");
     }
-    Ok(())
+    Ok(out)
 }
 
 /// `--force-release KEY`.
-pub fn force_release(con: &mut Connection, keys: &Keys, as_json: bool) -> Result<()> {
+pub fn force_release(con: &mut Connection, keys: &Keys, as_json: bool) -> Result<String> {
+    let mut out = String::new();
     let holder = lock::force_release(con, keys)?.map(|v| holder_json(&v));
     if as_json {
-        let out = json!({ "key": keys.name, "released": holder.is_some(), "holder": holder });
-        println!("{out}");
-        return Ok(());
+        let doc = json!({ "key": keys.name, "released": holder.is_some(), "holder": holder });
+        w!(out, "{doc}");
+        return Ok(out);
     }
     match holder {
-        None => println!("lock '{}' was not held", keys.name),
+        None => w!(out, "lock '{}' was not held", keys.name),
         Some(h) if h.get("value").is_some() => {
-            println!("released lock '{}' (value {})", keys.name, h["value"])
+            w!(out, "released lock '{}' (value {})", keys.name, h["value"])
         }
-        Some(h) => println!(
+        Some(h) => w!(
+            out,
             "released lock '{}' held by host {} pid {} since {}: {}",
             keys.name,
             text_field(&h, "host"),
@@ -270,5 +368,5 @@ pub fn force_release(con: &mut Connection, keys: &Keys, as_json: bool) -> Result
             text_field(&h, "command")
         ),
     }
-    Ok(())
+    Ok(out)
 }

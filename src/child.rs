@@ -292,6 +292,14 @@ pub fn supervise(mut child: Child, watch: &Watch, limits: Limits, log: &Log) -> 
     let mut forwarded_once = false;
     loop {
         if let Some(status) = child.try_finish() {
+            if stopped.is_some() && !killed && child.guard_enforced() {
+                log.event(
+                    Level::Warn,
+                    "killed",
+                    "the command did not stop in time; the guard sent SIGKILL",
+                    &[],
+                );
+            }
             if stopped.is_none() && child.guard_enforced() {
                 log.event(
                     Level::Error,

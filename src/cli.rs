@@ -4,8 +4,8 @@
 use std::ffi::OsString;
 
 use anyhow::{bail, Result};
-use clap::builder::FalseyValueParser;
-use clap::{ArgGroup, CommandFactory, Parser, ValueEnum};
+use clap::parser::ValueSource;
+use clap::{ArgGroup, ArgMatches, CommandFactory, FromArgMatches, Parser, ValueEnum};
 
 use crate::duration::{self, Span};
 
@@ -44,8 +44,8 @@ pub const EXAMPLES: &[(&str, &str)] = &[
         "0 2 * * * cronlock nightly-report -- /usr/local/bin/report.sh",
     ),
     (
-        "a shell command line, run through /bin/sh -c",
-        "cronlock -u redis://:secret@redis.internal:6379/2 backup -c 'pg_dump app | gzip > /backup/app.gz'",
+        "a shell command line, run through /bin/sh -c; the password comes from the environment, not -u",
+        "CRONLOCK_REDIS_URL=redis://:secret@redis.internal:6379/2 cronlock backup -c 'pg_dump app | gzip > /backup/app.gz'",
     ),
     (
         "wait up to 5 minutes for the lock; tell a skip (75) from a run in a script",
@@ -88,7 +88,8 @@ fn after_long_help() -> String {
 /// cronlock takes the lock KEY atomically, runs COMMAND while holding it, releases it, and exits with
 /// the command's status. When the lock is held elsewhere the command does not run and cronlock exits
 /// with the -E status (0 by default, since on a fleet "another host runs this slot" is the normal
-/// outcome). Every option can also be set from the environment variable shown.
+/// outcome). Every option except -c and the modes --status, --list and --force-release can also be
+/// set from the environment variable shown; an option on the command line wins over its variable.
 #[derive(Debug, Parser)]
 #[command(
     name = "cronlock",
@@ -117,7 +118,7 @@ pub struct Cli {
 
     /// Lock expiry in Redis; it only matters when the holder dies
     #[arg(short, long, env = "CRONLOCK_TTL", value_name = "DURATION", default_value = "30s",
-          value_parser = duration::positive)]
+          value_parser = duration::positive, allow_hyphen_values = true)]
     pub ttl: Span,
 
     /// How long to wait for a busy lock before giving up (0: do not wait)
@@ -126,12 +127,13 @@ pub struct Cli {
         long,
         env = "CRONLOCK_WAIT",
         value_name = "DURATION",
-        default_value = "0"
+        default_value = "0",
+        allow_hyphen_values = true
     )]
     pub wait: Span,
 
     /// Do not wait for a busy lock, like flock -n (same as --wait 0)
-    #[arg(short, long, env = "CRONLOCK_NONBLOCK", value_parser = FalseyValueParser::new(),
+    #[arg(short, long, env = "CRONLOCK_NONBLOCK", value_parser = switch,
           default_value_t = false, num_args = 0, default_missing_value = "true")]
     pub nonblock: bool,
 
@@ -140,12 +142,22 @@ pub struct Cli {
     ///
     /// An explicit value must be at most half of --ttl: the command must be gone before the lock
     /// can expire.
-    #[arg(long, env = "CRONLOCK_GRACE", value_name = "DURATION")]
+    #[arg(
+        long,
+        env = "CRONLOCK_GRACE",
+        value_name = "DURATION",
+        allow_hyphen_values = true
+    )]
     pub grace: Option<Span>,
 
     /// Stop the command (SIGTERM, then SIGKILL after --grace) when it runs longer; exit 124
-    #[arg(long, env = "CRONLOCK_MAX_RUNTIME", value_name = "DURATION",
-          value_parser = duration::positive)]
+    /// (0: no limit)
+    #[arg(
+        long,
+        env = "CRONLOCK_MAX_RUNTIME",
+        value_name = "DURATION",
+        allow_hyphen_values = true
+    )]
     pub max_runtime: Option<Span>,
 
     /// Keep the lock until at least this long after it was taken, even when the command
@@ -158,7 +170,8 @@ pub struct Cli {
         long,
         env = "CRONLOCK_MIN_HOLD",
         value_name = "DURATION",
-        default_value = "0"
+        default_value = "0",
+        allow_hyphen_values = true
     )]
     pub min_hold: Span,
 
@@ -168,7 +181,8 @@ pub struct Cli {
         long,
         env = "CRONLOCK_CONFLICT_EXIT_CODE",
         value_name = "N",
-        default_value_t = 0
+        default_value_t = 0,
+        allow_hyphen_values = true
     )]
     pub conflict_exit_code: u8,
 
@@ -182,13 +196,13 @@ pub struct Cli {
     pub shell_command: Option<String>,
 
     /// Print only errors
-    #[arg(short, long, env = "CRONLOCK_QUIET", value_parser = FalseyValueParser::new(),
+    #[arg(short, long, env = "CRONLOCK_QUIET", value_parser = switch,
           default_value_t = false, num_args = 0, default_missing_value = "true",
-          conflicts_with = "verbose")]
+          )]
     pub quiet: bool,
 
     /// Also report a busy lock, acquisition, release and renewals
-    #[arg(short, long, env = "CRONLOCK_VERBOSE", value_parser = FalseyValueParser::new(),
+    #[arg(short, long, env = "CRONLOCK_VERBOSE", value_parser = switch,
           default_value_t = false, num_args = 0, default_missing_value = "true")]
     pub verbose: bool,
 
@@ -203,16 +217,18 @@ pub struct Cli {
 
     /// Timeout for connecting to Redis and for each Redis command outside the watchdog
     #[arg(long, env = "CRONLOCK_CONNECT_TIMEOUT", value_name = "DURATION", default_value = "5s",
-          value_parser = duration::positive)]
+          value_parser = duration::positive, allow_hyphen_values = true)]
     pub connect_timeout: Span,
 
-    /// How many past run records to keep per KEY (0: only the last run)
-    #[arg(long, env = "CRONLOCK_HISTORY", value_name = "N", default_value_t = 10)]
-    pub history: u32,
+    /// How many past run records to keep per KEY (0: only the last run); with --status, show the
+    /// kept runs (all, or the last N)
+    #[arg(long, env = "CRONLOCK_HISTORY", value_name = "N", num_args = 0..=1,
+          default_missing_value = "all", value_parser = history_count)]
+    pub history: Option<Count>,
 
     /// Expire the last-run record and history this long after the last run [default: never]
     #[arg(long, env = "CRONLOCK_HISTORY_TTL", value_name = "DURATION",
-          value_parser = duration::positive)]
+          value_parser = duration::positive, allow_hyphen_values = true)]
     pub history_ttl: Option<Span>,
 
     /// Format of cronlock's own messages on stderr
@@ -233,7 +249,7 @@ pub struct Cli {
     pub force_release: bool,
 
     /// Print --status, --list and --force-release results as JSON
-    #[arg(long, env = "CRONLOCK_JSON", value_parser = FalseyValueParser::new(),
+    #[arg(long, env = "CRONLOCK_JSON", value_parser = switch,
           default_value_t = false, num_args = 0, default_missing_value = "true")]
     pub json: bool,
 
@@ -242,8 +258,47 @@ pub struct Cli {
     pub key: Option<String>,
 
     /// The command to run and its arguments, passed on untouched
-    #[arg(value_name = "COMMAND", trailing_var_arg = true)]
+    #[arg(value_name = "COMMAND", trailing_var_arg = true, value_hint = clap::ValueHint::CommandWithArguments)]
     pub command: Vec<OsString>,
+
+    /// Where each value came from (command line, environment, default).
+    #[arg(skip)]
+    pub given: Given,
+}
+
+/// What was given on the command line itself, as opposed to the environment or a default.
+#[derive(Debug, Clone, Default)]
+pub struct Given {
+    pub quiet: Option<ValueSource>,
+    pub verbose: Option<ValueSource>,
+    /// `--history` on the command line: with `--status`, show the kept runs.
+    pub history_flag: bool,
+}
+
+/// A boolean flag or variable: `1`/`true`/`yes`/`on` or `0`/`false`/`no`/`off` (empty: off).
+pub fn switch(s: &str) -> Result<bool, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" | "y" => Ok(true),
+        "" | "0" | "false" | "no" | "off" | "n" => Ok(false),
+        _ => Err("expected 1, true, yes or on, or 0, false, no or off".into()),
+    }
+}
+
+/// `--history [N]`: a count, or `all` when given bare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Count(pub Option<u32>);
+
+/// The number of run records kept when `--history` is not given.
+pub const DEFAULT_HISTORY: u32 = 10;
+
+fn history_count(s: &str) -> Result<Count, String> {
+    if s == "all" {
+        return Ok(Count(None));
+    }
+    s.trim()
+        .parse::<u32>()
+        .map(|n| Count(Some(n)))
+        .map_err(|_| "expected a number of runs".into())
 }
 
 /// `--log-format` values.
@@ -273,6 +328,37 @@ pub struct Job {
 }
 
 impl Cli {
+    /// `-q` and `-v` after the environment: a variable set to off is off, and a flag on the
+    /// command line wins over a variable.
+    pub fn quiet_verbose(&self) -> Result<(bool, bool)> {
+        if !(self.quiet && self.verbose) {
+            return Ok((self.quiet, self.verbose));
+        }
+        let cmdline = |s: Option<ValueSource>| s == Some(ValueSource::CommandLine);
+        match (cmdline(self.given.quiet), cmdline(self.given.verbose)) {
+            (true, true) => bail!("give either -q/--quiet or -v/--verbose, not both"),
+            (true, false) => Ok((true, false)),
+            (false, true) => Ok((false, true)),
+            (false, false) => {
+                bail!("CRONLOCK_QUIET and CRONLOCK_VERBOSE are both on: turn one of them off")
+            }
+        }
+    }
+
+    /// How many run records to keep (`--history N`).
+    pub fn history_kept(&self) -> Result<u32> {
+        match self.history {
+            None => Ok(DEFAULT_HISTORY),
+            Some(Count(Some(n))) => Ok(n),
+            Some(Count(None)) => bail!("--history needs a number N of runs to keep"),
+        }
+    }
+
+    /// `--max-runtime`, where 0 means no limit.
+    pub fn max_runtime(&self) -> Option<std::time::Duration> {
+        self.max_runtime.map(|m| m.0).filter(|m| !m.is_zero())
+    }
+
     /// The Redis URL after the documented fallbacks.
     pub fn redis_url(&self) -> String {
         self.redis_url
@@ -349,10 +435,50 @@ impl Cli {
 
 /// Parse `std::env::args_os()`; see [`one_line`] for how errors are shown.
 pub fn parse() -> std::result::Result<Cli, clap::Error> {
-    Cli::try_parse()
+    let matches = Cli::command().try_get_matches()?;
+    from_matches(&matches)
 }
 
-/// clap's error as one `cronlock:`-style line.
+fn from_matches(matches: &ArgMatches) -> std::result::Result<Cli, clap::Error> {
+    let mut cli = Cli::from_arg_matches(matches)?;
+    cli.given = Given {
+        quiet: matches.value_source("quiet"),
+        verbose: matches.value_source("verbose"),
+        history_flag: matches.value_source("history") == Some(ValueSource::CommandLine),
+    };
+    Ok(cli)
+}
+
+/// The variable an invalid value came from, when it did not come from the command line.
+fn invalid_from_env(err: &clap::Error) -> Option<(String, String)> {
+    use clap::error::{ContextKind, ContextValue};
+    let ContextValue::String(arg) = err.get(ContextKind::InvalidArg)? else {
+        return None;
+    };
+    let ContextValue::String(value) = err.get(ContextKind::InvalidValue)? else {
+        return None;
+    };
+    let long = arg
+        .split([' ', '='])
+        .next()?
+        .strip_prefix("--")?
+        .to_string();
+    let cmd = Cli::command();
+    let def = cmd.get_arguments().find(|a| a.get_long() == Some(&long))?;
+    let var = def.get_env()?.to_string_lossy().into_owned();
+    let on_cmdline = std::env::args_os().skip(1).any(|a| {
+        let a = a.to_string_lossy();
+        a == format!("--{long}")
+            || a.starts_with(&format!("--{long}="))
+            || def
+                .get_short()
+                .is_some_and(|c| a.starts_with('-') && !a.starts_with("--") && a.contains(c))
+    });
+    let from_env = std::env::var(&var).is_ok_and(|v| &v == value);
+    (from_env && !on_cmdline).then(|| (format!("--{long}"), var))
+}
+
+/// clap's error as one `cronlock:`-style line, naming the variable when a value came from one.
 pub fn one_line(err: &clap::Error) -> String {
     let rendered = err.render().to_string();
     // The message is the first paragraph (some span lines: "required arguments: <KEY>").
@@ -362,7 +488,25 @@ pub fn one_line(err: &clap::Error) -> String {
         .map(str::trim)
         .collect();
     let message = message.join(" ");
-    let message = message.strip_prefix("error: ").unwrap_or(&message);
+    let mut message = message
+        .strip_prefix("error: ")
+        .unwrap_or(&message)
+        .to_string();
+    // "for '--ttl <DURATION>'" reads better as "for --ttl".
+    if let (Some(start), Some(quote)) = (message.find(" for '--"), message.find("': ")) {
+        if quote > start {
+            let flag = message[start + 6..quote]
+                .split(' ')
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            let named = match invalid_from_env(err) {
+                Some((_, var)) => format!(" for {flag} (from {var})"),
+                None => format!(" for {flag}"),
+            };
+            message.replace_range(start..quote + 1, &named);
+        }
+    }
     format!("{message} (see 'cronlock --help')")
 }
 
@@ -381,7 +525,39 @@ mod tests {
     }
 
     fn parse(args: &[&str]) -> Cli {
-        Cli::try_parse_from(std::iter::once("cronlock").chain(args.iter().copied())).unwrap()
+        let m = Cli::command()
+            .try_get_matches_from(std::iter::once("cronlock").chain(args.iter().copied()))
+            .unwrap();
+        from_matches(&m).unwrap()
+    }
+
+    #[test]
+    fn switches() {
+        for on in ["1", "true", "YES", "on"] {
+            assert_eq!(switch(on), Ok(true));
+        }
+        for off in ["", "0", "false", "No", "off"] {
+            assert_eq!(switch(off), Ok(false));
+        }
+        assert!(switch("maybe").is_err());
+        assert!(switch("2").is_err());
+    }
+
+    #[test]
+    fn history_flag() {
+        let cli = parse(&["--status", "k", "--history"]);
+        assert!(cli.given.history_flag);
+        assert_eq!(cli.history, Some(Count(None)));
+        assert_eq!(
+            parse(&["--history", "3", "k", "true"])
+                .history_kept()
+                .unwrap(),
+            3
+        );
+        assert_eq!(
+            parse(&["k", "true"]).history_kept().unwrap(),
+            DEFAULT_HISTORY
+        );
     }
 
     #[test]

@@ -34,15 +34,6 @@ impl Redis {
         })
     }
 
-    /// The password in the URL, if any, so the logger can scrub it.
-    pub fn password(&self) -> Option<String> {
-        self.client
-            .get_connection_info()
-            .redis_settings()
-            .password()
-            .map(str::to_string)
-    }
-
     /// Connect with the connect timeout, and give each command `io_timeout`.
     pub fn connect(&self, io_timeout: Duration) -> Result<Connection> {
         self.connect_within(self.connect_timeout, io_timeout)
@@ -83,44 +74,86 @@ pub fn set_io_timeout(con: &Connection, timeout: Duration) -> Result<()> {
 }
 
 /// A Redis error as one readable line: `WRONGTYPE Operation against ...`, without the script
-/// location Redis appends.
+/// location Redis appends, and never echoing a command's arguments (they hold the lock value).
 pub fn first_line(e: &redis::RedisError) -> String {
     if e.is_timeout() {
         return "Redis did not answer in time".into();
     }
+    match e.kind() {
+        redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType => {
+            return "the server did not answer like a Redis server".into()
+        }
+        _ => {}
+    }
+    match e.code() {
+        Some("NOAUTH") => {
+            return "the server wants a password: give it in the URL \
+                    (redis://[user]:PASSWORD@host:port), best through CRONLOCK_REDIS_URL"
+                .into()
+        }
+        Some("NOPERM") => {
+            return format!(
+                "NOPERM the Redis user may not run this (see the README for the ACL cronlock needs): {}",
+                e.detail().unwrap_or_default().split(',').next().unwrap_or_default()
+            )
+        }
+        _ => {}
+    }
     let text = match (e.code(), e.detail()) {
         (Some(code), Some(detail)) => format!("{code} {detail}"),
-        _ => e.to_string(),
+        // redis-rs appends its error kind: "Password authentication failed - AuthenticationFailed".
+        _ => {
+            let t = e.to_string();
+            match t.rsplit_once(" - ") {
+                Some((msg, kind)) if kind.chars().all(|c| c.is_ascii_alphanumeric()) => {
+                    msg.to_string()
+                }
+                _ => t,
+            }
+        }
     };
     let text = text.lines().next().unwrap_or_default();
     let text = text.split(" script: ").next().unwrap_or(text);
-    text.trim().to_string()
+    // "unknown command 'EVALSHA', with args beginning with: 'sha' '1' 'cronlock:{k}' '{...}'"
+    let text = text
+        .split(", with args beginning with")
+        .next()
+        .unwrap_or(text);
+    let mut text = text.trim().to_string();
+    if text.contains("unknown command") {
+        text += " (not a Redis server that runs scripts: a Sentinel? use redis+sentinel://)";
+    }
+    text
 }
 
-/// Replace the password (and `pass=`/`password=` query values) of a Redis URL with `***`.
+/// Replace the password of a Redis URL (and `pass=`, `password=`, `sentinel_password=` query
+/// values) with `***`. Works on text that does not parse: the userinfo runs to the *last* `@`,
+/// since generated passwords contain `/`, `?`, `#` and `@`.
 pub fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        return url.to_string();
+    let (scheme, rest) = match url.find("://") {
+        Some(i) => url.split_at(i + 3),
+        None => ("", url),
     };
-    let (scheme, rest) = url.split_at(scheme_end + 3);
-    let auth_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(auth_end);
-    let authority = match authority.rfind('@') {
+    let (authority, tail) = match rest.rfind('@') {
         Some(at) => {
-            let (userinfo, host) = authority.split_at(at);
-            match userinfo.find(':') {
-                Some(colon) => format!("{}:***{host}", &userinfo[..colon]),
-                None => format!("***{host}"),
-            }
+            let userinfo = &rest[..at];
+            let shown = match userinfo.find(':') {
+                // A user name never holds '/', so a '/' before the colon means no user name.
+                Some(colon) if !userinfo[..colon].contains(['/', '?', '#']) => {
+                    format!("{}:***", &userinfo[..colon])
+                }
+                _ => "***".to_string(),
+            };
+            (shown + "@", &rest[at + 1..])
         }
-        None => authority.to_string(),
+        None => (String::new(), rest),
     };
     let tail = match tail.split_once('?') {
         Some((path, query)) => {
             let query: Vec<String> = query
                 .split('&')
                 .map(|kv| match kv.split_once('=') {
-                    Some((k, _)) if k == "pass" || k == "password" => format!("{k}=***"),
+                    Some((k, _)) if SECRET_PARAMS.contains(&k) => format!("{k}=***"),
                     _ => kv.to_string(),
                 })
                 .collect();
@@ -130,6 +163,9 @@ pub fn redact_url(url: &str) -> String {
     };
     format!("{scheme}{authority}{tail}")
 }
+
+/// Query parameters that hold a password.
+const SECRET_PARAMS: &[&str] = &["pass", "password", "sentinel_password"];
 
 #[cfg(test)]
 mod tests {
@@ -149,5 +185,17 @@ mod tests {
             "redis+unix:///run/redis.sock?db=1&pass=***"
         );
         assert_eq!(redact_url("nonsense"), "nonsense");
+        // Passwords with URL delimiters, and text that does not parse.
+        assert_eq!(redact_url("redis://:pa/ss@host"), "redis://:***@host");
+        assert_eq!(
+            redact_url("redis://:p?a#s@s@host:1/2"),
+            "redis://:***@host:1/2"
+        );
+        assert_eq!(redact_url("redis://u:a@b/c@h"), "redis://u:***@h");
+        assert_eq!(redact_url("redis:/:pw@host"), "redis:***@host");
+        assert_eq!(
+            redact_url("redis://h/0?password=x&db=1"),
+            "redis://h/0?password=***&db=1"
+        );
     }
 }

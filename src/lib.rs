@@ -70,7 +70,17 @@ pub fn run() -> ExitCode {
             };
         }
     };
-    let log = Log::new(cli.quiet, cli.verbose, cli.log_format == LogFormat::Json);
+    let json = cli.log_format == LogFormat::Json;
+    let (quiet, verbose) = match cli.quiet_verbose() {
+        Ok(qv) => qv,
+        Err(e) => {
+            let log = Log::new(false, false, json);
+            log.error("usage", &format!("{e:#}"));
+            log.flush(FLUSH_WAIT);
+            return Exit::Failure.into();
+        }
+    };
+    let log = Log::new(quiet, verbose, json);
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| execute(&cli, &log)));
     let exit = match result {
         Ok(Ok(exit)) => exit,
@@ -120,29 +130,36 @@ fn command_line(argv: &[OsString]) -> String {
 fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
     let mode = cli.mode()?;
     let timing = match &mode {
-        Mode::Run(_) => Some(Timing::new(cli.ttl.0, cli.grace.map(|g| g.0))?),
+        Mode::Run(_) => {
+            // Checked before the lock is taken, so a bad value never runs the command.
+            cli.history_kept()?;
+            Some(Timing::new(cli.ttl.0, cli.grace.map(|g| g.0))?)
+        }
         _ => None,
     };
     let redis = Redis::new(&cli.redis_url(), cli.connect_timeout.0)?;
-    if let Some(p) = redis.password() {
-        log.add_secret(&p);
-    }
     let io_timeout = cli.connect_timeout.0;
     match mode {
         Mode::Run(job) => run_job(cli, &job, timing.expect("checked for runs"), &redis, log),
         Mode::Status(key) => {
             let mut con = redis.connect(io_timeout)?;
-            admin::status(&mut con, &Keys::new(&cli.prefix, &key), cli.json)?;
+            let history = cli
+                .given
+                .history_flag
+                .then(|| cli.history.and_then(|c| c.0));
+            let keys = Keys::new(&cli.prefix, &key);
+            admin::print(&admin::status(&mut con, &keys, cli.json, history)?)?;
             Ok(Exit::Success)
         }
         Mode::List => {
             let mut con = redis.connect(io_timeout)?;
-            admin::list(&mut con, &cli.prefix, cli.json)?;
+            admin::print(&admin::list(&mut con, &cli.prefix, cli.json, log)?)?;
             Ok(Exit::Success)
         }
         Mode::ForceRelease(key) => {
             let mut con = redis.connect(io_timeout)?;
-            admin::force_release(&mut con, &Keys::new(&cli.prefix, &key), cli.json)?;
+            let keys = Keys::new(&cli.prefix, &key);
+            admin::print(&admin::force_release(&mut con, &keys, cli.json)?)?;
             Ok(Exit::Success)
         }
     }
@@ -157,14 +174,28 @@ fn run_job(cli: &Cli, job: &Job, timing: Timing, redis: &Redis, log: &Log) -> Re
     let acquired = wait::acquire(redis, &keys, &command, timing.ttl, cli.wait(), log)?;
     let (held, con) = match acquired {
         Acquired::Held(held, con) => (*held, con),
-        Acquired::Busy => {
+        Acquired::Busy(value) => {
+            let waited = asked.elapsed();
+            let after = if cli.wait().is_zero() {
+                String::new()
+            } else {
+                format!(
+                    " after waiting {}",
+                    Span(Duration::from_millis(waited.as_millis() as u64))
+                )
+            };
             log.info(
                 "busy",
                 &format!(
-                    "lock '{}' is held elsewhere; not running the command",
-                    job.key
+                    "lock '{}' is held by {}{after}; not running the command",
+                    job.key,
+                    admin::describe_holder(&value)
                 ),
-                &[("conflict_exit_code", cli.conflict_exit_code.into())],
+                &[
+                    ("conflict_exit_code", cli.conflict_exit_code.into()),
+                    ("waited_ms", (waited.as_millis() as u64).into()),
+                    ("holder", admin::holder_identity(&value)),
+                ],
             );
             return Ok(Exit::Conflict(cli.conflict_exit_code));
         }
@@ -201,7 +232,7 @@ fn run_job(cli: &Cli, job: &Job, timing: Timing, redis: &Redis, log: &Log) -> Re
     };
     let limits = Limits {
         grace: timing.grace,
-        max_runtime: cli.max_runtime.map(|m| m.0),
+        max_runtime: cli.max_runtime(),
     };
     let (exit, ending) = run_child(job, &held, &watchdog.watch, limits, log);
     // From here on, the end of the run is bounded by --connect-timeout in all.
@@ -222,7 +253,7 @@ fn run_job(cli: &Cli, job: &Job, timing: Timing, redis: &Redis, log: &Log) -> Re
     let opts = ReleaseOptions {
         hold: (held.sent_at + cli.min_hold.0).saturating_duration_since(Instant::now()),
         record: Some(record::run_record(&held, ending, exit, duration).to_string()),
-        history: cli.history,
+        history: cli.history_kept()?,
         record_ttl: cli.history_ttl.map(|t| t.0),
     };
     let lost_until = if lost { Instant::now() } else { valid_until };

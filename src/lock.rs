@@ -71,6 +71,19 @@ impl Keys {
     }
 }
 
+/// How many characters of the command line the lock value and the run record keep.
+pub const MAX_COMMAND: usize = 256;
+
+/// `text` cut to `max` characters, the last being `…` when anything was cut.
+pub fn truncate(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let mut cut: String = text.chars().take(max - 1).collect();
+    cut.push('…');
+    cut
+}
+
 /// Who holds the lock: the value stored in Redis is this, as JSON, and is compared whole.
 #[derive(Debug, Clone)]
 pub struct Holder {
@@ -91,7 +104,7 @@ impl Holder {
         let host = crate::host::hostname();
         let pid = std::process::id();
         let started_ms = crate::host::unix_millis();
-        let command: String = command.chars().take(256).collect();
+        let command = truncate(command, MAX_COMMAND);
         let value = json!({
             "token": token, "host": host, "pid": pid, "started": started_ms, "command": command,
         })
@@ -144,8 +157,9 @@ pub struct ReleaseOptions {
 #[derive(Debug)]
 pub enum Attempt {
     Held(Box<Held>),
-    /// Held elsewhere; the holder's lock expires in this much (None: no expiry set).
-    Busy(Option<Duration>),
+    /// Held elsewhere; the holder's lock expires in this much (None: no expiry set), and the
+    /// holder's value.
+    Busy(Option<Duration>, String),
 }
 
 fn ms(d: Duration) -> u64 {
@@ -174,7 +188,7 @@ pub fn try_acquire(
     ttl: Duration,
 ) -> std::result::Result<Attempt, AcquireError> {
     let sent_at = Instant::now();
-    let (fence, pttl): (i64, i64) = ACQUIRE
+    let (fence, pttl, value): (i64, i64, Option<String>) = ACQUIRE
         .key(&keys.lock)
         .key(&keys.fence)
         .key(keys.abandoned(&holder.token))
@@ -182,12 +196,19 @@ pub fn try_acquire(
         .arg(ms(ttl))
         .invoke(con)
         .map_err(|error| AcquireError {
-            unknown: error.is_timeout() || error.is_io_error() || error.is_connection_dropped(),
+            // No reply, or one we could not read: the script may have run and taken the lock.
+            unknown: error.is_timeout()
+                || error.is_io_error()
+                || error.is_connection_dropped()
+                || matches!(
+                    error.kind(),
+                    redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType
+                ),
             error,
         })?;
     if fence <= 0 {
         let left = u64::try_from(pttl).ok().map(Duration::from_millis);
-        return Ok(Attempt::Busy(left));
+        return Ok(Attempt::Busy(left, value.unwrap_or_default()));
     }
     Ok(Attempt::Held(Box::new(Held {
         keys: keys.clone(),
@@ -271,15 +292,26 @@ pub struct Snapshot {
     pub pttl: i64,
     pub fence: Option<i64>,
     pub last_run: Option<String>,
+    /// The newest kept run records, when asked for.
+    pub history: Vec<String>,
 }
 
-/// Read the lock, its expiry, its fencing counter and its last run at one instant.
-pub fn snapshot(con: &mut Connection, keys: &Keys) -> Result<Snapshot> {
-    type Reply = (Option<String>, i64, Option<i64>, Option<String>);
-    let (holder, pttl, fence, last_run): Reply = STATUS
+/// Read the lock, its expiry, its fencing counter, its last run and up to `history` kept runs at
+/// one instant.
+pub fn snapshot(con: &mut Connection, keys: &Keys, history: Option<u32>) -> Result<Snapshot> {
+    type Reply = (
+        Option<String>,
+        i64,
+        Option<i64>,
+        Option<String>,
+        Vec<String>,
+    );
+    let (holder, pttl, fence, last_run, history): Reply = STATUS
         .key(&keys.lock)
         .key(&keys.fence)
         .key(&keys.last)
+        .key(&keys.history)
+        .arg(history.map_or(0, i64::from))
         .invoke(con)
         .map_err(|e| anyhow!("cannot read lock '{}': {}", keys.name, first_line(&e)))?;
     Ok(Snapshot {
@@ -287,6 +319,7 @@ pub fn snapshot(con: &mut Connection, keys: &Keys) -> Result<Snapshot> {
         pttl,
         fence,
         last_run,
+        history,
     })
 }
 
@@ -303,6 +336,15 @@ mod tests {
         assert_eq!(Keys::name_of("cronlock:", &k.lock), Some("nightly"));
         assert_eq!(Keys::name_of("cronlock:", &k.fence), None);
         assert_eq!(Keys::name_of("cronlock:", "other:{x}"), None);
+    }
+
+    #[test]
+    fn long_commands_are_cut_with_a_marker() {
+        assert_eq!(truncate("short", 256), "short");
+        let long = "x".repeat(300);
+        let cut = Holder::new(&long).command;
+        assert_eq!(cut.chars().count(), MAX_COMMAND);
+        assert!(cut.ends_with('…'));
     }
 
     #[test]

@@ -26,8 +26,8 @@ const POLL_CAP: Duration = Duration::from_millis(500);
 pub enum Acquired {
     /// Ours, with the connection that took it (the watchdog goes on with it).
     Held(Box<Held>, Connection),
-    /// Held elsewhere, and `--wait` (if any) ran out.
-    Busy,
+    /// Held elsewhere, and `--wait` (if any) ran out: who holds it (the raw value).
+    Busy(String),
     /// A signal asked us to stop before we had the lock.
     Signalled(libc::c_int),
 }
@@ -115,9 +115,9 @@ pub fn acquire(
         };
         // A fresh holder per attempt, so `started` says when we got it.
         let holder = Holder::new(command);
-        let expires_in = match lock::try_acquire(&mut c, keys, &holder, ttl) {
+        let (expires_in, busy_with) = match lock::try_acquire(&mut c, keys, &holder, ttl) {
             Ok(Attempt::Held(held)) => return Ok(Acquired::Held(held, c)),
-            Ok(Attempt::Busy(expires_in)) => expires_in,
+            Ok(Attempt::Busy(expires_in, value)) => (expires_in, value),
             Err(e) => {
                 let mut text = format!(
                     "cannot acquire lock '{}': {}",
@@ -138,7 +138,7 @@ pub fn acquire(
         };
         let now = Instant::now();
         if now >= deadline {
-            return Ok(Acquired::Busy);
+            return Ok(Acquired::Busy(busy_with));
         }
         if !announced {
             announced = true;

@@ -118,9 +118,11 @@ pub struct Watch {
 }
 
 impl Watch {
-    /// Validity starts at `valid_until`; the guard's kill-by time follows it, `margin` earlier.
+    /// Validity starts at `valid_until`. The guard's kill-by time follows it, half a margin
+    /// earlier: after cronlock's own SIGKILL (a whole margin early), so a live cronlock acts
+    /// first, yet still before the lock can expire.
     pub fn new(valid_until: Instant, margin: Duration) -> std::io::Result<Watch> {
-        let shared = Shared::new(valid_until.checked_sub(margin).unwrap_or(valid_until))?;
+        let shared = Shared::new(kill_by(valid_until, margin))?;
         Ok(Watch {
             inner: Arc::new(Mutex::new(Inner {
                 valid_until,
@@ -171,8 +173,7 @@ impl Watch {
         let mut inner = self.inner();
         if until > inner.valid_until {
             inner.valid_until = until;
-            self.shared
-                .set_kill_by(until.checked_sub(self.margin).unwrap_or(until));
+            self.shared.set_kill_by(kill_by(until, self.margin));
         }
     }
 
@@ -181,6 +182,11 @@ impl Watch {
         self.inner().lost.get_or_insert(reason);
         crate::signals::wake_main();
     }
+}
+
+/// The guard's kill-by time for a lock valid until `until`.
+fn kill_by(until: Instant, margin: Duration) -> Instant {
+    until.checked_sub(margin / 2).unwrap_or(until)
 }
 
 /// The running renewal thread.

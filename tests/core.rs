@@ -52,7 +52,7 @@ fn busy_lock_skips_silently_with_default_exit_0() {
     assert_eq!(r.get(LOCK).as_deref(), Some("someone else"));
 
     let out = run(cronlock(&r).args(["-v", "k", "touch"]).arg(&marker));
-    assert!(stderr(&out).contains("held elsewhere"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("is held by"), "{}", stderr(&out));
 }
 
 #[test]

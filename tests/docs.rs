@@ -29,6 +29,127 @@ fn roff(text: &str) -> String {
     }
 }
 
+/// Options that take a value, with their placeholder: `(["-t", "--ttl"], "DURATION")`.
+fn valued_options() -> Vec<(Vec<String>, String)> {
+    cli::command()
+        .get_arguments()
+        .filter(|a| !a.is_positional() && a.get_action().takes_values())
+        .filter(|a| a.get_num_args().map_or(true, |n| n.max_values() > 0))
+        .map(|a| {
+            let mut names = Vec::new();
+            if let Some(c) = a.get_short() {
+                names.push(format!("-{c}"));
+            }
+            if let Some(l) = a.get_long() {
+                names.push(format!("--{l}"));
+            }
+            let value = a
+                .get_value_names()
+                .and_then(|v| v.first())
+                .map(|v| v.to_string())
+                .unwrap_or_else(|| "VALUE".into());
+            (names, value)
+        })
+        .collect()
+}
+
+/// SYNOPSIS with every option's value placeholder and each way to call cronlock.
+fn synopsis(w: &mut Vec<u8>) {
+    writeln!(w, ".SH SYNOPSIS").unwrap();
+    let cmd = cli::command();
+    let mut opts = Vec::new();
+    for a in cmd.get_arguments().filter(|a| !a.is_positional()) {
+        let id = a.get_id().as_str();
+        if matches!(
+            id,
+            "status" | "list" | "force_release" | "shell_command" | "json"
+        ) {
+            continue;
+        }
+        let mut names = Vec::new();
+        if let Some(c) = a.get_short() {
+            names.push(format!("\\fB{}\\fR", roff(&format!("-{c}"))));
+        }
+        if let Some(l) = a.get_long() {
+            names.push(format!("\\fB{}\\fR", roff(&format!("--{l}"))));
+        }
+        let value = match a.get_value_names().and_then(|v| v.first()) {
+            Some(v) if a.get_action().takes_values() && id != "history" => {
+                format!(" \\fI{v}\\fR")
+            }
+            Some(v) if id == "history" => format!(" [\\fI{v}\\fR]"),
+            _ => String::new(),
+        };
+        opts.push(format!("[{}{value}]", names.join("|")));
+    }
+    let forms = [
+        format!(
+            "{} \\fIKEY\\fR [\\fB\\-\\-\\fR] \\fICOMMAND\\fR [\\fIARGS\\fR]...",
+            opts.join(" ")
+        ),
+        format!(
+            "{} \\fIKEY\\fR \\fB\\-c\\fR \\fISHELL_COMMAND\\fR",
+            "[\\fIOPTIONS\\fR]"
+        ),
+        "\\fB\\-\\-status\\fR [\\fB\\-\\-json\\fR] [\\fB\\-\\-history\\fR [\\fIN\\fR]] \\fIKEY\\fR"
+            .into(),
+        "\\fB\\-\\-list\\fR [\\fB\\-\\-json\\fR]".into(),
+        "\\fB\\-\\-force\\-release\\fR [\\fB\\-\\-json\\fR] \\fIKEY\\fR".into(),
+    ];
+    for (i, form) in forms.iter().enumerate() {
+        if i > 0 {
+            writeln!(w, ".br").unwrap();
+        }
+        writeln!(w, "\\fBcronlock\\fR {form}").unwrap();
+    }
+}
+
+/// clap's bash completion, wrapped: after `--` it completes a command and its arguments (with
+/// bash-completion's `_command_offset` when loaded), and values of options that are not files
+/// (durations, numbers, the URL) do not complete as file names.
+fn bash_completion() -> Vec<u8> {
+    let mut out = Vec::new();
+    clap_complete::generate(Shell::Bash, &mut cli::command(), "cronlock", &mut out);
+    let not_files: Vec<String> = valued_options()
+        .into_iter()
+        .filter(|(names, _)| !names.iter().any(|n| n == "-c" || n == "--log-format"))
+        .flat_map(|(names, _)| names)
+        .collect();
+    let mut text = String::from_utf8(out).unwrap();
+    text += &format!(
+        r#"
+# cronlock: after `--`, complete a command and its arguments, not cronlock's options; option
+# values that are durations, numbers or URLs do not complete as file names.
+_cronlock_wrapper() {{
+    local i
+    for (( i=1; i < COMP_CWORD; i++ )); do
+        if [[ ${{COMP_WORDS[i]}} == -- ]]; then
+            if declare -F _command_offset >/dev/null; then
+                _command_offset $((i + 1))
+            elif (( i + 1 == COMP_CWORD )); then
+                COMPREPLY=($(compgen -c -- "${{COMP_WORDS[COMP_CWORD]}}"))
+            else
+                COMPREPLY=($(compgen -f -- "${{COMP_WORDS[COMP_CWORD]}}"))
+            fi
+            return 0
+        fi
+    done
+    case "${{COMP_WORDS[COMP_CWORD-1]}}" in
+        {})
+            compopt +o default +o bashdefault 2>/dev/null
+            COMPREPLY=()
+            return 0
+            ;;
+    esac
+    _cronlock "$@"
+}}
+complete -F _cronlock_wrapper -o nosort -o bashdefault -o default cronlock
+"#,
+        not_files.join("|")
+    );
+    text.into_bytes()
+}
+
 fn man_page() -> Vec<u8> {
     // The long help's examples and table get proper roff sections instead of wrapped text.
     let cmd = cli::command().after_long_help("").after_help("");
@@ -36,7 +157,7 @@ fn man_page() -> Vec<u8> {
     let mut w = Vec::new();
     man.render_title(&mut w).unwrap();
     man.render_name_section(&mut w).unwrap();
-    man.render_synopsis_section(&mut w).unwrap();
+    synopsis(&mut w);
     man.render_description_section(&mut w).unwrap();
     man.render_options_section(&mut w).unwrap();
     writeln!(w, ".SH \"EXIT STATUS\"").unwrap();
@@ -62,11 +183,12 @@ fn man_page() -> Vec<u8> {
 fn completions_and_man_page_match_the_cli() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut stale = Vec::new();
-    for (shell, file) in [
-        (Shell::Bash, "cronlock.bash"),
-        (Shell::Zsh, "_cronlock"),
-        (Shell::Fish, "cronlock.fish"),
-    ] {
+    check(
+        &root.join("completions/cronlock.bash"),
+        &bash_completion(),
+        &mut stale,
+    );
+    for (shell, file) in [(Shell::Zsh, "_cronlock"), (Shell::Fish, "cronlock.fish")] {
         let mut out = Vec::new();
         clap_complete::generate(shell, &mut cli::command(), "cronlock", &mut out);
         check(&root.join("completions").join(file), &out, &mut stale);
@@ -76,4 +198,50 @@ fn completions_and_man_page_match_the_cli() {
         stale.is_empty(),
         "out of date: {stale:?}; run CRONLOCK_UPDATE_DOCS=1 cargo test --test docs and commit"
     );
+}
+
+/// Run the checked-in bash completion in a real bash for `words`, the cursor on the last one.
+fn complete_in_bash(words: &[&str]) -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let script = format!(
+        "source {}; COMP_WORDS=({}); COMP_CWORD={}; COMP_LINE=\"${{COMP_WORDS[*]}}\"; \
+         COMP_POINT=${{#COMP_LINE}}; _cronlock_wrapper cronlock \"${{COMP_WORDS[COMP_CWORD]}}\" \
+         \"${{COMP_WORDS[COMP_CWORD-1]}}\"; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+        root.join("completions/cronlock.bash").display(),
+        words
+            .iter()
+            .map(|w| format!("'{w}'"))
+            .collect::<Vec<_>>()
+            .join(" "),
+        words.len() - 1
+    );
+    let out = std::process::Command::new("bash")
+        .args(["-c", &script])
+        .current_dir(root)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn bash_completes_commands_after_the_double_dash() {
+    let after = complete_in_bash(&["cronlock", "k", "--", "ech"]);
+    assert!(after.iter().any(|c| c == "echo"), "{after:?}");
+    assert!(!after.iter().any(|c| c.starts_with("--")), "{after:?}");
+    // Arguments of the command: files, never cronlock's options.
+    let mut args = complete_in_bash(&["cronlock", "k", "--", "ls", "Carg"]);
+    args.sort();
+    assert_eq!(args, ["Cargo.lock", "Cargo.toml"], "{args:?}");
+    let args = complete_in_bash(&["cronlock", "k", "--", "ls", "--"]);
+    assert!(!args.iter().any(|c| c == "--ttl"), "{args:?}");
+    // Durations are not file names.
+    assert!(complete_in_bash(&["cronlock", "-t", ""]).is_empty());
+    assert!(complete_in_bash(&["cronlock", "--ttl", "Car"]).is_empty());
+    // Options still complete where they belong.
+    let opts = complete_in_bash(&["cronlock", "--tt"]);
+    assert_eq!(opts, ["--ttl"]);
 }

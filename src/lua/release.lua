@@ -39,6 +39,9 @@ if ARGV[3] ~= '' then
     else
       redis.call('PERSIST', KEYS[3])
     end
+  else
+    -- --history 0 keeps no list: trim away what earlier runs kept.
+    redis.call('DEL', KEYS[3])
   end
 end
 return result
