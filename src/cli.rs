@@ -359,13 +359,28 @@ impl Cli {
         self.max_runtime.map(|m| m.0).filter(|m| !m.is_zero())
     }
 
-    /// The Redis URL after the documented fallbacks.
-    pub fn redis_url(&self) -> String {
-        self.redis_url
-            .clone()
-            .filter(|u| !u.is_empty())
-            .or_else(|| std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty()))
-            .unwrap_or_else(|| DEFAULT_REDIS_URL.to_string())
+    /// The Redis URL after the documented fallbacks, and where it came from (for messages).
+    pub fn redis_url(&self) -> (String, &'static str) {
+        let given = self.redis_url.clone().filter(|u| !u.is_empty());
+        if let Some(url) = given {
+            let from_cmdline = std::env::var("CRONLOCK_REDIS_URL").ok().as_ref() != Some(&url)
+                || std::env::args_os().any(|a| {
+                    let a = a.to_string_lossy();
+                    a == "-u" || a.starts_with("--redis-url") || a.starts_with("-u")
+                });
+            return (
+                url,
+                if from_cmdline {
+                    "--redis-url"
+                } else {
+                    "CRONLOCK_REDIS_URL"
+                },
+            );
+        }
+        match std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty()) {
+            Some(url) => (url, "REDIS_URL"),
+            None => (DEFAULT_REDIS_URL.to_string(), "--redis-url"),
+        }
     }
 
     /// The wait actually used: `-n` wins over `-w`.

@@ -15,18 +15,18 @@ pub struct Redis {
 }
 
 impl Redis {
-    /// Parse the URL. The error names the redacted URL, never the password.
-    pub fn new(url: &str, connect_timeout: Duration) -> Result<Redis> {
+    /// Parse the URL, which came from `source` (a flag or variable, for messages). The error
+    /// names the redacted URL, never the password.
+    pub fn new(url: &str, source: &str, connect_timeout: Duration) -> Result<Redis> {
         let shown_url = redact_url(url);
-        let info = url.into_connection_info().map_err(|e| {
-            anyhow::anyhow!("invalid --redis-url '{shown_url}': {}", url_problem(&e))
-        })?;
+        let info = url
+            .into_connection_info()
+            .map_err(|e| anyhow::anyhow!("invalid {source} '{shown_url}': {}", url_problem(&e)))?;
         // One round trip fewer per run: skip CLIENT SETINFO.
         let settings = info.redis_settings().clone().set_skip_set_lib_name();
         let info = info.set_redis_settings(settings);
-        let client = Client::open(info).map_err(|e| {
-            anyhow::anyhow!("invalid --redis-url '{shown_url}': {}", url_problem(&e))
-        })?;
+        let client = Client::open(info)
+            .map_err(|e| anyhow::anyhow!("invalid {source} '{shown_url}': {}", url_problem(&e)))?;
         Ok(Redis {
             client,
             shown_url,

@@ -137,7 +137,8 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
         }
         _ => None,
     };
-    let redis = Redis::new(&cli.redis_url(), cli.connect_timeout.0)?;
+    let (url, source) = cli.redis_url();
+    let redis = Redis::new(&url, source, cli.connect_timeout.0)?;
     let io_timeout = cli.connect_timeout.0;
     match mode {
         Mode::Run(job) => run_job(cli, &job, timing.expect("checked for runs"), &redis, log),

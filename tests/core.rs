@@ -213,7 +213,7 @@ fn wrong_password_is_125_and_never_printed() {
 }
 
 /// cronlock running a command that waits for a file; returns once the command has started.
-fn start_gated(r: &Redis, name: &str) -> (std::process::Child, std::path::PathBuf) {
+fn start_gated(r: &Redis, name: &str) -> (std::process::Child, Scratch) {
     let dir = scratch(name);
     let started = dir.join("started");
     let go = dir.join("go");
@@ -228,12 +228,12 @@ fn start_gated(r: &Redis, name: &str) -> (std::process::Child, std::path::PathBu
         .spawn()
         .unwrap();
     assert!(wait_for(Duration::from_secs(10), || started.exists()));
-    (child, go)
+    (child, dir)
 }
 
 /// Let the command of [`start_gated`] finish and collect cronlock's output.
-fn open_gate(child: std::process::Child, go: &std::path::Path) -> std::process::Output {
-    std::fs::write(go, "").unwrap();
+fn open_gate(child: std::process::Child, dir: &Scratch) -> std::process::Output {
+    std::fs::write(dir.join("go"), "").unwrap();
     child.wait_with_output().unwrap()
 }
 
@@ -376,10 +376,8 @@ fn help_and_version_exit_0() {
 
 #[test]
 fn unix_socket_urls_work() {
-    let dir = scratch("unix");
-    let sock = dir.join("redis.sock");
-    let r = Redis::start_with(None, &["--unixsocket", sock.to_str().unwrap()]);
-    let url = format!("redis+unix://{}", sock.display());
+    let r = Redis::start();
+    let url = format!("redis+unix://{}", r.sock.display());
     let out = run(cronlock(&r).args(["-u", &url, "k", "true"]));
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_fenced(r.get(FENCE));
@@ -387,7 +385,7 @@ fn unix_socket_urls_work() {
 
 #[test]
 fn database_number_in_url_is_used() {
-    let r = Redis::start();
+    let r = Redis::start_tcp();
     let url = format!("redis://127.0.0.1:{}/3", r.port);
     let out = run(cronlock(&r).args(["-u", &url, "k", "true"]));
     assert_eq!(code(&out), 0, "{}", stderr(&out));
@@ -400,7 +398,7 @@ fn database_number_in_url_is_used() {
 
 #[test]
 fn acl_user_and_password_in_url() {
-    let r = Redis::start();
+    let r = Redis::start_tcp();
     let mut con = r.con();
     redis::cmd("ACL")
         .arg("SETUSER")
@@ -465,8 +463,11 @@ fn a_signal_while_waiting_ends_the_wait_without_running() {
         .arg(&marker)
         .spawn()
         .unwrap();
-    // Let it start waiting (it has polled once when the notify key was looked at).
-    std::thread::sleep(Duration::from_millis(300));
+    // Let it start waiting: its BLPOP is on the server.
+    assert!(wait_for(Duration::from_secs(5), || {
+        let clients: String = r.query(redis::cmd("CLIENT").arg("LIST"));
+        clients.contains("cmd=blpop")
+    }));
     let t = std::time::Instant::now();
     // SAFETY: sending a signal to a process the test started.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };

@@ -177,15 +177,16 @@ fn renewal_recovering_after_errors_continues() {
     let r = Redis::start();
     let dir = scratch("recover");
     // --ttl 4s: renewals every ~0.97s, each call bounded by that; a feared loss would only
-    // start at ~2.9s. A 1.7s pause makes one renewal time out, and the retry then succeeds.
+    // start at ~2.9s. A 2.3s pause from the start makes the first renewal (sent at ~0.97s) time
+    // out at ~1.94s, and the retry succeeds when Redis answers again, 0.6s before the fear.
     let c = start(
         &r,
         &["-v", "--ttl", "4s", "k", "-c", &script(&dir, "sleep 3.5")],
     );
     read_pid(&dir.join("pid"));
-    std::thread::sleep(Duration::from_millis(300));
+    // The fault itself: Redis hangs for 2.3s, longer than one renewal's budget.
     r.pause();
-    std::thread::sleep(Duration::from_millis(1700));
+    std::thread::sleep(Duration::from_millis(2300));
     r.resume();
     let (code, err) = finish(c);
     assert_eq!(code, 0, "{err}");
@@ -300,12 +301,14 @@ fn ctrl_c_reaches_the_child_once() {
     let r = Redis::start();
     let dir = scratch("ctrlc");
     let seen = dir.join("seen");
+    // The trap is set before the pid is written: a SIGINT after the pid file exists is handled.
     let body = format!(
-        "trap 'echo INT >> {s}; exit 130' INT; while :; do sleep 0.02; done",
-        s = seen.display()
+        "trap 'echo INT >> {s}; exit 130' INT; echo $$ > {d}/pid; while :; do sleep 0.02; done",
+        s = seen.display(),
+        d = dir.display()
     );
     let c = cronlock(&r)
-        .args(["k", "-c", &script(&dir, &body)])
+        .args(["k", "-c", &body])
         .process_group(0)
         .stderr(Stdio::piped())
         .spawn()
@@ -390,14 +393,26 @@ fn as_pid_1_reaps_orphans_and_stops_on_sigterm() {
         "cronlock did not start under unshare (are we root?)"
     );
     assert!(wait_for(Duration::from_secs(5), || started.exists()));
-    // The orphaned sleeps reparent to cronlock (PID 1) and exit after 0.1s: no zombies may stay.
-    std::thread::sleep(Duration::from_millis(300));
+    // The orphaned sleeps reparent (to the guard, a subreaper, or to cronlock as PID 1) and exit
+    // after 0.1s: they must be reaped, leaving the guard, sh and `sleep 30`, and no zombie.
+    let subtree = |root: i32| {
+        let mut all = Vec::new();
+        let mut todo = vec![root];
+        while let Some(p) = todo.pop() {
+            for (c, state) in children(p) {
+                todo.push(c);
+                all.push((c, state));
+            }
+        }
+        all
+    };
     assert!(
-        wait_for(Duration::from_secs(2), || children(pid1)
-            .iter()
-            .all(|(_, s)| s != "Z")),
-        "zombies under cronlock: {:?}",
-        children(pid1)
+        wait_for(Duration::from_secs(5), || {
+            let t = subtree(pid1);
+            t.len() == 3 && t.iter().all(|(_, s)| s != "Z")
+        }),
+        "under cronlock: {:?}",
+        subtree(pid1)
     );
     assert!(r.exists(LOCK));
     signal(pid1, libc::SIGTERM);

@@ -192,7 +192,6 @@ fn a_frozen_cronlock_cannot_outlive_its_lock() {
             .unwrap();
         let cmd = read_pid(&dir.join("pid"));
         signal(c.id() as i32, libc::SIGSTOP);
-        let stopped_at = Instant::now();
         let mut pttl_at_death = -2;
         assert!(
             wait_for(Duration::from_secs(5), || {
@@ -208,7 +207,6 @@ fn a_frozen_cronlock_cannot_outlive_its_lock() {
             pttl_at_death > 0,
             "round {round}: the command died only after the lock expired ({pttl_at_death})"
         );
-        assert!(stopped_at.elapsed() < Duration::from_millis(2100));
         signal(c.id() as i32, libc::SIGCONT);
         let resumed = Instant::now();
         assert_eq!(
@@ -293,7 +291,7 @@ fn unread_by_server(port: u16) -> u64 {
 /// Case 5: an acquire whose reply is lost leaves no lock behind.
 #[test]
 fn an_acquire_whose_reply_is_lost_leaves_no_lock() {
-    let r = Redis::start();
+    let r = Redis::start_tcp();
     preload(&r);
     r.pause();
     let dir = scratch("lostreply");
@@ -339,7 +337,7 @@ fn a_script_without_shebang_runs_through_sh() {
 /// Case 7a: a lock whose reply came too late to be safe does not start the command.
 #[test]
 fn a_lock_granted_too_late_does_not_start_the_command() {
-    let r = Redis::start();
+    let r = Redis::start_tcp();
     preload(&r);
     let dir = scratch("toolate");
     let marker = dir.join("ran");
@@ -484,12 +482,10 @@ fn waiters_retry_across_a_redis_restart() {
         .spawn()
         .unwrap();
     // Let the waiter find the lock busy before Redis goes away.
-    let mut con = r.con();
     assert!(wait_for(Duration::from_secs(5), || {
-        let clients: String = redis::cmd("CLIENT").arg("LIST").query(&mut con).unwrap();
+        let clients: String = r.query(redis::cmd("CLIENT").arg("LIST"));
         clients.contains("cmd=blpop")
     }));
-    drop(con);
     r.restart();
     assert_eq!(
         exit_within(&mut holder, Duration::from_secs(10), "holder"),

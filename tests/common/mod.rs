@@ -25,8 +25,35 @@ pub fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     }
 }
 
-/// A fresh directory for one test's files.
-pub fn scratch(name: &str) -> PathBuf {
+/// A fresh directory for one test's files, deleted when dropped.
+pub struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for Scratch {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn scratch(name: &str) -> Scratch {
     static N: AtomicU32 = AtomicU32::new(0);
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
         "{name}-{}-{}",
@@ -35,7 +62,7 @@ pub fn scratch(name: &str) -> PathBuf {
     ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    Scratch(dir)
 }
 
 fn free_port() -> u16 {
@@ -46,54 +73,84 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A real redis-server on 127.0.0.1, killed on drop.
+/// A real redis-server, killed on drop. It always listens on a Unix socket of its own, which the
+/// test uses to reach it: a socket path cannot be taken by another test's server, so readiness
+/// checks and restarts never race for a port. Servers for tests where TCP itself is under test
+/// also listen on a free loopback port ([`Redis::start_tcp`]); start-up moves to a new port when
+/// the bind fails.
 pub struct Redis {
+    /// 0 when the server has no TCP port.
     pub port: u16,
     pub password: Option<String>,
+    pub sock: PathBuf,
+    tcp: bool,
     extra: Vec<String>,
-    dir: PathBuf,
+    dir: Scratch,
     child: Option<Child>,
+    cached: std::sync::Mutex<Option<redis::Connection>>,
 }
 
 impl Redis {
+    /// A server on a Unix socket only.
     pub fn start() -> Redis {
-        Redis::start_with(None, &[])
+        Redis::launch_new(None, &[], false)
     }
 
+    /// A server on a Unix socket and a loopback TCP port.
+    pub fn start_tcp() -> Redis {
+        Redis::launch_new(None, &[], true)
+    }
+
+    /// A TCP server that requires `pw`.
     pub fn with_password(pw: &str) -> Redis {
-        Redis::start_with(Some(pw), &[])
+        Redis::launch_new(Some(pw), &[], true)
     }
 
     pub fn start_with(password: Option<&str>, extra: &[&str]) -> Redis {
+        Redis::launch_new(password, extra, false)
+    }
+
+    fn launch_new(password: Option<&str>, extra: &[&str], tcp: bool) -> Redis {
+        let dir = scratch("redis");
         let mut r = Redis {
             port: 0,
             password: password.map(str::to_string),
+            sock: dir.join("redis.sock"),
+            tcp,
             extra: extra.iter().map(|s| s.to_string()).collect(),
-            dir: scratch("redis"),
+            dir,
             child: None,
+            cached: Default::default(),
         };
         r.launch(None);
         r
     }
 
-    /// (Re)start the server, on the same port when given.
+    /// (Re)start the server, on the same TCP port when given.
     fn launch(&mut self, port: Option<u16>) {
         for _ in 0..20 {
-            let port = port.unwrap_or_else(free_port);
+            let port = if self.tcp {
+                port.unwrap_or_else(free_port)
+            } else {
+                0
+            };
+            let _ = std::fs::remove_file(&self.sock);
             let mut cmd = Command::new("redis-server");
             cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .arg("--unixsocket")
+                .arg(&self.sock)
                 .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
                 .args(["--loglevel", "warning"])
                 .arg("--dir")
-                .arg(&self.dir)
+                .arg(&*self.dir)
                 .args(&self.extra)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null());
             if let Some(pw) = &self.password {
                 cmd.args(["--requirepass", pw]);
             }
-            // Even if the test process aborts, the server must not outlive it.
-            // SAFETY: only async-signal-safe calls run between fork and exec.
+            // SAFETY: only prctl between fork and exec. Even if the test process aborts, the
+            // server must not outlive it.
             unsafe {
                 cmd.pre_exec(|| {
                     libc::prctl(
@@ -111,6 +168,8 @@ impl Redis {
                  run ./scripts/test.sh, which installs it",
             );
             self.port = port;
+            // Up when our own socket answers (the TCP port, if any, is bound by then), or gone
+            // when the bind failed.
             let up = wait_for(Duration::from_secs(10), || {
                 if let Ok(Some(_)) = child.try_wait() {
                     return true;
@@ -123,20 +182,40 @@ impl Redis {
             }
             let _ = child.kill();
             let _ = child.wait();
-            std::thread::sleep(Duration::from_millis(50));
+            assert!(port == 0 || self.tcp, "redis-server did not start");
         }
         panic!("redis-server did not start");
     }
 
+    /// The URL cronlock gets: TCP for a TCP server, else the Unix socket.
     pub fn url(&self) -> String {
+        if self.tcp {
+            self.tcp_url()
+        } else {
+            self.unix_url()
+        }
+    }
+
+    pub fn tcp_url(&self) -> String {
+        assert!(
+            self.tcp,
+            "this server has no TCP port: use Redis::start_tcp"
+        );
         match &self.password {
             Some(pw) => format!("redis://:{pw}@127.0.0.1:{}", self.port),
             None => format!("redis://127.0.0.1:{}", self.port),
         }
     }
 
+    pub fn unix_url(&self) -> String {
+        match &self.password {
+            Some(pw) => format!("redis+unix://{}?pass={pw}", self.sock.display()),
+            None => format!("redis+unix://{}", self.sock.display()),
+        }
+    }
+
     fn try_con(&self) -> redis::RedisResult<redis::Connection> {
-        let client = redis::Client::open(self.url())?;
+        let client = redis::Client::open(self.unix_url())?;
         let mut con = client.get_connection_with_timeout(Duration::from_secs(1))?;
         con.set_read_timeout(Some(Duration::from_secs(5)))?;
         redis::cmd("PING").query::<String>(&mut con)?;
@@ -148,40 +227,49 @@ impl Redis {
         self.try_con().expect("connect to test redis")
     }
 
+    /// Run `cmd` on the cached test connection, reconnecting once if it broke (a restart).
+    pub fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
+        let mut cached = self.cached.lock().unwrap_or_else(|e| e.into_inner());
+        for _ in 0..2 {
+            let mut con = match cached.take() {
+                Some(c) => c,
+                None => self.con(),
+            };
+            match cmd.query::<T>(&mut con) {
+                Ok(v) => {
+                    *cached = Some(con);
+                    return v;
+                }
+                Err(e) if e.is_io_error() || e.is_connection_dropped() => continue,
+                Err(e) => panic!("test query failed: {e}"),
+            }
+        }
+        panic!("test connection to redis keeps failing");
+    }
+
     pub fn get(&self, key: &str) -> Option<String> {
-        redis::cmd("GET").arg(key).query(&mut self.con()).unwrap()
+        self.query(redis::cmd("GET").arg(key))
     }
 
     pub fn exists(&self, key: &str) -> bool {
-        redis::cmd("EXISTS")
-            .arg(key)
-            .query::<i64>(&mut self.con())
-            .unwrap()
-            == 1
+        self.query::<i64>(redis::cmd("EXISTS").arg(key)) == 1
     }
 
     pub fn pttl(&self, key: &str) -> i64 {
-        redis::cmd("PTTL").arg(key).query(&mut self.con()).unwrap()
+        self.query(redis::cmd("PTTL").arg(key))
     }
 
     pub fn set(&self, key: &str, value: &str) {
-        redis::cmd("SET")
-            .arg(key)
-            .arg(value)
-            .query::<()>(&mut self.con())
-            .unwrap();
+        self.query::<()>(redis::cmd("SET").arg(key).arg(value))
     }
 
     pub fn del(&self, key: &str) {
-        redis::cmd("DEL")
-            .arg(key)
-            .query::<()>(&mut self.con())
-            .unwrap();
+        self.query::<()>(redis::cmd("DEL").arg(key))
     }
 
     /// All keys, sorted.
     pub fn keys(&self) -> Vec<String> {
-        let mut k: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut self.con()).unwrap();
+        let mut k: Vec<String> = self.query(redis::cmd("KEYS").arg("*"));
         k.sort();
         k
     }
@@ -210,7 +298,7 @@ impl Redis {
         }
     }
 
-    /// Start again on the same port, without persistence: every key is gone.
+    /// Start again on the same socket (and port), without persistence: every key is gone.
     pub fn restart(&mut self) {
         self.kill();
         let port = self.port;
@@ -222,7 +310,6 @@ impl Drop for Redis {
     fn drop(&mut self) {
         self.resume();
         self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
