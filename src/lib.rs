@@ -49,15 +49,43 @@ static RUNNING_GROUP: AtomicI32 = AtomicI32::new(0);
 pub fn run() -> ExitCode {
     // Before any thread exists, so every thread inherits the mask (see `signals`).
     signals::block();
-    // A panic is reported once, as our own line, by whoever catches it; never as Rust's text.
+    // A panic is reported once, as our own line, by whoever catches it; never as Rust's text,
+    // and never as status 101.
     std::panic::set_hook(Box::new(|_| {}));
+    match std::panic::catch_unwind(run_parsed) {
+        Ok(exit) => exit.into(),
+        Err(payload) => {
+            let group = RUNNING_GROUP.swap(0, Ordering::SeqCst);
+            let msg = watchdog::panic_message(&*payload);
+            let json = std::env::var("CRONLOCK_LOG_FORMAT").is_ok_and(|f| f == "json");
+            let log = Log::new(false, false, json);
+            let exit = if group > 0 {
+                // SAFETY: killing the command's process group, which we created.
+                unsafe { libc::kill(-group, libc::SIGKILL) };
+                log.error(
+                    "internal",
+                    &format!("internal error: {msg}; the command was stopped"),
+                );
+                Exit::LockLost
+            } else {
+                log.error("internal", &format!("internal error: {msg}"));
+                Exit::Failure
+            };
+            log.flush(FLUSH_WAIT);
+            exit.into()
+        }
+    }
+}
+
+/// Parse the command line and do what it says.
+fn run_parsed() -> Exit {
     let cli = match cli::parse() {
         Ok(cli) => cli,
         Err(e) => {
             return match e.kind() {
                 ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
                     let _ = e.print();
-                    Exit::Success.into()
+                    Exit::Success
                 }
                 _ => {
                     // The format is unknown when parsing failed; honour the environment's.
@@ -65,7 +93,7 @@ pub fn run() -> ExitCode {
                     let log = Log::new(false, false, json);
                     log.error("usage", &cli::one_line(&e));
                     log.flush(FLUSH_WAIT);
-                    Exit::Failure.into()
+                    Exit::Failure
                 }
             };
         }
@@ -77,36 +105,19 @@ pub fn run() -> ExitCode {
             let log = Log::new(false, false, json);
             log.error("usage", &format!("{e:#}"));
             log.flush(FLUSH_WAIT);
-            return Exit::Failure.into();
+            return Exit::Failure;
         }
     };
     let log = Log::new(quiet, verbose, json);
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| execute(&cli, &log)));
-    let exit = match result {
-        Ok(Ok(exit)) => exit,
-        Ok(Err(e)) => {
+    let exit = match execute(&cli, &log) {
+        Ok(exit) => exit,
+        Err(e) => {
             log.error("error", &format!("{e:#}"));
             Exit::Failure
         }
-        Err(payload) => {
-            let group = RUNNING_GROUP.swap(0, Ordering::SeqCst);
-            let msg = watchdog::panic_message(&*payload);
-            if group > 0 {
-                // SAFETY: killing the command's process group, which we created.
-                unsafe { libc::kill(-group, libc::SIGKILL) };
-                log.error(
-                    "internal",
-                    &format!("internal error: {msg}; the command was stopped"),
-                );
-                Exit::LockLost
-            } else {
-                log.error("internal", &format!("internal error: {msg}"));
-                Exit::Failure
-            }
-        }
     };
     log.flush(FLUSH_WAIT);
-    exit.into()
+    exit
 }
 
 /// How long the exit waits for queued log lines to reach a slow stderr.
