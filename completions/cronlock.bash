@@ -23,7 +23,7 @@ _cronlock() {
 
     case "${cmd}" in
         cronlock)
-            opts="-u -t -w -n -E -c -q -v -h -V --redis-url --ttl --wait --nonblock --grace --max-runtime --min-hold --conflict-exit-code --command --quiet --verbose --prefix --connect-timeout --history --history-ttl --log-format --status --list --force-release --json --help --version"
+            opts="-u -t -w -n -E -c -q -v -h -V --redis-url --tls-ca-cert --tls-cert --tls-key --ttl --wait --nonblock --grace --max-runtime --min-hold --conflict-exit-code --command --quiet --verbose --prefix --connect-timeout --history --history-ttl --log-format --status --list --force-release --json --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -35,6 +35,51 @@ _cronlock() {
                     ;;
                 -u)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --tls-ca-cert)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
+                    return 0
+                    ;;
+                --tls-cert)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
+                    return 0
+                    ;;
+                --tls-key)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
                     return 0
                     ;;
                 --ttl)
@@ -134,7 +179,7 @@ _cronlock_wrapper() {
         fi
     done
     case "${COMP_WORDS[COMP_CWORD-1]}" in
-        -u|--redis-url|-t|--ttl|-w|--wait|--grace|--max-runtime|--min-hold|-E|--conflict-exit-code|--prefix|--connect-timeout|--history|--history-ttl)
+        -u|--redis-url|--tls-ca-cert|--tls-cert|--tls-key|-t|--ttl|-w|--wait|--grace|--max-runtime|--min-hold|-E|--conflict-exit-code|--prefix|--connect-timeout|--history|--history-ttl)
             compopt +o default +o bashdefault 2>/dev/null
             COMPREPLY=()
             return 0

@@ -1,4 +1,7 @@
-complete -c cronlock -s u -l redis-url -d 'Redis server URL: redis://[user][:password@]host[:port][/db] or redis+unix:///path' -r
+complete -c cronlock -s u -l redis-url -d 'Redis server URL: redis://[user][:password@]host[:port][/db], rediss://... (TLS) or redis+unix:///path' -r
+complete -c cronlock -l tls-ca-cert -d 'For rediss://: trust the CA certificates in this PEM file instead of the system\'s store' -r -F
+complete -c cronlock -l tls-cert -d 'For rediss://: client certificate (PEM) for servers that require mutual TLS; needs --tls-key' -r -F
+complete -c cronlock -l tls-key -d 'For rediss://: the private key (PEM) of --tls-cert' -r -F
 complete -c cronlock -s t -l ttl -d 'Lock expiry in Redis; it only matters when the holder dies' -r
 complete -c cronlock -s w -l wait -d 'How long to wait for a busy lock before giving up (0: do not wait)' -r
 complete -c cronlock -l grace -d 'Time between SIGTERM and SIGKILL when cronlock stops the command [default: 5s, at most a quarter of --ttl]' -r

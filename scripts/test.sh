@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Run the whole test suite on a fresh Debian/Ubuntu machine: installs what the tests need
-# (redis-server; a Rust toolchain must already be there) and runs them. The tests fail, never
-# skip, when a server they need is missing.
+# (redis-server, openssl for the TLS tests' certificates; a Rust toolchain must already be
+# there) and runs them. The tests fail, never skip, when a server they need is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v unshare >/dev/null 2>&1 || need+=(util-linux)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
   echo "test.sh: installing ${need[*]}" >&2
   sudo=""
@@ -16,5 +17,6 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 command -v redis-server >/dev/null || { echo "test.sh: redis-server is required" >&2; exit 1; }
+command -v openssl >/dev/null || { echo "test.sh: openssl is required" >&2; exit 1; }
 
 cargo test --locked "$@"

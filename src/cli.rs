@@ -103,7 +103,8 @@ fn after_long_help() -> String {
     group(ArgGroup::new("admin").args(["status", "list", "force_release"]))
 )]
 pub struct Cli {
-    /// Redis server URL: redis://[user][:password@]host[:port][/db] or redis+unix:///path
+    /// Redis server URL: redis://[user][:password@]host[:port][/db], rediss://... (TLS) or
+    /// redis+unix:///path
     ///
     /// Falls back to REDIS_URL, then to redis://127.0.0.1:6379.
     // The value may hold a password: --help must not show it.
@@ -115,6 +116,22 @@ pub struct Cli {
         hide_env_values = true
     )]
     pub redis_url: Option<String>,
+
+    /// For rediss://: trust the CA certificates in this PEM file instead of the system's store
+    #[arg(long, env = "CRONLOCK_TLS_CA_CERT", value_name = "FILE",
+          value_hint = clap::ValueHint::FilePath)]
+    pub tls_ca_cert: Option<std::path::PathBuf>,
+
+    /// For rediss://: client certificate (PEM) for servers that require mutual TLS; needs
+    /// --tls-key
+    #[arg(long, env = "CRONLOCK_TLS_CERT", value_name = "FILE",
+          value_hint = clap::ValueHint::FilePath)]
+    pub tls_cert: Option<std::path::PathBuf>,
+
+    /// For rediss://: the private key (PEM) of --tls-cert
+    #[arg(long, env = "CRONLOCK_TLS_KEY", value_name = "FILE",
+          value_hint = clap::ValueHint::FilePath)]
+    pub tls_key: Option<std::path::PathBuf>,
 
     /// Lock expiry in Redis; it only matters when the holder dies
     #[arg(short, long, env = "CRONLOCK_TTL", value_name = "DURATION", default_value = "30s",
@@ -352,6 +369,17 @@ impl Cli {
             Some(Count(Some(n))) => Ok(n),
             Some(Count(None)) => bail!("--history needs a number N of runs to keep"),
         }
+    }
+
+    /// The TLS options, checked together.
+    pub fn tls(&self) -> Result<crate::tls::TlsOptions> {
+        let tls = crate::tls::TlsOptions {
+            ca_cert: self.tls_ca_cert.clone(),
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+        };
+        tls.check()?;
+        Ok(tls)
     }
 
     /// `--max-runtime`, where 0 means no limit.

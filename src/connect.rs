@@ -1,9 +1,11 @@
-//! Connecting to Redis: URL parsing, timeouts, and keeping the password out of every message.
+//! Connecting to Redis: URL parsing, TLS, timeouts, and keeping the password out of every message.
 
 use std::time::Duration;
 
-use anyhow::{Context, Result};
-use redis::{Client, Connection, IntoConnectionInfo};
+use anyhow::{bail, Context, Result};
+use redis::{Client, Connection, ConnectionAddr, IntoConnectionInfo};
+
+use crate::tls::{self, TlsOptions};
 
 /// Everything needed to (re)connect, shared by the main thread and the watchdog.
 #[derive(Clone)]
@@ -12,25 +14,52 @@ pub struct Redis {
     /// The URL with its password replaced, safe to print.
     pub shown_url: String,
     pub connect_timeout: Duration,
+    /// `rediss://` without a password: the TLS handshake is forced at connect time (with a
+    /// `PING`), so it is bounded by the connect timeout and its failure is a connect error.
+    handshake_ping: bool,
 }
 
 impl Redis {
-    /// Parse the URL, which came from `source` (a flag or variable, for messages). The error
-    /// names the redacted URL, never the password.
-    pub fn new(url: &str, source: &str, connect_timeout: Duration) -> Result<Redis> {
+    /// Parse the URL, which came from `source` (a flag or variable, for messages), and read the
+    /// TLS files for a `rediss://` URL. Errors name the redacted URL, never the password.
+    pub fn new(
+        url: &str,
+        source: &str,
+        connect_timeout: Duration,
+        tls: &TlsOptions,
+    ) -> Result<Redis> {
         let shown_url = redact_url(url);
-        let info = url
-            .into_connection_info()
-            .map_err(|e| anyhow::anyhow!("invalid {source} '{shown_url}': {}", url_problem(&e)))?;
+        if url.starts_with("rediss+unix:") {
+            bail!(
+                "invalid {source} '{shown_url}': TLS over a Unix socket is not a thing; use \
+                 redis+unix:// (the socket is local) or rediss://host:port"
+            );
+        }
+        let invalid = |e: redis::RedisError| {
+            anyhow::anyhow!("invalid {source} '{shown_url}': {}", url_problem(&e))
+        };
+        let info = url.into_connection_info().map_err(invalid)?;
         // One round trip fewer per run: skip CLIENT SETINFO.
         let settings = info.redis_settings().clone().set_skip_set_lib_name();
+        let no_password = settings.password().is_none();
         let info = info.set_redis_settings(settings);
-        let client = Client::open(info)
-            .map_err(|e| anyhow::anyhow!("invalid {source} '{shown_url}': {}", url_problem(&e)))?;
+        let is_tls = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
+        let client = if is_tls {
+            Client::build_with_tls(info, tls.certificates()?).map_err(invalid)?
+        } else {
+            if tls.any() {
+                bail!(
+                    "--tls-ca-cert, --tls-cert and --tls-key are for rediss:// URLs, and \
+                     {source} is '{shown_url}'"
+                );
+            }
+            Client::open(info).map_err(invalid)?
+        };
         Ok(Redis {
             client,
             shown_url,
             connect_timeout,
+            handshake_ping: is_tls && no_password,
         })
     }
 
@@ -42,11 +71,28 @@ impl Redis {
     /// Connect within `timeout` (the watchdog passes what is left before the deadline).
     pub fn connect_within(&self, timeout: Duration, io_timeout: Duration) -> Result<Connection> {
         let timeout = timeout.max(Duration::from_millis(1));
-        let con = self
+        let start = crate::clock::Instant::now();
+        let mut con = self
             .client
             .get_connection_with_timeout(timeout)
             .map_err(|e| anyhow::anyhow!("{}", first_line(&e)))
             .with_context(|| format!("cannot connect to Redis at {}", self.shown_url))?;
+        if self.handshake_ping {
+            set_io_timeout(&con, timeout.saturating_sub(start.elapsed()))?;
+            redis::cmd("PING")
+                .query::<()>(&mut con)
+                .map_err(|e| {
+                    if e.is_timeout() {
+                        // A plain Redis reads a ClientHello as the start of a command and waits.
+                        anyhow::anyhow!(
+                            "no TLS answer in time: is it a plain port? use redis:// for it"
+                        )
+                    } else {
+                        anyhow::anyhow!("{}", first_line(&e))
+                    }
+                })
+                .with_context(|| format!("cannot connect to Redis at {}", self.shown_url))?;
+        }
         set_io_timeout(&con, io_timeout)?;
         Ok(con)
     }
@@ -56,10 +102,10 @@ impl Redis {
 fn url_problem(e: &redis::RedisError) -> String {
     let text = e.to_string();
     let text = text.trim_end_matches(" - InvalidClientConfig");
-    if text.contains("TLS") {
-        "TLS (rediss://) is not supported yet".into()
-    } else if text.contains("did not parse") {
-        "expected redis://[user][:password@]host[:port][/db] or redis+unix:///path/to/socket".into()
+    if text.contains("did not parse") {
+        "expected redis://[user][:password@]host[:port][/db], rediss://... (TLS) or \
+         redis+unix:///path/to/socket"
+            .into()
     } else {
         text.to_lowercase()
     }
@@ -78,6 +124,9 @@ pub fn set_io_timeout(con: &Connection, timeout: Duration) -> Result<()> {
 pub fn first_line(e: &redis::RedisError) -> String {
     if e.is_timeout() {
         return "Redis did not answer in time".into();
+    }
+    if let Some(tls) = tls::explain(&e.to_string()) {
+        return tls;
     }
     match e.kind() {
         redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType => {
@@ -120,6 +169,10 @@ pub fn first_line(e: &redis::RedisError) -> String {
         .next()
         .unwrap_or(text);
     let mut text = text.trim().to_string();
+    if text.contains("Connection reset by peer") {
+        // A TLS-only port drops a client that speaks plain RESP.
+        text = "the server closed the connection (a TLS port? use rediss:// for it)".into();
+    }
     if text.contains("unknown command") {
         text += " (not a Redis server that runs scripts: a Sentinel? use redis+sentinel://)";
     }

@@ -18,6 +18,7 @@ pub mod log;
 pub mod record;
 pub mod shared;
 pub mod signals;
+pub mod tls;
 pub mod wait;
 pub mod watchdog;
 
@@ -149,7 +150,7 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
         _ => None,
     };
     let (url, source) = cli.redis_url();
-    let redis = Redis::new(&url, source, cli.connect_timeout.0)?;
+    let redis = Redis::new(&url, source, cli.connect_timeout.0, &cli.tls()?)?;
     let io_timeout = cli.connect_timeout.0;
     match mode {
         Mode::Run(job) => run_job(cli, &job, timing.expect("checked for runs"), &redis, log),

@@ -1,0 +1,397 @@
+//! TLS against real `redis-server --tls-port` servers, with a private CA, server and client
+//! certificates generated in the test with openssl (installed by ./scripts/test.sh).
+
+mod common;
+
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use common::*;
+
+const LOCK: &str = "cronlock:{k}";
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl is required for the TLS tests; ./scripts/test.sh installs it");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A private CA; a server certificate for localhost and 127.0.0.1 (and variants: wrong name,
+/// expired); a client certificate; an unrelated CA. Made once per test binary.
+fn certs() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        // Certificates of earlier runs whose test process is gone.
+        for old in std::fs::read_dir(tmp).into_iter().flatten().flatten() {
+            let name = old.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name
+                .strip_prefix("tls-")
+                .and_then(|p| p.parse::<i32>().ok())
+            {
+                if !alive(pid) {
+                    let _ = std::fs::remove_dir_all(old.path());
+                }
+            }
+        }
+        let dir = tmp.join(format!("tls-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let ec = "-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes";
+        let sh = |line: String| {
+            let args: Vec<&str> = line.split(' ').collect();
+            openssl(&dir, &args);
+        };
+        for name in ["ca", "other-ca"] {
+            sh(format!(
+                "req -x509 {ec} -keyout {name}.key -out {name}.crt -days 2 -subj /CN={name}"
+            ));
+        }
+        for (name, cn) in [("server", "localhost"), ("client", "cronlock")] {
+            sh(format!(
+                "req {ec} -keyout {name}.key -out {name}.csr -subj /CN={cn}"
+            ));
+        }
+        std::fs::write(
+            dir.join("server.ext"),
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("wrong.ext"), "subjectAltName=DNS:other.example\n").unwrap();
+        std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+        for (csr, out, ext, days) in [
+            ("server", "server", "server", "2"),
+            ("server", "wrong", "wrong", "2"),
+            ("server", "expired", "server", "-1"),
+            ("client", "client", "client", "2"),
+        ] {
+            sh(format!(
+                "x509 -req -in {csr}.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
+                 -out {out}.crt -days {days} -extfile {ext}.ext"
+            ));
+        }
+        dir
+    })
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A TLS-only redis-server (TCP off) with `cert` as its certificate; killed on drop.
+struct TlsRedis {
+    port: u16,
+    child: Child,
+    _dir: Scratch,
+}
+
+impl TlsRedis {
+    fn start(cert: &str, client_auth: bool, password: Option<&str>) -> TlsRedis {
+        let c = certs();
+        for _ in 0..20 {
+            let dir = scratch("tlsredis");
+            let port = free_port();
+            let mut cmd = Command::new("redis-server");
+            cmd.args([
+                "--port",
+                "0",
+                "--bind",
+                "127.0.0.1",
+                "--tls-port",
+                &port.to_string(),
+            ])
+            .arg("--tls-cert-file")
+            .arg(c.join(cert))
+            .arg("--tls-key-file")
+            .arg(c.join("server.key"))
+            .arg("--tls-ca-cert-file")
+            .arg(c.join("ca.crt"))
+            .args(["--tls-auth-clients", if client_auth { "yes" } else { "no" }])
+            .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
+            .arg("--dir")
+            .arg(&*dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+            if let Some(pw) = password {
+                cmd.args(["--requirepass", pw]);
+            }
+            // SAFETY: only prctl between fork and exec: the server dies with the test.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::prctl(
+                        libc::PR_SET_PDEATHSIG,
+                        libc::SIGKILL as libc::c_ulong,
+                        0,
+                        0,
+                        0,
+                    );
+                    Ok(())
+                });
+            }
+            let mut child = cmd.spawn().expect("redis-server");
+            // Listening, or gone (the port was taken: try another).
+            let up = wait_for(Duration::from_secs(10), || {
+                child.try_wait().unwrap().is_some()
+                    || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+            });
+            if up && child.try_wait().unwrap().is_none() {
+                return TlsRedis {
+                    port,
+                    child,
+                    _dir: dir,
+                };
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("redis-server with TLS did not start");
+    }
+
+    fn url(&self, host: &str) -> String {
+        format!("rediss://{host}:{}", self.port)
+    }
+}
+
+impl Drop for TlsRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// cronlock against `url`, trusting our CA, with a clean environment.
+fn tls_cronlock(url: &str) -> Command {
+    let dummy = Redis::start();
+    let mut cmd = cronlock(&dummy);
+    cmd.env("CRONLOCK_REDIS_URL", url);
+    cmd
+}
+
+fn ca() -> PathBuf {
+    certs().join("ca.crt")
+}
+
+fn one_line(out: &std::process::Output) -> String {
+    let err = stderr(out);
+    assert_eq!(err.lines().count(), 1, "expected one line: {err:?}");
+    assert!(err.starts_with("cronlock: "), "{err:?}");
+    err
+}
+
+#[test]
+fn a_run_over_tls_with_the_flag_and_the_variable() {
+    let s = TlsRedis::start("server.crt", false, None);
+    for host in ["127.0.0.1", "localhost"] {
+        let out = run(tls_cronlock(&s.url(host))
+            .arg("--tls-ca-cert")
+            .arg(ca())
+            .args(["k", "echo", "ran"]));
+        assert_eq!(code(&out), 0, "{host}: {}", stderr(&out));
+        assert_eq!(stdout(&out), "ran\n");
+    }
+    let out = run(tls_cronlock(&s.url("127.0.0.1"))
+        .env("CRONLOCK_TLS_CA_CERT", ca())
+        .args(["k", "echo", "ran"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    // --status over TLS shows the last run.
+    let out = run(tls_cronlock(&s.url("127.0.0.1"))
+        .env("CRONLOCK_TLS_CA_CERT", ca())
+        .args(["--status", "k"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("exited with status 0"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn renewals_over_tls_keep_a_short_lock_and_a_deletion_is_noticed() {
+    let s = TlsRedis::start("server.crt", false, Some("tls-pw/7?"));
+    let url = format!("rediss://:tls-pw%2F7%3F@127.0.0.1:{}", s.port);
+    // A 1s lock through a 2.5s job: renewals every ~0.24s over TLS.
+    let out = run(tls_cronlock(&url)
+        .env("CRONLOCK_TLS_CA_CERT", ca())
+        .args(["--ttl", "1s", "k", "sleep", "2.5"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(!stderr(&out).contains("tls-pw"), "{}", stderr(&out));
+
+    // The lock deleted under a TLS holder: 122.
+    let dir = scratch("tlsdel");
+    let holder = tls_cronlock(&url)
+        .env("CRONLOCK_TLS_CA_CERT", ca())
+        .args(["--ttl", "1s", "k", "-c"])
+        .arg(format!("echo $$ > {}/pid; exec sleep 30", dir.display()))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let cmd = read_pid(&dir.join("pid"));
+    let out = run(tls_cronlock(&url)
+        .env("CRONLOCK_TLS_CA_CERT", ca())
+        .args(["--force-release", "k"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = holder.wait_with_output().unwrap();
+    assert_eq!(code(&out), 122, "{}", stderr(&out));
+    assert!(!alive(cmd));
+    assert!(!stderr(&out).contains("tls-pw"), "{}", stderr(&out));
+}
+
+#[test]
+fn mutual_tls_with_and_without_a_client_certificate() {
+    let s = TlsRedis::start("server.crt", true, None);
+    let c = certs();
+    let out = run(tls_cronlock(&s.url("127.0.0.1"))
+        .env("CRONLOCK_TLS_CA_CERT", ca())
+        .env("CRONLOCK_TLS_CERT", c.join("client.crt"))
+        .env("CRONLOCK_TLS_KEY", c.join("client.key"))
+        .args(["k", "echo", "ran"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stdout(&out), "ran\n");
+    let out = run(tls_cronlock(&s.url("127.0.0.1"))
+        .env("CRONLOCK_TLS_CA_CERT", ca())
+        .args(["k", "echo", "ran"]));
+    assert_eq!(code(&out), 125);
+    assert!(
+        one_line(&out).contains("requires a client certificate"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(stdout(&out), "");
+}
+
+/// Every error: 125, one line naming the problem, the command not run, nothing left behind.
+#[test]
+fn tls_errors_are_one_line_each() {
+    let good = TlsRedis::start("server.crt", false, None);
+    let wrong = TlsRedis::start("wrong.crt", false, None);
+    let expired = TlsRedis::start("expired.crt", false, None);
+    let mtls = TlsRedis::start("server.crt", true, None);
+    let plain = Redis::start_tcp();
+    let c = certs();
+    let dir = scratch("tlserr");
+    let marker = dir.join("ran");
+    let path = |p: &str| c.join(p).display().to_string();
+    let cases: Vec<(&str, String, Vec<String>, &str)> = vec![
+        ("no CA given", good.url("127.0.0.1"), vec![], "not trusted"),
+        (
+            "another CA",
+            good.url("127.0.0.1"),
+            vec!["--tls-ca-cert".into(), path("other-ca.crt")],
+            "not trusted",
+        ),
+        (
+            "name mismatch",
+            wrong.url("127.0.0.1"),
+            vec!["--tls-ca-cert".into(), path("ca.crt")],
+            "not valid for the host name",
+        ),
+        (
+            "expired",
+            expired.url("127.0.0.1"),
+            vec!["--tls-ca-cert".into(), path("ca.crt")],
+            "expired",
+        ),
+        (
+            "missing CA file",
+            good.url("127.0.0.1"),
+            vec!["--tls-ca-cert".into(), path("no-such.crt")],
+            "no-such.crt",
+        ),
+        (
+            "CA file without a certificate",
+            good.url("127.0.0.1"),
+            vec!["--tls-ca-cert".into(), path("client.key")],
+            "holds no PEM certificate",
+        ),
+        (
+            "key of another certificate",
+            mtls.url("127.0.0.1"),
+            vec![
+                "--tls-ca-cert".into(),
+                path("ca.crt"),
+                "--tls-cert".into(),
+                path("client.crt"),
+                "--tls-key".into(),
+                path("server.key"),
+            ],
+            "does not belong",
+        ),
+        (
+            "certificate without key",
+            mtls.url("127.0.0.1"),
+            vec!["--tls-cert".into(), path("client.crt")],
+            "--tls-key",
+        ),
+        (
+            "key without certificate",
+            mtls.url("127.0.0.1"),
+            vec!["--tls-key".into(), path("client.key")],
+            "--tls-cert",
+        ),
+        (
+            "redis:// at a TLS port",
+            format!("redis://127.0.0.1:{}", good.port),
+            vec![],
+            "rediss://",
+        ),
+        (
+            "rediss:// at a plain port",
+            format!("rediss://127.0.0.1:{}", plain.port),
+            vec!["--tls-ca-cert".into(), path("ca.crt")],
+            "plain port",
+        ),
+        (
+            "rediss+unix",
+            "rediss+unix:///tmp/redis.sock".into(),
+            vec![],
+            "not a thing",
+        ),
+        (
+            "TLS options on a plain URL",
+            format!("redis://127.0.0.1:{}", plain.port),
+            vec!["--tls-ca-cert".into(), path("ca.crt")],
+            "rediss://",
+        ),
+    ];
+    for (name, url, extra, needle) in cases {
+        let t = std::time::Instant::now();
+        let out = run(tls_cronlock(&url)
+            .args(&extra)
+            .args(["--connect-timeout", "1s", "k", "touch"])
+            .arg(&marker));
+        assert_eq!(code(&out), 125, "{name}: {}", stderr(&out));
+        let err = one_line(&out);
+        assert!(err.contains(needle), "{name}: {err}");
+        assert!(!marker.exists(), "{name}: the command ran");
+        // Never hangs: bounded by --connect-timeout (plus the best-effort undo of a lost reply).
+        assert!(
+            t.elapsed() < Duration::from_secs(4),
+            "{name}: took {:?}",
+            t.elapsed()
+        );
+    }
+    assert!(plain.keys().is_empty(), "left behind: {:?}", plain.keys());
+    let out = run(tls_cronlock(&good.url("127.0.0.1")).args([
+        "--tls-ca-cert",
+        &path("ca.crt"),
+        "--status",
+        "k",
+    ]));
+    assert!(stdout(&out).contains("is free"), "{}", stdout(&out));
+    assert!(!stdout(&out).contains(LOCK));
+}
