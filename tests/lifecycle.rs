@@ -27,8 +27,19 @@ fn finish(c: Child) -> (i32, String) {
 }
 
 /// A shell script that writes its pid to `dir/pid`, then runs `rest`.
+/// A shell body that writes its pid to `dir/pid`, after a leading `trap` (so a signal sent once
+/// the pid file exists always finds the trap in place).
 fn script(dir: &Path, rest: &str) -> String {
-    format!("echo $$ > {}/pid; {rest}", dir.display())
+    let pid = format!("echo $$ > {}/pid", dir.display());
+    // `trap 'ACTION' SIGNALS; BODY`: the trap ends at the first "; " after the quoted action.
+    let trap_end = rest
+        .strip_prefix("trap '")
+        .and_then(|r| r.find('\'').map(|q| q + "trap '".len() + 1))
+        .and_then(|after| rest[after..].find("; ").map(|i| after + i));
+    match trap_end {
+        Some(end) => format!("{}; {pid}; {}", &rest[..end], &rest[end + 2..]),
+        None => format!("{pid}; {rest}"),
+    }
 }
 
 /// Poll until `pid` is dead; returns when it was seen dead.
