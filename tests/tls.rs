@@ -395,3 +395,23 @@ fn tls_errors_are_one_line_each() {
     assert!(stdout(&out).contains("is free"), "{}", stdout(&out));
     assert!(!stdout(&out).contains(LOCK));
 }
+
+#[test]
+fn the_system_store_is_used_and_an_empty_one_falls_back_to_bundled_roots() {
+    let s = TlsRedis::start("server.crt", false, None);
+    // The system's store, as rustls-native-certs finds it: here, one file holding our CA.
+    let out = run(tls_cronlock(&s.url("127.0.0.1"))
+        .env("SSL_CERT_FILE", ca())
+        .env("SSL_CERT_DIR", "/nonexistent")
+        .args(["k", "echo", "ran"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stdout(&out), "ran\n");
+    // No store at all (a FROM scratch image): the bundled Mozilla roots, which do not know our
+    // private CA. A clean refusal, not a crash.
+    let out = run(tls_cronlock(&s.url("127.0.0.1"))
+        .env("SSL_CERT_FILE", "/nonexistent/ca.pem")
+        .env("SSL_CERT_DIR", "/nonexistent")
+        .args(["k", "echo", "ran"]));
+    assert_eq!(code(&out), 125);
+    assert!(one_line(&out).contains("not trusted"), "{}", stderr(&out));
+}
