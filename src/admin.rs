@@ -23,12 +23,7 @@ pub fn print(text: &str) -> Result<()> {
     {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         Err(e) => {
-            let text = e.to_string();
-            let text = text
-                .split(" (os error")
-                .next()
-                .unwrap_or(&text)
-                .to_lowercase();
+            let text = crate::log::io_text(&e);
             Err(anyhow!("cannot write to stdout: {text}"))
         }
         Ok(()) => Ok(()),

@@ -323,12 +323,7 @@ fn run_child(
         Ok(c) => c,
         Err(e) if e.too_late => return too_late(),
         Err(e) => {
-            let text = e.error.to_string();
-            let text = text
-                .split(" (os error")
-                .next()
-                .unwrap_or(&text)
-                .to_lowercase();
+            let text = crate::log::io_text(&e.error);
             log.error(
                 "spawn_failed",
                 &format!("cannot run '{}': {text}", e.program),

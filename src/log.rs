@@ -30,6 +30,15 @@ struct Sink {
     closed: std::sync::atomic::AtomicBool,
 }
 
+/// An I/O error as message text: "no such file or directory", without "(os error 2)".
+pub fn io_text(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    text.split(" (os error")
+        .next()
+        .unwrap_or(&text)
+        .to_lowercase()
+}
+
 fn write_stderr(line: &str) {
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }

@@ -85,12 +85,7 @@ impl TlsOptions {
 
 fn read(path: &Path, flag: &str) -> Result<Vec<u8>> {
     std::fs::read(path).map_err(|e| {
-        let text = e.to_string();
-        let text = text
-            .split(" (os error")
-            .next()
-            .unwrap_or(&text)
-            .to_lowercase();
+        let text = crate::log::io_text(&e);
         anyhow!("cannot read {flag} '{}': {text}", path.display())
     })
 }

@@ -13,13 +13,6 @@ use serde_json::Value;
 
 const LOCK: &str = "cronlock:{k}";
 
-fn one_line(out: &std::process::Output) -> String {
-    let err = stderr(out);
-    assert_eq!(err.lines().count(), 1, "expected one line: {err:?}");
-    assert!(err.starts_with("cronlock: "), "{err:?}");
-    err
-}
-
 #[test]
 fn passwords_with_url_delimiters_are_never_printed() {
     let r = Redis::start();
@@ -64,14 +57,6 @@ fn a_short_password_does_not_mangle_messages() {
     let out = run(cronlock(&r).args(["-v", "k", "true"]));
     assert!(stderr(&out).contains("fencing token 1"), "{}", stderr(&out));
     assert!(!stderr(&out).contains("***"), "{}", stderr(&out));
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A real Sentinel with no master, on a free port; killed on drop.

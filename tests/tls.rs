@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -83,14 +82,6 @@ fn certs() -> &'static Path {
         }
         dir
     })
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A TLS-only redis-server (TCP off) with `cert` as its certificate; killed on drop.
@@ -184,13 +175,6 @@ fn tls_cronlock(url: &str) -> Command {
 
 fn ca() -> PathBuf {
     certs().join("ca.crt")
-}
-
-fn one_line(out: &std::process::Output) -> String {
-    let err = stderr(out);
-    assert_eq!(err.lines().count(), 1, "expected one line: {err:?}");
-    assert!(err.starts_with("cronlock: "), "{err:?}");
-    err
 }
 
 #[test]

@@ -65,7 +65,7 @@ pub fn scratch(name: &str) -> Scratch {
     Scratch(dir)
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -389,4 +389,12 @@ pub fn read_pid(path: &Path) -> i32 {
         path.display()
     );
     pid
+}
+
+/// cronlock's stderr, asserted to be exactly one `cronlock: ` line.
+pub fn one_line(out: &Output) -> String {
+    let err = stderr(out);
+    assert_eq!(err.lines().count(), 1, "expected one line: {err:?}");
+    assert!(err.starts_with("cronlock: "), "{err:?}");
+    err
 }
