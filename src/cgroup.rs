@@ -21,6 +21,7 @@ use crate::guard::CgroupFds;
 #[derive(Debug)]
 pub struct Cgroup {
     pub dir: PathBuf,
+    dir_fd: File,
     procs: File,
     kill: File,
 }
@@ -94,9 +95,15 @@ impl Cgroup {
                 .open(dir.join(name))
                 .map_err(|e| format!("cannot open {}: {e}", dir.join(name).display()))
         };
-        match (open("cgroup.procs"), open("cgroup.kill")) {
-            (Ok(procs), Ok(kill)) => Ok(Cgroup { dir, procs, kill }),
-            (Err(e), _) | (_, Err(e)) => {
+        let dir_fd = File::open(&dir).map_err(|e| format!("cannot open {}: {e}", dir.display()));
+        match (dir_fd, open("cgroup.procs"), open("cgroup.kill")) {
+            (Ok(dir_fd), Ok(procs), Ok(kill)) => Ok(Cgroup {
+                dir,
+                dir_fd,
+                procs,
+                kill,
+            }),
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
                 let _ = std::fs::remove_dir(&dir);
                 Err(e)
             }
@@ -106,6 +113,7 @@ impl Cgroup {
     /// The descriptors the guard and the command use after `fork()`.
     pub fn fds(&self) -> CgroupFds {
         CgroupFds {
+            dir: self.dir_fd.as_raw_fd(),
             procs: self.procs.as_raw_fd(),
             kill: self.kill.as_raw_fd(),
         }

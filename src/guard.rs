@@ -34,7 +34,10 @@ pub const REPORT_TOO_LATE: i32 = -1;
 /// The job's cgroup, as file descriptors opened before the fork.
 #[derive(Debug, Clone, Copy)]
 pub struct CgroupFds {
-    /// `cgroup.procs`: the command's process writes `0` to join before `execve`.
+    /// The cgroup's directory: the command is created inside it (`clone3(CLONE_INTO_CGROUP)`).
+    pub dir: RawFd,
+    /// `cgroup.procs`: where `clone3` is missing, the command's process writes `0` here to join
+    /// before `execve` (a migration, which costs an RCU grace period: milliseconds).
     pub procs: RawFd,
     /// `cgroup.kill`: writing `1` kills every process in the cgroup.
     pub kill: RawFd,
@@ -146,7 +149,7 @@ pub unsafe fn run(p: &Prepared, report_fd: libc::c_int) -> ! {
             // cronlock died before the death signal was armed: run nothing.
             libc::_exit(crate::exit::FAILURE as libc::c_int);
         }
-        let pid = libc::fork();
+        let pid = fork_into_cgroup(p);
         if pid == 0 {
             exec_command(p, report_fd);
         }
@@ -192,6 +195,57 @@ pub unsafe fn run(p: &Prepared, report_fd: libc::c_int) -> ! {
                 relay_to_escaped_children(sig);
             }
         }
+    }
+}
+
+/// `struct clone_args` of `clone3(2)`, up to `cgroup` (`CLONE_ARGS_SIZE_VER2`).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// Fork the command's process, inside the job's cgroup when there is one: `clone3` with
+/// `CLONE_INTO_CGROUP` (Linux 5.7) puts it there from its first instruction, without the
+/// migration a write to `cgroup.procs` would cost. Returns like `fork`.
+unsafe fn fork_into_cgroup(p: &Prepared) -> libc::pid_t {
+    // SAFETY: (the whole block) clone3 without CLONE_VM and without a stack behaves like fork:
+    // the child gets a copy of this single-threaded process and returns 0 on the same stack.
+    unsafe {
+        if let Some(cg) = p.cgroup {
+            let args = CloneArgs {
+                flags: CLONE_INTO_CGROUP,
+                exit_signal: libc::SIGCHLD as u64,
+                cgroup: cg.dir as u64,
+                ..CloneArgs::default()
+            };
+            let pid = libc::syscall(
+                libc::SYS_clone3,
+                &args as *const CloneArgs,
+                std::mem::size_of::<CloneArgs>(),
+            );
+            if pid == 0 {
+                p.shared.set(shared::CGROUP_JOINED);
+                return 0;
+            }
+            if pid > 0 {
+                return pid as libc::pid_t;
+            }
+            // ENOSYS (before 5.7), or refused: fork, and the child joins by migrating.
+        }
+        libc::fork()
     }
 }
 
@@ -332,7 +386,9 @@ unsafe fn exec_command(p: &Prepared, report_fd: libc::c_int) -> ! {
             0,
         );
         if let Some(cg) = p.cgroup {
-            if libc::write(cg.procs, b"0".as_ptr().cast(), 1) == 1 {
+            if !p.shared.has(shared::CGROUP_JOINED)
+                && libc::write(cg.procs, b"0".as_ptr().cast(), 1) == 1
+            {
                 p.shared.set(shared::CGROUP_JOINED);
             }
         }

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The cost of TLS per run: `cronlock k -- true` over rediss:// against redis://, both on loopback,
+# measured interleaved (scripts/interleave.c: each round runs every command once in a random
+# order; medians over ROUNDS rounds, three repeats), with ratios to `flock -n FILE true`.
+# Installs redis-server, openssl and gcc when missing; certificates are made in a temp dir.
+# Usage: scripts/bench-tls.sh [rounds]   (default 300)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${1:-300}
+need=()
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v openssl >/dev/null || need+=(openssl)
+command -v gcc >/dev/null || need+=(gcc)
+if [ ${#need[@]} -gt 0 ]; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+echo "building the release binary and the timer..." >&2
+cargo build --release --locked --quiet
+BIN=$PWD/target/release/cronlock
+WORK=$(mktemp -d)
+trap 'for p in "$WORK"/*.pid; do kill "$(cat "$p")" 2>/dev/null || true; done; rm -rf "$WORK"' EXIT
+gcc -O2 -o "$WORK/interleave" scripts/interleave.c
+cd "$WORK"
+ec="-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes"
+openssl req -x509 $ec -keyout ca.key -out ca.crt -days 2 -subj /CN=bench-ca 2>/dev/null
+openssl req $ec -keyout server.key -out server.csr -subj /CN=localhost 2>/dev/null
+echo "subjectAltName=IP:127.0.0.1" > san.ext
+openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days 2 \
+  -extfile san.ext 2>/dev/null
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+P=$(port); T=$(port)
+redis-server --port "$P" --bind 127.0.0.1 --save '' --daemonize yes --pidfile "$WORK/plain.pid" \
+  --dir "$WORK" >/dev/null
+redis-server --port 0 --tls-port "$T" --bind 127.0.0.1 --tls-cert-file server.crt \
+  --tls-key-file server.key --tls-ca-cert-file ca.crt --tls-auth-clients no --save '' \
+  --daemonize yes --pidfile "$WORK/tls.pid" --dir "$WORK" >/dev/null
+for _ in $(seq 100); do
+  "$BIN" -u "redis://127.0.0.1:$P" up true 2>/dev/null && \
+    "$BIN" -u "rediss://127.0.0.1:$T" --tls-ca-cert ca.crt up true 2>/dev/null && break
+  sleep 0.05
+done
+cat > cmds <<CMDS
+flock -n $WORK/flock.lock true
+$BIN -u redis://127.0.0.1:$P bench -- true
+$BIN -u rediss://127.0.0.1:$T --tls-ca-cert $WORK/ca.crt bench -- true
+true
+CMDS
+echo "$(nproc) cores, $(uname -r), $(redis-server --version | cut -d' ' -f3), $ROUNDS rounds x 3"
+echo
+echo "| repeat | flock | cronlock redis:// | cronlock rediss:// | true | plain / flock | TLS / flock | TLS - plain |"
+echo "|---|---|---|---|---|---|---|---|"
+for rep in 1 2 3; do
+  ./interleave "$ROUNDS" cmds > out
+  mapfile -t m < <(awk '{print $1}' out)
+  fails=$(awk '{s+=$4} END {print s}' out)
+  [ "$fails" -eq 0 ] || { echo "bench-tls: $fails runs failed" >&2; cat out >&2; exit 1; }
+  awk -v r="$rep" -v f="${m[0]}" -v p="${m[1]}" -v t="${m[2]}" -v tr="${m[3]}" 'BEGIN {
+    printf "| %d | %.2f ms | %.2f ms | %.2f ms | %.2f ms | %.2fx | %.2fx | +%.2f ms |\n",
+      r, f, p, t, tr, p / f, t / f, t - p }'
+done
+echo
+echo "Medians per repeat; p10-p90 of the last repeat:"
+awk '{c=$0; sub(/^([^ ]+ ){4}/, "", c); printf "- `%s`: p10 %.2f ms, p90 %.2f ms\n", c, $2, $3}' out |
+  sed "s|$WORK|\$TMP|g; s|$BIN|cronlock|g"
