@@ -62,5 +62,5 @@ for rep in 1 2 3; do
 done
 echo
 echo "Medians per repeat; p10-p90 of the last repeat:"
-awk '{c=$0; sub(/^([^ ]+ ){4}/, "", c); printf "- `%s`: p10 %.2f ms, p90 %.2f ms\n", c, $2, $3}' out |
+awk '{c=$5; for (i = 6; i <= NF; i++) c = c " " $i; printf "- `%s`: p10 %.2f ms, p90 %.2f ms\n", c, $2, $3}' out |
   sed "s|$WORK|\$TMP|g; s|$BIN|cronlock|g"
