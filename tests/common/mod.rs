@@ -223,8 +223,25 @@ impl Redis {
     }
 
     /// A test-side connection, for looking at and tampering with keys.
+    /// Retried: a connect can fail transiently (EINTR, a full accept backlog); only a server
+    /// that stays unreachable for 5 s fails the test.
     pub fn con(&self) -> redis::Connection {
-        self.try_con().expect("connect to test redis")
+        let mut last = None;
+        let ok = wait_for(Duration::from_secs(5), || match self.try_con() {
+            Ok(c) => {
+                last = Some(Ok(c));
+                true
+            }
+            Err(e) => {
+                last = Some(Err(e));
+                false
+            }
+        });
+        match last {
+            Some(Ok(c)) if ok => c,
+            Some(Err(e)) => panic!("connect to test redis: {e}"),
+            _ => panic!("connect to test redis: no attempt"),
+        }
     }
 
     /// Run `cmd` on the cached test connection, reconnecting once if it broke (a restart).
