@@ -186,7 +186,7 @@ pub fn status(
         .map(|r| serde_json::from_str::<Value>(r).unwrap_or_else(|_| json!({ "value": r })));
     let holder = snap.holder.as_deref().map(holder_json);
     if as_json {
-        let out_json = json!({
+        let mut out_json = json!({
             "key": keys.name,
             "held": holder.is_some(),
             "holder": holder,
@@ -194,7 +194,6 @@ pub fn status(
             "fencing_token": holder.as_ref().and(snap.fence),
             "last_run": last,
         });
-        let mut out_json = out_json;
         if history.is_some() {
             out_json["history"] = Value::Array(runs);
         }

@@ -98,12 +98,6 @@ fn candidates(program: &OsStr) -> io::Result<Vec<CString>> {
         .collect()
 }
 
-/// How the job is contained: its own cgroup where one can be made, else the guard's subreaper and
-/// process group. The error says why there is no cgroup, for `-v`.
-pub fn contain() -> Result<Cgroup, String> {
-    Cgroup::create()
-}
-
 /// Start `argv` with `extra_env` added, behind a guard, in a new process group (and `cgroup`).
 /// The guard and the command read the kill-by time from `shared`.
 pub fn spawn(
@@ -267,7 +261,7 @@ impl Child {
 }
 
 /// The reason given when the guard ended the job by itself.
-const GUARD_ENFORCED: &str = "no renewal was confirmed in time because cronlock itself was \
+const GUARD_REASON: &str = "no renewal was confirmed in time because cronlock itself was \
                               stopped or starved, so the guard ended the command at the lock's \
                               deadline";
 
@@ -304,10 +298,10 @@ pub fn supervise(mut child: Child, watch: &Watch, limits: Limits, log: &Log) -> 
                 log.event(
                     Level::Error,
                     "lost",
-                    &format!("lock lost: {GUARD_ENFORCED}"),
+                    &format!("lock lost: {GUARD_REASON}"),
                     &[],
                 );
-                stopped = Some(Stop::LockLost(GUARD_ENFORCED.into()));
+                stopped = Some(Stop::LockLost(GUARD_REASON.into()));
             }
             return Ended {
                 status: Exit::from_wait_status(status),
@@ -329,7 +323,7 @@ pub fn supervise(mut child: Child, watch: &Watch, limits: Limits, log: &Log) -> 
             let why = match &lock {
                 LockState::Lost { reason, .. } => Some(Stop::LockLost(reason.clone())),
                 // The guard acted while we were frozen: say so, not what we would have done.
-                _ if child.guard_enforced() => Some(Stop::LockLost(GUARD_ENFORCED.into())),
+                _ if child.guard_enforced() => Some(Stop::LockLost(GUARD_REASON.into())),
                 LockState::Valid { .. } if term_at.is_some_and(|t| now >= t) => {
                     Some(Stop::LockLost(format!(
                         "no renewal was confirmed in time ({}), so it may expire soon",

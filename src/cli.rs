@@ -22,7 +22,8 @@ pub const EXIT_STATUS: &[(&str, &str)] = &[
     ),
     (
         "122",
-        "the command was terminated because the lock was lost",
+        "the lock was lost: the command was terminated (or not started, when the lock was granted \
+         too late to be safe)",
     ),
     (
         "124",
@@ -286,6 +287,7 @@ pub struct Cli {
 /// What was given on the command line itself, as opposed to the environment or a default.
 #[derive(Debug, Clone, Default)]
 pub struct Given {
+    pub redis_url: Option<ValueSource>,
     pub quiet: Option<ValueSource>,
     pub verbose: Option<ValueSource>,
     /// `--history` on the command line: with `--status`, show the kept runs.
@@ -389,21 +391,13 @@ impl Cli {
 
     /// The Redis URL after the documented fallbacks, and where it came from (for messages).
     pub fn redis_url(&self) -> (String, &'static str) {
-        let given = self.redis_url.clone().filter(|u| !u.is_empty());
-        if let Some(url) = given {
-            let from_cmdline = std::env::var("CRONLOCK_REDIS_URL").ok().as_ref() != Some(&url)
-                || std::env::args_os().any(|a| {
-                    let a = a.to_string_lossy();
-                    a == "-u" || a.starts_with("--redis-url") || a.starts_with("-u")
-                });
-            return (
-                url,
-                if from_cmdline {
-                    "--redis-url"
-                } else {
-                    "CRONLOCK_REDIS_URL"
-                },
-            );
+        if let Some(url) = self.redis_url.clone().filter(|u| !u.is_empty()) {
+            let source = if self.given.redis_url == Some(ValueSource::EnvVariable) {
+                "CRONLOCK_REDIS_URL"
+            } else {
+                "--redis-url"
+            };
+            return (url, source);
         }
         match std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty()) {
             Some(url) => (url, "REDIS_URL"),
@@ -485,6 +479,7 @@ pub fn parse() -> std::result::Result<Cli, clap::Error> {
 fn from_matches(matches: &ArgMatches) -> std::result::Result<Cli, clap::Error> {
     let mut cli = Cli::from_arg_matches(matches)?;
     cli.given = Given {
+        redis_url: matches.value_source("redis_url"),
         quiet: matches.value_source("quiet"),
         verbose: matches.value_source("verbose"),
         history_flag: matches.value_source("history") == Some(ValueSource::CommandLine),

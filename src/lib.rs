@@ -315,7 +315,8 @@ fn run_child(
         ("CRONLOCK_TOKEN", held.holder.token.clone()),
         ("CRONLOCK_FENCING_TOKEN", held.fence.to_string()),
     ];
-    let (cgroup, no_cgroup) = match child::contain() {
+    // Contained in a cgroup of its own where one can be made; the error says why not, for -v.
+    let (cgroup, no_cgroup) = match cgroup::Cgroup::create() {
         Ok(cg) => (Some(cg), None),
         Err(why) => (None, Some(why)),
     };

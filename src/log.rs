@@ -12,7 +12,7 @@
 //! the count is reported once the writer gets through. At exit, [`Log::flush`] waits only briefly.
 
 use std::io::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -27,7 +27,7 @@ struct Sink {
     done: Mutex<Option<Receiver<()>>>,
     dropped: Arc<AtomicU64>,
     /// Set by `flush`: later lines are written directly.
-    closed: std::sync::atomic::AtomicBool,
+    closed: AtomicBool,
 }
 
 /// An I/O error as message text: "no such file or directory", without "(os error 2)".
