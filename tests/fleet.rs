@@ -85,13 +85,7 @@ fn twenty_waiters_each_run_once_without_overlap() {
         );
     }
     // Every run took a larger token than the one before (history: newest first).
-    let mut con = r.con();
-    let hist: Vec<String> = redis::cmd("LRANGE")
-        .arg("cronlock:{k}:history")
-        .arg(0)
-        .arg(-1)
-        .query(&mut con)
-        .unwrap();
+    let hist = history(&r);
     let tokens: Vec<i64> = hist
         .iter()
         .map(|h| {
@@ -232,13 +226,7 @@ fn history_is_capped_and_can_expire() {
     for _ in 0..5 {
         run(cronlock(&r).args(["--history", "3", "k", "true"]));
     }
-    let mut con = r.con();
-    let hist: Vec<String> = redis::cmd("LRANGE")
-        .arg("cronlock:{k}:history")
-        .arg(0)
-        .arg(-1)
-        .query(&mut con)
-        .unwrap();
+    let hist = history(&r);
     assert_eq!(hist.len(), 3);
     let newest: Value = serde_json::from_str(&hist[0]).unwrap();
     assert_eq!(newest["fencing_token"], fence(&r));
@@ -287,4 +275,14 @@ fn json_logs_are_one_object_per_line() {
 /// The KEY `k`'s fencing counter: the last token handed out.
 fn fence(r: &Redis) -> i64 {
     r.get("cronlock:{k}:fence").unwrap().parse().unwrap()
+}
+
+/// The KEY `k`'s kept run records, newest first.
+fn history(r: &Redis) -> Vec<String> {
+    r.query(
+        redis::cmd("LRANGE")
+            .arg("cronlock:{k}:history")
+            .arg(0)
+            .arg(-1),
+    )
 }

@@ -3,9 +3,8 @@
 
 mod common;
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -84,85 +83,22 @@ fn certs() -> &'static Path {
     })
 }
 
-/// A TLS-only redis-server (TCP off) with `cert` as its certificate; killed on drop.
-struct TlsRedis {
-    port: u16,
-    child: Child,
-    _dir: Scratch,
-}
-
-impl TlsRedis {
-    fn start(cert: &str, client_auth: bool, password: Option<&str>) -> TlsRedis {
-        let c = certs();
-        for _ in 0..20 {
-            let dir = scratch("tlsredis");
-            let port = free_port();
-            let mut cmd = Command::new("redis-server");
-            cmd.args([
-                "--port",
-                "0",
-                "--bind",
-                "127.0.0.1",
-                "--tls-port",
-                &port.to_string(),
-            ])
-            .arg("--tls-cert-file")
-            .arg(c.join(cert))
-            .arg("--tls-key-file")
-            .arg(c.join("server.key"))
-            .arg("--tls-ca-cert-file")
-            .arg(c.join("ca.crt"))
-            .args(["--tls-auth-clients", if client_auth { "yes" } else { "no" }])
-            .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
-            .arg("--dir")
-            .arg(&*dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-            if let Some(pw) = password {
-                cmd.args(["--requirepass", pw]);
-            }
-            // SAFETY: only prctl between fork and exec: the server dies with the test.
-            unsafe {
-                cmd.pre_exec(|| {
-                    libc::prctl(
-                        libc::PR_SET_PDEATHSIG,
-                        libc::SIGKILL as libc::c_ulong,
-                        0,
-                        0,
-                        0,
-                    );
-                    Ok(())
-                });
-            }
-            let mut child = cmd.spawn().expect("redis-server");
-            // Listening, or gone (the port was taken: try another).
-            let up = wait_for(Duration::from_secs(10), || {
-                child.try_wait().unwrap().is_some()
-                    || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-            });
-            if up && child.try_wait().unwrap().is_none() {
-                return TlsRedis {
-                    port,
-                    child,
-                    _dir: dir,
-                };
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        panic!("redis-server with TLS did not start");
-    }
-
-    fn url(&self, host: &str) -> String {
-        format!("rediss://{host}:{}", self.port)
-    }
-}
-
-impl Drop for TlsRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A redis-server whose TCP port is TLS-only, with `cert` as its certificate.
+fn tls_redis(cert: &str, client_auth: bool, password: Option<&str>) -> Redis {
+    let c = certs();
+    let path = |f: &str| c.join(f).display().to_string();
+    let args = [
+        "--tls-cert-file".to_string(),
+        path(cert),
+        "--tls-key-file".into(),
+        path("server.key"),
+        "--tls-ca-cert-file".into(),
+        path("ca.crt"),
+        "--tls-auth-clients".into(),
+        if client_auth { "yes" } else { "no" }.into(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Redis::start_tls(password, &args)
 }
 
 /// cronlock against `url`, trusting our CA, with a clean environment.
@@ -179,21 +115,21 @@ fn ca() -> PathBuf {
 
 #[test]
 fn a_run_over_tls_with_the_flag_and_the_variable() {
-    let s = TlsRedis::start("server.crt", false, None);
+    let s = tls_redis("server.crt", false, None);
     for host in ["127.0.0.1", "localhost"] {
-        let out = run(tls_cronlock(&s.url(host))
+        let out = run(tls_cronlock(&s.tls_url(host))
             .arg("--tls-ca-cert")
             .arg(ca())
             .args(["k", "echo", "ran"]));
         assert_eq!(code(&out), 0, "{host}: {}", stderr(&out));
         assert_eq!(stdout(&out), "ran\n");
     }
-    let out = run(tls_cronlock(&s.url("127.0.0.1"))
+    let out = run(tls_cronlock(&s.tls_url("127.0.0.1"))
         .env("CRONLOCK_TLS_CA_CERT", ca())
         .args(["k", "echo", "ran"]));
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     // --status over TLS shows the last run.
-    let out = run(tls_cronlock(&s.url("127.0.0.1"))
+    let out = run(tls_cronlock(&s.tls_url("127.0.0.1"))
         .env("CRONLOCK_TLS_CA_CERT", ca())
         .args(["--status", "k"]));
     assert_eq!(code(&out), 0, "{}", stderr(&out));
@@ -206,7 +142,7 @@ fn a_run_over_tls_with_the_flag_and_the_variable() {
 
 #[test]
 fn renewals_over_tls_keep_a_short_lock_and_a_deletion_is_noticed() {
-    let s = TlsRedis::start("server.crt", false, Some("tls-pw/7?"));
+    let s = tls_redis("server.crt", false, Some("tls-pw/7?"));
     let url = format!("rediss://:tls-pw%2F7%3F@127.0.0.1:{}", s.port);
     // A 1s lock through a 2.5s job: renewals every ~0.24s over TLS.
     let out = run(tls_cronlock(&url)
@@ -237,16 +173,16 @@ fn renewals_over_tls_keep_a_short_lock_and_a_deletion_is_noticed() {
 
 #[test]
 fn mutual_tls_with_and_without_a_client_certificate() {
-    let s = TlsRedis::start("server.crt", true, None);
+    let s = tls_redis("server.crt", true, None);
     let c = certs();
-    let out = run(tls_cronlock(&s.url("127.0.0.1"))
+    let out = run(tls_cronlock(&s.tls_url("127.0.0.1"))
         .env("CRONLOCK_TLS_CA_CERT", ca())
         .env("CRONLOCK_TLS_CERT", c.join("client.crt"))
         .env("CRONLOCK_TLS_KEY", c.join("client.key"))
         .args(["k", "echo", "ran"]));
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(stdout(&out), "ran\n");
-    let out = run(tls_cronlock(&s.url("127.0.0.1"))
+    let out = run(tls_cronlock(&s.tls_url("127.0.0.1"))
         .env("CRONLOCK_TLS_CA_CERT", ca())
         .args(["k", "echo", "ran"]));
     assert_eq!(code(&out), 125);
@@ -261,50 +197,55 @@ fn mutual_tls_with_and_without_a_client_certificate() {
 /// Every error: 125, one line naming the problem, the command not run, nothing left behind.
 #[test]
 fn tls_errors_are_one_line_each() {
-    let good = TlsRedis::start("server.crt", false, None);
-    let wrong = TlsRedis::start("wrong.crt", false, None);
-    let expired = TlsRedis::start("expired.crt", false, None);
-    let mtls = TlsRedis::start("server.crt", true, None);
+    let good = tls_redis("server.crt", false, None);
+    let wrong = tls_redis("wrong.crt", false, None);
+    let expired = tls_redis("expired.crt", false, None);
+    let mtls = tls_redis("server.crt", true, None);
     let plain = Redis::start_tcp();
     let c = certs();
     let dir = scratch("tlserr");
     let marker = dir.join("ran");
     let path = |p: &str| c.join(p).display().to_string();
     let cases: Vec<(&str, String, Vec<String>, &str)> = vec![
-        ("no CA given", good.url("127.0.0.1"), vec![], "not trusted"),
+        (
+            "no CA given",
+            good.tls_url("127.0.0.1"),
+            vec![],
+            "not trusted",
+        ),
         (
             "another CA",
-            good.url("127.0.0.1"),
+            good.tls_url("127.0.0.1"),
             vec!["--tls-ca-cert".into(), path("other-ca.crt")],
             "not trusted",
         ),
         (
             "name mismatch",
-            wrong.url("127.0.0.1"),
+            wrong.tls_url("127.0.0.1"),
             vec!["--tls-ca-cert".into(), path("ca.crt")],
             "not valid for the host name",
         ),
         (
             "expired",
-            expired.url("127.0.0.1"),
+            expired.tls_url("127.0.0.1"),
             vec!["--tls-ca-cert".into(), path("ca.crt")],
             "expired",
         ),
         (
             "missing CA file",
-            good.url("127.0.0.1"),
+            good.tls_url("127.0.0.1"),
             vec!["--tls-ca-cert".into(), path("no-such.crt")],
             "no-such.crt",
         ),
         (
             "CA file without a certificate",
-            good.url("127.0.0.1"),
+            good.tls_url("127.0.0.1"),
             vec!["--tls-ca-cert".into(), path("client.key")],
             "holds no PEM certificate",
         ),
         (
             "key of another certificate",
-            mtls.url("127.0.0.1"),
+            mtls.tls_url("127.0.0.1"),
             vec![
                 "--tls-ca-cert".into(),
                 path("ca.crt"),
@@ -317,13 +258,13 @@ fn tls_errors_are_one_line_each() {
         ),
         (
             "certificate without key",
-            mtls.url("127.0.0.1"),
+            mtls.tls_url("127.0.0.1"),
             vec!["--tls-cert".into(), path("client.crt")],
             "--tls-key",
         ),
         (
             "key without certificate",
-            mtls.url("127.0.0.1"),
+            mtls.tls_url("127.0.0.1"),
             vec!["--tls-key".into(), path("client.key")],
             "--tls-cert",
         ),
@@ -370,7 +311,7 @@ fn tls_errors_are_one_line_each() {
         );
     }
     assert!(plain.keys().is_empty(), "left behind: {:?}", plain.keys());
-    let out = run(tls_cronlock(&good.url("127.0.0.1")).args([
+    let out = run(tls_cronlock(&good.tls_url("127.0.0.1")).args([
         "--tls-ca-cert",
         &path("ca.crt"),
         "--status",
@@ -382,9 +323,9 @@ fn tls_errors_are_one_line_each() {
 
 #[test]
 fn the_system_store_is_used_and_an_empty_one_falls_back_to_bundled_roots() {
-    let s = TlsRedis::start("server.crt", false, None);
+    let s = tls_redis("server.crt", false, None);
     // The system's store, as rustls-native-certs finds it: here, one file holding our CA.
-    let out = run(tls_cronlock(&s.url("127.0.0.1"))
+    let out = run(tls_cronlock(&s.tls_url("127.0.0.1"))
         .env("SSL_CERT_FILE", ca())
         .env("SSL_CERT_DIR", "/nonexistent")
         .args(["k", "echo", "ran"]));
@@ -392,7 +333,7 @@ fn the_system_store_is_used_and_an_empty_one_falls_back_to_bundled_roots() {
     assert_eq!(stdout(&out), "ran\n");
     // No store at all (a FROM scratch image): the bundled Mozilla roots, which do not know our
     // private CA. A clean refusal, not a crash.
-    let out = run(tls_cronlock(&s.url("127.0.0.1"))
+    let out = run(tls_cronlock(&s.tls_url("127.0.0.1"))
         .env("SSL_CERT_FILE", "/nonexistent/ca.pem")
         .env("SSL_CERT_DIR", "/nonexistent")
         .args(["k", "echo", "ran"]));

@@ -84,6 +84,8 @@ pub struct Redis {
     pub password: Option<String>,
     pub sock: PathBuf,
     tcp: bool,
+    /// The TCP port speaks TLS (the Unix socket stays plain, for the harness).
+    tls: bool,
     extra: Vec<String>,
     dir: Scratch,
     child: Option<Child>,
@@ -110,19 +112,33 @@ impl Redis {
         Redis::launch_new(password, extra, false)
     }
 
+    /// A server whose TCP port is TLS-only; `extra` gives its certificate options.
+    pub fn start_tls(password: Option<&str>, extra: &[&str]) -> Redis {
+        let mut r = Redis::new_unlaunched(password, extra, true);
+        r.tls = true;
+        r.launch(None);
+        r
+    }
+
     fn launch_new(password: Option<&str>, extra: &[&str], tcp: bool) -> Redis {
+        let mut r = Redis::new_unlaunched(password, extra, tcp);
+        r.launch(None);
+        r
+    }
+
+    fn new_unlaunched(password: Option<&str>, extra: &[&str], tcp: bool) -> Redis {
         let dir = scratch("redis");
-        let mut r = Redis {
+        let r = Redis {
             port: 0,
             password: password.map(str::to_string),
             sock: dir.join("redis.sock"),
             tcp,
+            tls: false,
             extra: extra.iter().map(|s| s.to_string()).collect(),
             dir,
             child: None,
             cached: Default::default(),
         };
-        r.launch(None);
         r
     }
 
@@ -136,7 +152,9 @@ impl Redis {
             };
             let _ = std::fs::remove_file(&self.sock);
             let mut cmd = Command::new("redis-server");
-            cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            let (plain, tls) = if self.tls { (0, port) } else { (port, 0) };
+            cmd.args(["--port", &plain.to_string(), "--bind", "127.0.0.1"])
+                .args(["--tls-port", &tls.to_string()])
                 .arg("--unixsocket")
                 .arg(&self.sock)
                 .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
@@ -205,6 +223,15 @@ impl Redis {
             Some(pw) => format!("redis://:{pw}@127.0.0.1:{}", self.port),
             None => format!("redis://127.0.0.1:{}", self.port),
         }
+    }
+
+    /// The `rediss://` URL of a [`Redis::start_tls`] server, naming it by `host`.
+    pub fn tls_url(&self, host: &str) -> String {
+        assert!(
+            self.tls,
+            "this server has no TLS port: use Redis::start_tls"
+        );
+        format!("rediss://{host}:{}", self.port)
     }
 
     pub fn unix_url(&self) -> String {
