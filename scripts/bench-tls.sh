@@ -18,7 +18,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 echo "building the release binary and the timer..." >&2
 cargo build --release --locked --quiet
-BIN=$PWD/target/release/cronlock
+BIN=$PWD/target/x86_64-unknown-linux-gnu/release/cronlock
 WORK=$(mktemp -d)
 trap 'for p in "$WORK"/*.pid; do kill "$(cat "$p")" 2>/dev/null || true; done; rm -rf "$WORK"' EXIT
 gcc -O2 -o "$WORK/interleave" scripts/interleave.c

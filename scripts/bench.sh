@@ -20,7 +20,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 cargo build --release --locked --quiet
-BIN=$PWD/target/release/cronlock
+BIN=$PWD/target/x86_64-unknown-linux-gnu/release/cronlock
 WORK=$(mktemp -d)
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize yes \
