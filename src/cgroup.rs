@@ -52,6 +52,16 @@ fn own_dir() -> Result<PathBuf, String> {
         .lines()
         .find_map(|l| l.strip_prefix("0::"))
         .ok_or("no cgroup v2 hierarchy")?;
+    // Where systemd mounts it (pure v2, or hybrid's "unified"): no need to read mountinfo. A
+    // wrong guess could only misplace the cgroup, never weaken it: it contains what it contains.
+    for mount in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
+        let is_v2 = nix::sys::statfs::statfs(mount)
+            .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC);
+        let dir = Path::new(mount).join(rel.trim_start_matches('/'));
+        if is_v2 && dir.is_dir() {
+            return Ok(dir);
+        }
+    }
     let mounts = std::fs::read_to_string("/proc/self/mountinfo")
         .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
     for line in mounts.lines() {

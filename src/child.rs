@@ -19,7 +19,7 @@ use crate::guard::{self, Prepared};
 use crate::log::{Level, Log};
 use crate::shared::{self, Shared};
 use crate::signals;
-use crate::watchdog::{LockState, Watch};
+use crate::watchdog::{LockState, Watchdog};
 
 /// Why the command could not be started.
 #[derive(Debug)]
@@ -277,7 +277,8 @@ pub struct Limits {
 ///
 /// On the safety path the signal always goes out before anything is logged: a log line may wait
 /// for a stalled stderr reader (it is queued, see [`crate::log`]), a kill must not.
-pub fn supervise(mut child: Child, watch: &Watch, limits: Limits, log: &Log) -> Ended {
+pub fn supervise(mut child: Child, watchdog: &mut Watchdog, limits: Limits, log: &Log) -> Ended {
+    let watch = watchdog.watch.clone();
     let set = signals::watched();
     let started = Instant::now();
     let mut stopped: Option<Stop> = None;
@@ -309,6 +310,9 @@ pub fn supervise(mut child: Child, watch: &Watch, limits: Limits, log: &Log) -> 
             };
         }
         let now = Instant::now();
+        // The renewal thread starts when the first renewal is due; if it cannot, the lock is
+        // marked lost and this very round stops the command.
+        watchdog.start_if_due(now);
         let lock = watch.state();
         let (term_at, hard_kill_at) = match &lock {
             LockState::Valid { until } => (
@@ -377,6 +381,7 @@ pub fn supervise(mut child: Child, watch: &Watch, limits: Limits, log: &Log) -> 
         // Sleep until the next moment something may have to happen, or a signal.
         let mut next = now + Duration::from_secs(1);
         for t in [
+            watchdog.due(),
             kill_at.filter(|_| !killed),
             hard_kill_at.filter(|_| !killed),
             term_at.filter(|_| stopped.is_none()),

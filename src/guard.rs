@@ -16,7 +16,8 @@
 //!
 //! It is a plain `fork()` without `exec`. Since cronlock may already run other threads when it
 //! forks, everything here after `fork()` uses only async-signal-safe system calls on data prepared
-//! beforehand: no allocation, no locks, no panics.
+//! beforehand: no allocation, no locks, no panics. The command's process is started from the guard
+//! the way `posix_spawn` does it, sharing the guard's memory until `execve` ([`start_command`]).
 
 use std::cell::Cell;
 use std::ffi::CString;
@@ -62,6 +63,8 @@ pub struct Prepared {
     pub parent: libc::pid_t,
     pub shared: Shared,
     pub cgroup: Option<CgroupFds>,
+    /// The command's process runs on this until it calls `execve` (see [`start_command`]).
+    stack: Vec<u8>,
 }
 
 const SH: &std::ffi::CStr = c"/bin/sh";
@@ -101,9 +104,21 @@ impl Prepared {
             parent: unsafe { libc::getpid() },
             shared,
             cgroup,
+            stack: vec![0; CHILD_STACK],
         }
     }
+
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    /// The child's stack as `clone3` wants it: lowest address and size, the top 16-byte aligned.
+    fn stack_region(&self) -> (u64, u64) {
+        let base = self.stack.as_ptr() as u64;
+        let top = (base + self.stack.len() as u64) & !15;
+        (base, top - base)
+    }
 }
+
+/// Enough for `exec_command`: a few system calls, no allocation.
+const CHILD_STACK: usize = 64 * 1024;
 
 fn errno() -> libc::c_int {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
@@ -149,10 +164,7 @@ pub unsafe fn run(p: &Prepared, report_fd: libc::c_int) -> ! {
             // cronlock died before the death signal was armed: run nothing.
             libc::_exit(crate::exit::FAILURE as libc::c_int);
         }
-        let pid = fork_into_cgroup(p);
-        if pid == 0 {
-            exec_command(p, report_fd);
-        }
+        let pid = start_command(p, report_fd);
         if pid < 0 {
             report(report_fd, errno());
             libc::_exit(crate::exit::CANNOT_EXECUTE as libc::c_int);
@@ -217,36 +229,122 @@ struct CloneArgs {
 
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
-/// Fork the command's process, inside the job's cgroup when there is one: `clone3` with
-/// `CLONE_INTO_CGROUP` (Linux 5.7) puts it there from its first instruction, without the
-/// migration a write to `cgroup.procs` would cost. Returns like `fork`.
-unsafe fn fork_into_cgroup(p: &Prepared) -> libc::pid_t {
-    // SAFETY: (the whole block) clone3 without CLONE_VM and without a stack behaves like fork:
-    // the child gets a copy of this single-threaded process and returns 0 on the same stack.
-    unsafe {
+/// Start the command's process, inside the job's cgroup when there is one, and return its pid
+/// (negative: it could not be created).
+///
+/// Like `posix_spawn`, the new process shares the guard's memory (`CLONE_VM`) and the guard waits
+/// until it has called `execve` or exited (`CLONE_VFORK`): no page tables are copied. It runs on a
+/// stack of its own, prepared before the guard was forked. `CLONE_INTO_CGROUP` (Linux 5.7) puts
+/// it in the cgroup from its first instruction, without the migration a write to `cgroup.procs`
+/// would cost (an RCU grace period: milliseconds). Older kernels get a plain `fork()`.
+unsafe fn start_command(p: &Prepared, report_fd: libc::c_int) -> libc::pid_t {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut job = Exec {
+            p,
+            report_fd,
+            joined: false,
+        };
+        let (stack, stack_size) = p.stack_region();
+        let mut args = CloneArgs {
+            flags: CLONE_VM | CLONE_VFORK,
+            exit_signal: libc::SIGCHLD as u64,
+            stack,
+            stack_size,
+            ..CloneArgs::default()
+        };
         if let Some(cg) = p.cgroup {
-            let args = CloneArgs {
-                flags: CLONE_INTO_CGROUP,
-                exit_signal: libc::SIGCHLD as u64,
-                cgroup: cg.dir as u64,
-                ..CloneArgs::default()
-            };
-            let pid = libc::syscall(
-                libc::SYS_clone3,
-                &args as *const CloneArgs,
-                std::mem::size_of::<CloneArgs>(),
-            );
-            if pid == 0 {
-                p.shared.set(shared::CGROUP_JOINED);
-                return 0;
-            }
+            args.flags |= CLONE_INTO_CGROUP;
+            args.cgroup = cg.dir as u64;
+            job.joined = true;
+        }
+        for _ in 0..2 {
+            // SAFETY: `args` names a stack of ours that nothing else uses, `exec_entry` never
+            // returns, and `job` outlives the child's use of it (the guard sleeps until exec).
+            let pid = unsafe { clone3_run(&args, exec_entry, (&job as *const Exec).cast()) };
             if pid > 0 {
                 return pid as libc::pid_t;
             }
-            // ENOSYS (before 5.7), or refused: fork, and the child joins by migrating.
+            if args.flags & CLONE_INTO_CGROUP == 0 {
+                break;
+            }
+            // Refused into the cgroup (before 5.7): the child joins by migrating.
+            args.flags &= !CLONE_INTO_CGROUP;
+            args.cgroup = 0;
+            job.joined = false;
         }
-        libc::fork()
     }
+    // SAFETY: fork in the single-threaded guard; the child only runs exec_command.
+    unsafe {
+        let pid = libc::fork();
+        if pid == 0 {
+            exec_command(p, report_fd);
+        }
+        pid
+    }
+}
+
+/// What the command's process gets from [`start_command`].
+struct Exec<'a> {
+    p: &'a Prepared,
+    report_fd: libc::c_int,
+    /// Created inside the cgroup already.
+    joined: bool,
+}
+
+/// The command's process, started by [`clone3_run`] on its own stack.
+unsafe extern "C" fn exec_entry(arg: *const libc::c_void) -> ! {
+    // SAFETY: `arg` is the `Exec` that start_command keeps alive until we exec or exit.
+    unsafe {
+        let job = &*(arg as *const Exec);
+        if job.joined {
+            job.p.shared.set(shared::CGROUP_JOINED);
+        }
+        exec_command(job.p, job.report_fd)
+    }
+}
+
+const CLONE_VM: u64 = libc::CLONE_VM as u64;
+const CLONE_VFORK: u64 = libc::CLONE_VFORK as u64;
+
+/// `clone3(args)`, then `child(arg)` in the new process on the stack `args` gives it. Returns the
+/// new pid, or `-errno`; touches neither `errno` nor the caller's stack in the child. A plain
+/// `syscall()` cannot do this: with `CLONE_VM` the child would return through the parent's frames.
+///
+/// # Safety
+/// `args.stack`/`args.stack_size` must describe memory only the child uses, and `child` must never
+/// return.
+#[cfg(target_arch = "x86_64")]
+unsafe fn clone3_run(
+    args: &CloneArgs,
+    child: unsafe extern "C" fn(*const libc::c_void) -> !,
+    arg: *const libc::c_void,
+) -> i64 {
+    let ret: i64;
+    // SAFETY: the `syscall` instruction clobbers only rax, rcx and r11 in the parent. In the
+    // child (rax == 0) the kernel has switched to the new stack, 16-byte aligned by
+    // `stack_region`; it calls `child`, which never returns, so nothing after the call runs there.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            "test rax, rax",
+            "jnz 2f",
+            "xor ebp, ebp",
+            "mov rdi, r12",
+            "call r13",
+            "ud2",
+            "2:",
+            inlateout("rax") libc::SYS_clone3 => ret,
+            in("rdi") args as *const CloneArgs,
+            in("rsi") std::mem::size_of::<CloneArgs>(),
+            in("r12") arg,
+            in("r13") child,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    ret
 }
 
 /// Kill the whole job and exit: the lock can no longer protect it.
@@ -392,8 +490,11 @@ unsafe fn exec_command(p: &Prepared, report_fd: libc::c_int) -> ! {
                 p.shared.set(shared::CGROUP_JOINED);
             }
         }
-        // Rust's runtime ignores SIGPIPE; commands expect the default.
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        // Rust's runtime ignores SIGPIPE; commands expect the default. Its SIGSEGV/SIGBUS
+        // handlers must not run here either, on memory shared with the guard, before `execve`.
+        for sig in [libc::SIGPIPE, libc::SIGSEGV, libc::SIGBUS] {
+            libc::signal(sig, libc::SIG_DFL);
+        }
         libc::pthread_sigmask(libc::SIG_SETMASK, &p.child_mask.0, std::ptr::null_mut());
         let mut saw_eacces = false;
         let mut err = libc::ENOENT;

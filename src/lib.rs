@@ -230,24 +230,27 @@ fn run_job(cli: &Cli, job: &Job, timing: Timing, redis: &Redis, log: &Log) -> Re
         &format!("acquired lock '{}' (fencing token {})", job.key, held.fence),
         &[("waited_ms", (asked.elapsed().as_millis() as u64).into())],
     );
-    let started = Watch::new(held.sent_at + timing.ttl, timing.margin)
-        .map_err(anyhow::Error::from)
-        .and_then(|watch| {
-            Watchdog::start(redis.clone(), con, held.clone(), timing, watch, log.clone())
-        });
-    let watchdog = match started {
+    let watch = match Watch::new(held.sent_at + timing.ttl, timing.margin) {
         Ok(w) => w,
         Err(e) => {
             let opts = ReleaseOptions::default();
-            release(redis, None, &held, held.sent_at + timing.ttl, &opts, log);
-            return Err(e.context("cannot start the watchdog thread"));
+            release(
+                redis,
+                Some(con),
+                &held,
+                held.sent_at + timing.ttl,
+                &opts,
+                log,
+            );
+            return Err(anyhow::Error::from(e).context("cannot map the page shared with the guard"));
         }
     };
+    let mut watchdog = Watchdog::new(redis.clone(), con, held.clone(), timing, watch, log.clone());
     let limits = Limits {
         grace: timing.grace,
         max_runtime: cli.max_runtime(),
     };
-    let (exit, ending) = run_child(job, &held, &watchdog.watch, limits, log);
+    let (exit, ending) = run_child(job, &held, &mut watchdog, limits, log);
     // From here on, the end of the run is bounded by --connect-timeout in all.
     let release_by = Instant::now() + redis.connect_timeout;
     let valid_until = match watchdog.watch.state() {
@@ -278,10 +281,11 @@ fn run_job(cli: &Cli, job: &Job, timing: Timing, redis: &Redis, log: &Log) -> Re
 fn run_child(
     job: &Job,
     held: &Held,
-    watch: &watchdog::Watch,
+    watchdog: &mut Watchdog,
     limits: Limits,
     log: &Log,
 ) -> (Exit, Ending) {
+    let watch = watchdog.watch.clone();
     if let Some(sig) = signals::pending_forwarded() {
         log.info(
             "signal",
@@ -359,7 +363,7 @@ fn run_child(
         panic!("injected by CRONLOCK_DEBUG_PANIC");
     }
     let started = Instant::now();
-    let ended = child::supervise(child, watch, limits, log);
+    let ended = child::supervise(child, watchdog, limits, log);
     RUNNING_GROUP.store(0, Ordering::SeqCst);
     let exit = ended.exit();
     let (ending, how) = match (&ended.stopped, ended.status) {

@@ -1,4 +1,4 @@
-//! The watchdog thread: renews the lock while the command runs and tracks, on the monotonic clock
+//! The watchdog: renews the lock while the command runs and tracks, on the monotonic clock
 //! ([`crate::clock`], which counts system suspend),
 //! until when the lock is known to be valid. The main thread reads that deadline to stop the
 //! command before the lock can expire in Redis.
@@ -189,11 +189,32 @@ fn kill_by(until: Instant, margin: Duration) -> Instant {
     until.checked_sub(margin / 2).unwrap_or(until)
 }
 
-/// The running renewal thread.
+/// The renewal thread, started only when the first renewal is due: a command that ends before
+/// then (most cron jobs' `true`-sized runs) never pays for a thread. Renewals keep their schedule,
+/// counted from the time the acquire was sent, whenever the thread starts.
 pub struct Watchdog {
     pub watch: Watch,
-    stop: mpsc::Sender<()>,
-    done: mpsc::Receiver<Option<Connection>>,
+    state: State,
+}
+
+enum State {
+    /// Nothing to do before `due`; the main loop calls [`Watchdog::start_if_due`].
+    Pending { due: Instant, renewal: Box<Renewal> },
+    Running {
+        stop: mpsc::Sender<()>,
+        done: mpsc::Receiver<Option<Connection>>,
+    },
+    /// The thread could not be started; the lock is marked lost.
+    Failed,
+}
+
+/// What the renewal thread needs.
+struct Renewal {
+    redis: Redis,
+    con: Connection,
+    held: Held,
+    timing: Timing,
+    log: Log,
 }
 
 /// A panic's message, for the one line that reports it.
@@ -206,45 +227,100 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl Watchdog {
-    /// Start renewing `held` over `con` (reconnecting through `redis` when needed).
-    pub fn start(
+    /// Prepare to renew `held` over `con` (reconnecting through `redis` when needed). No thread
+    /// runs yet: see [`Watchdog::start_if_due`].
+    pub fn new(
         redis: Redis,
         con: Connection,
         held: Held,
         timing: Timing,
         watch: Watch,
         log: Log,
-    ) -> Result<Watchdog> {
-        let (stop, stop_rx) = mpsc::channel();
-        let (done_tx, done) = mpsc::channel();
-        let w = watch.clone();
-        std::thread::Builder::new()
-            .name("watchdog".into())
-            .spawn(move || {
-                let name = held.keys.name.clone();
-                let run = std::panic::AssertUnwindSafe(|| {
-                    renew_loop(redis, Some(con), held, timing, w.clone(), stop_rx, log)
-                });
-                let con = std::panic::catch_unwind(run).unwrap_or_else(|payload| {
-                    // Nobody renews the lock any more: that is a lost lock, not a silent end.
-                    w.lose(format!(
-                        "the watchdog renewing '{name}' failed ({})",
-                        panic_message(&*payload)
-                    ));
-                    None
-                });
-                let _ = done_tx.send(con);
-            })?;
-        Ok(Watchdog { watch, stop, done })
+    ) -> Watchdog {
+        let due = held.sent_at + timing.interval;
+        let renewal = Box::new(Renewal {
+            redis,
+            con,
+            held,
+            timing,
+            log,
+        });
+        Watchdog {
+            watch,
+            state: State::Pending { due, renewal },
+        }
+    }
+
+    /// When the main loop must call [`Watchdog::start_if_due`] next, if at all.
+    pub fn due(&self) -> Option<Instant> {
+        match &self.state {
+            State::Pending { due, .. } => Some(*due),
+            _ => None,
+        }
+    }
+
+    /// Start the renewal thread once its first renewal is due. If it cannot start, nothing will
+    /// renew the lock: it is marked lost, so the command is stopped before the lock can expire.
+    pub fn start_if_due(&mut self, now: Instant) {
+        match &self.state {
+            State::Pending { due, .. } if now >= *due => {}
+            _ => return,
+        }
+        let State::Pending { renewal, .. } = std::mem::replace(&mut self.state, State::Failed)
+        else {
+            return;
+        };
+        match spawn(*renewal, self.watch.clone()) {
+            Ok(running) => self.state = running,
+            Err(e) => self.watch.lose(format!(
+                "cannot start the watchdog thread that renews it ({e})"
+            )),
+        }
     }
 
     /// Stop renewing; returns the connection if it is still good, for the release. Waits at most
     /// `within` for a renewal in flight: a hung Redis must not hold up the end of the run (a
     /// renewal that lands later is harmless, since it only extends a lock that is still ours).
     pub fn stop(self, within: Duration) -> Option<Connection> {
-        let _ = self.stop.send(());
-        self.done.recv_timeout(within).ok().flatten()
+        match self.state {
+            State::Pending { renewal, .. } => Some(renewal.con),
+            State::Running { stop, done } => {
+                let _ = stop.send(());
+                done.recv_timeout(within).ok().flatten()
+            }
+            State::Failed => None,
+        }
     }
+}
+
+fn spawn(r: Renewal, watch: Watch) -> std::io::Result<State> {
+    #[cfg(debug_assertions)]
+    if std::env::var_os("CRONLOCK_DEBUG_PANIC").is_some_and(|v| v == "watchdog-start") {
+        return Err(std::io::Error::other("injected by CRONLOCK_DEBUG_PANIC"));
+    }
+    let (stop, stop_rx) = mpsc::channel();
+    let (done_tx, done) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("watchdog".into())
+        // Renewals need little stack: a Redis call and a few log lines.
+        .stack_size(256 * 1024)
+        .spawn(move || {
+            let name = r.held.keys.name.clone();
+            let w = watch.clone();
+            let run = std::panic::AssertUnwindSafe(|| {
+                renew_loop(r.redis, Some(r.con), r.held, r.timing, w, stop_rx, r.log)
+            });
+            let con = std::panic::catch_unwind(run).unwrap_or_else(|payload| {
+                // Nobody renews the lock any more: that is a lost lock, not a silent end.
+                watch.lose(format!(
+                    "the watchdog renewing '{name}' failed ({})",
+                    panic_message(&*payload)
+                ));
+                None
+            });
+            let _ = done_tx.send(con);
+        })?;
+    Ok(State::Running { stop, done })
 }
 
 fn renew_loop(

@@ -554,3 +554,34 @@ fn a_watchdog_panic_is_a_lost_lock() {
     assert!(stderr(&out).contains("internal error"), "{}", stderr(&out));
     assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
 }
+
+/// The renewal thread starts only when the first renewal is due (a short job never needs one);
+/// if it cannot start then, nothing would renew the lock: the command is stopped, 122, and the
+/// lock is released, long before it could expire.
+#[test]
+fn a_watchdog_that_cannot_start_stops_the_command() {
+    let r = Redis::start();
+    let dir = scratch("no-thread");
+    let started = Instant::now();
+    let c = cronlock(&r)
+        .env("CRONLOCK_DEBUG_PANIC", "watchdog-start")
+        .args(["--ttl", "3s", "k", "-c"])
+        .arg(sh(&dir, "echo $$ > pid; exec sleep 60"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let cmd = read_pid(&dir.join("pid"));
+    let out = c.wait_with_output().unwrap();
+    assert_eq!(code(&out), 122, "{}", stderr(&out));
+    assert!(stderr(&out).contains("watchdog thread"), "{}", stderr(&out));
+    assert!(!alive(cmd));
+    // Stopped at the first renewal's time (TTL/3), with the lock released, not left to expire.
+    assert!(started.elapsed() < Duration::from_millis(2500));
+    assert!(!r.exists(LOCK));
+
+    // A job shorter than one renewal interval never needs the thread at all.
+    let out = run(cronlock(&r)
+        .env("CRONLOCK_DEBUG_PANIC", "watchdog-start")
+        .args(["--ttl", "3s", "k", "true"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+}
