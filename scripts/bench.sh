@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Benchmark cronlock on this machine against a loopback redis-server it starts on a free port.
-# Prints a Markdown report: overhead vs flock/true/redis-cli (hyperfine -N), peak RSS, Redis
+# Prints a Markdown report: overhead vs flock and true (interleaved), peak RSS, Redis
 # commands per run and renewals per TTL, --wait handoff latency with 20 waiters, and contention
-# (50 cronlocks at once). Installs hyperfine, redis-server and GNU time when missing.
-# Usage: scripts/bench.sh [runs]   (default 500 hyperfine runs per command)
+# (50 cronlocks at once). Installs gcc, redis-server and GNU time when missing.
+# Usage: scripts/bench.sh [rounds]   (default 300 interleaved rounds, three repeats)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RUNS=${1:-500}
+ROUNDS=${1:-300}
 
 need=()
-command -v hyperfine >/dev/null || need+=(hyperfine)
+command -v gcc >/dev/null || need+=(gcc)
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v redis-cli >/dev/null || need+=(redis-tools)
 [ -x /usr/bin/time ] || need+=(time)
@@ -35,21 +35,29 @@ echo
 echo "$(nproc) cores, $(uname -r), $(redis-server --version | cut -d' ' -f3), cronlock $($BIN --version | cut -d' ' -f2), $(date -u +%F)"
 echo
 
-# 1. Overhead, side by side in one hyperfine run.
-hyperfine -N --warmup 50 --runs "$RUNS" --export-json "$WORK/h.json" \
-  "$BIN bench -- true" "flock -n $WORK/flock.lock true" "redis-cli -p $PORT ping" "true" >/dev/null 2>&1
-python3 - "$WORK/h.json" <<'EOF'
-import json, sys
-res = json.load(open(sys.argv[1]))["results"]
-by = {r["command"].split()[0].rsplit("/", 1)[-1]: r for r in res}
-flock = by["flock"]["mean"]
-print("### Overhead per run (hyperfine -N, mean ± σ)\n")
-print("| command | mean | σ | ratio to flock |")
-print("|---|---|---|---|")
-for r in res:
-    print(f"| `{r['command'].replace(sys.argv[1].rsplit('/',1)[0], '$TMP')}` | {r['mean']*1e3:.2f} ms | {r['stddev']*1e3:.2f} ms | {r['mean']/flock:.2f}x |")
-print()
-EOF
+# 1. Overhead, interleaved: each round runs flock, cronlock and true once in a random order
+#    (scripts/interleave.c: fork/exec/wait timed on CLOCK_MONOTONIC), so this noisy machine's
+#    drift hits every command alike. -E 99: a run that did not take the lock counts as failed.
+gcc -O2 -o "$WORK/interleave" scripts/interleave.c
+cat > "$WORK/cmds" <<CMDS
+flock -n $WORK/flock.lock true
+$BIN -E 99 bench -- true
+true
+CMDS
+echo "### Overhead per run (interleaved, $ROUNDS rounds x 3, medians)"
+echo
+echo "| repeat | flock | cronlock | true | cronlock / flock | cronlock p10–p90 |"
+echo "|---|---|---|---|---|---|"
+for rep in 1 2 3; do
+  "$WORK/interleave" "$ROUNDS" "$WORK/cmds" > "$WORK/out"
+  fails=$(awk '{s+=$4} END {print s}' "$WORK/out")
+  [ "$fails" -eq 0 ] || { echo "bench: $fails runs failed or did not take the lock" >&2; exit 1; }
+  mapfile -t m < <(awk '{print $1, $2, $3}' "$WORK/out")
+  read -r f _ _ <<<"${m[0]}"; read -r c c10 c90 <<<"${m[1]}"; read -r t _ _ <<<"${m[2]}"
+  awk -v r="$rep" -v f="$f" -v c="$c" -v t="$t" -v a="$c10" -v b="$c90" 'BEGIN {
+    printf "| %d | %.2f ms | %.2f ms | %.2f ms | **%.2fx** | %.2f–%.2f ms |\n", r, f, c, t, c / f, a, b }'
+done
+echo
 
 # 2. Peak RSS while holding a lock.
 rss() { /usr/bin/time -v "$@" 2>&1 >/dev/null | awk '/Maximum resident/ {print $6}'; }

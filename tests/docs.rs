@@ -34,7 +34,7 @@ fn valued_options() -> Vec<(Vec<String>, String)> {
     cli::command()
         .get_arguments()
         .filter(|a| !a.is_positional() && a.get_action().takes_values())
-        .filter(|a| a.get_num_args().map_or(true, |n| n.max_values() > 0))
+        .filter(|a| a.get_num_args().is_none_or(|n| n.max_values() > 0))
         .map(|a| {
             let mut names = Vec::new();
             if let Some(c) = a.get_short() {
