@@ -7,6 +7,7 @@ complete -c cronlock -s w -l wait -d 'How long to wait for a busy lock before gi
 complete -c cronlock -l grace -d 'Time between SIGTERM and SIGKILL when cronlock stops the command [default: 5s, at most a quarter of --ttl]' -r
 complete -c cronlock -l max-runtime -d 'Stop the command (SIGTERM, then SIGKILL after --grace) when it runs longer; exit 124 (0: no limit)' -r
 complete -c cronlock -l min-hold -d 'Keep the lock until at least this long after it was taken, even when the command finishes sooner' -r
+complete -c cronlock -l schedule -d 'Run once per instant of this cron schedule across the fleet: a host firing for an instant that already ran skips (exit -E), even after the lock was released' -r
 complete -c cronlock -s E -l conflict-exit-code -d 'Exit status when the lock is held elsewhere and the command does not run' -r
 complete -c cronlock -s c -l command -d 'Run SHELL_COMMAND with /bin/sh -c instead of COMMAND' -r
 complete -c cronlock -l prefix -d 'Namespace for cronlock\'s Redis keys' -r
@@ -15,10 +16,12 @@ complete -c cronlock -l history -d 'How many past run records to keep per KEY (0
 complete -c cronlock -l history-ttl -d 'Expire the last-run record and history this long after the last run [default: never]' -r
 complete -c cronlock -l log-format -d 'Format of cronlock\'s own messages on stderr' -r -f -a "text\t'`cronlock: ...` lines'
 json\t'one JSON object per line'"
+complete -c cronlock -l max-age -d 'With --check: how old the last run may be (with --schedule: how long after an instant its run may take to start)' -r
 complete -c cronlock -s n -l nonblock -d 'Do not wait for a busy lock, like flock -n (same as --wait 0)'
 complete -c cronlock -s q -l quiet -d 'Print only errors'
 complete -c cronlock -s v -l verbose -d 'Also report a busy lock, acquisition, release and renewals'
 complete -c cronlock -l status -d 'Show whether KEY is held, by whom, and its last run; then exit'
+complete -c cronlock -l check -d 'Monitoring plugin: judge KEY\'s last run from its record in Redis and exit 0 OK, 1 WARNING, 2 CRITICAL or 3 UNKNOWN, with one line on stdout (Nagios conventions)'
 complete -c cronlock -l list -d 'List every lock currently held under --prefix; then exit'
 complete -c cronlock -l force-release -d 'Delete KEY\'s lock whoever holds it (the holder\'s command is then stopped, exit 122)'
 complete -c cronlock -l json -d 'Print --status, --list and --force-release results as JSON'

@@ -39,6 +39,7 @@ use crate::duration::Span;
 use crate::host::{rfc3339, unix_millis};
 use crate::lock::{self, Keys};
 use crate::log::Log;
+use crate::schedule::Schedule;
 
 /// A holder in a few words for a log line: `host web-1 pid 42 since 2026-11-21T02:00:00Z`.
 pub fn describe_holder(value: &str) -> String {
@@ -79,7 +80,7 @@ fn ttl_ms(pttl: i64) -> Value {
     }
 }
 
-fn round_ms(ms: u64) -> String {
+pub(crate) fn round_ms(ms: u64) -> String {
     // Whole seconds read better above a minute.
     let d = if ms >= 60_000 {
         Duration::from_secs(ms / 1000)
@@ -166,15 +167,37 @@ fn run_lines(r: &Value) -> Vec<String> {
     lines
 }
 
+/// What `--status` says about the schedule: the given `--schedule`, else the one recorded.
+struct Plan {
+    schedule: Schedule,
+    last: Option<i64>,
+    next: Option<i64>,
+}
+
+fn plan(snap: &lock::Snapshot, given: Option<&Schedule>) -> Option<Plan> {
+    let schedule = match given {
+        Some(s) => s.clone(),
+        None => Schedule::parse(snap.schedule.as_deref()?).ok()?,
+    };
+    let next = schedule.next_after(unix_millis() as i64);
+    Some(Plan {
+        schedule,
+        last: snap.instant,
+        next,
+    })
+}
+
 /// `--status KEY`; with `history`, also the kept runs (`Some(None)`: all of them).
 pub fn status(
     con: &mut Connection,
     keys: &Keys,
     as_json: bool,
     history: Option<Option<u32>>,
+    schedule: Option<&Schedule>,
 ) -> Result<String> {
     let mut out = String::new();
     let snap = lock::snapshot(con, keys, history.map(|n| n.unwrap_or(u32::MAX)))?;
+    let plan = plan(&snap, schedule);
     let runs: Vec<Value> = snap
         .history
         .iter()
@@ -193,6 +216,13 @@ pub fn status(
             "ttl_ms": holder.as_ref().map(|_| ttl_ms(snap.pttl)),
             "fencing_token": holder.as_ref().and(snap.fence),
             "last_run": last,
+            "schedule": plan.as_ref().map(|p| json!({
+                "schedule": p.schedule.text,
+                "last_instant": p.last,
+                "last_instant_time": p.last.map(|ms| rfc3339(ms as u64)),
+                "next_instant": p.next,
+                "next_instant_time": p.next.map(|ms| rfc3339(ms as u64)),
+            })),
         });
         if history.is_some() {
             out_json["history"] = Value::Array(runs);
@@ -225,6 +255,26 @@ pub fn status(
             }
         }
         None => w!(out, "last run: none recorded"),
+    }
+    if let Some(p) = &plan {
+        w!(out, "schedule:        {}", p.schedule.text);
+        match p.last {
+            Some(ms) => w!(
+                out,
+                "  last instant:  {} (a run started for it)",
+                p.schedule.label(ms)
+            ),
+            None => w!(out, "  last instant:  none recorded"),
+        }
+        if let Some(ms) = p.next {
+            let left = (ms as u64).saturating_sub(unix_millis());
+            w!(
+                out,
+                "  next instant:  {} (in {})",
+                p.schedule.label(ms),
+                round_ms(left)
+            );
+        }
     }
     if history.is_some() {
         if runs.is_empty() {

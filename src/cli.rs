@@ -36,6 +36,10 @@ pub const EXIT_STATUS: &[(&str, &str)] = &[
     ),
     ("126", "the command was found but could not be executed"),
     ("127", "the command was not found"),
+    (
+        "0, 1, 2, 3",
+        "with --check: OK, WARNING, CRITICAL, UNKNOWN (monitoring plugin conventions; never 125)",
+    ),
 ];
 
 /// Examples for `--help` and the man page: (what it does, the command line).
@@ -99,9 +103,10 @@ fn after_long_help() -> String {
     override_usage = "cronlock [OPTIONS] <KEY> [--] <COMMAND> [ARGS]...\n       \
                       cronlock [OPTIONS] <KEY> -c <SHELL_COMMAND>\n       \
                       cronlock --status [--json] <KEY>\n       \
+                      cronlock --check [--max-age <DURATION>] [--schedule <CRON>] [--json] <KEY>\n       \
                       cronlock --list [--json]\n       \
                       cronlock --force-release <KEY>",
-    group(ArgGroup::new("admin").args(["status", "list", "force_release"]))
+    group(ArgGroup::new("admin").args(["status", "check", "list", "force_release"]))
 )]
 pub struct Cli {
     /// Redis server URL: redis://[user][:password@]host[:port][/db], rediss://... (TLS) or
@@ -193,6 +198,16 @@ pub struct Cli {
     )]
     pub min_hold: Span,
 
+    /// Run once per instant of this cron schedule across the fleet: a host firing for an
+    /// instant that already ran skips (exit -E), even after the lock was released
+    ///
+    /// The same expression as the crontab line, CronJob or timer: 5 fields, or 6 with seconds
+    /// first; ranges, steps, lists, names, @hourly/@daily/... A CRON_TZ=Zone or TZ=Zone prefix
+    /// sets the time zone, else TZ or the system's. The run belongs to the instant nearest to
+    /// Redis's clock, so host clock skew does not matter.
+    #[arg(long, env = "CRONLOCK_SCHEDULE", value_name = "CRON", value_parser = schedule)]
+    pub schedule: Option<crate::schedule::Schedule>,
+
     /// Exit status when the lock is held elsewhere and the command does not run
     #[arg(
         short = 'E',
@@ -257,6 +272,22 @@ pub struct Cli {
     /// Show whether KEY is held, by whom, and its last run; then exit
     #[arg(long, requires = "key")]
     pub status: bool,
+
+    /// Monitoring plugin: judge KEY's last run from its record in Redis and exit 0 OK,
+    /// 1 WARNING, 2 CRITICAL or 3 UNKNOWN, with one line on stdout (Nagios conventions)
+    ///
+    /// CRITICAL: the last run failed, none started within --max-age (with --schedule: no run
+    /// for the latest instant older than --max-age, default 5m), or it never ran. WARNING: a
+    /// run has been going on for longer than --max-age. UNKNOWN: Redis unreachable or any
+    /// other error.
+    #[arg(long, requires = "key")]
+    pub check: bool,
+
+    /// With --check: how old the last run may be (with --schedule: how long after an instant
+    /// its run may take to start)
+    #[arg(long, env = "CRONLOCK_MAX_AGE", value_name = "DURATION",
+          value_parser = duration::positive, allow_hyphen_values = true)]
+    pub max_age: Option<Span>,
 
     /// List every lock currently held under --prefix; then exit
     #[arg(long)]
@@ -334,6 +365,7 @@ pub enum LogFormat {
 pub enum Mode {
     Run(Job),
     Status(String),
+    Check(String),
     List,
     ForceRelease(String),
 }
@@ -416,7 +448,9 @@ impl Cli {
 
     /// The mode, with the checks clap cannot express.
     pub fn mode(&self) -> Result<Mode> {
-        let admin = if self.status {
+        let admin = if self.check {
+            Some("--check")
+        } else if self.status {
             Some("--status")
         } else if self.list {
             Some("--list")
@@ -441,7 +475,9 @@ impl Cli {
             None | Some("") => bail!("{flag} needs a non-empty KEY"),
             Some(k) => k.to_string(),
         };
-        Ok(if self.status {
+        Ok(if self.check {
+            Mode::Check(key)
+        } else if self.status {
             Mode::Status(key)
         } else {
             Mode::ForceRelease(key)
@@ -551,6 +587,11 @@ pub fn one_line(err: &clap::Error) -> String {
 /// The clap command, for the man page and completion generators.
 pub fn command() -> clap::Command {
     Cli::command()
+}
+
+/// `--schedule`: a cron expression, checked now so a bad one is one line naming the field.
+fn schedule(text: &str) -> Result<crate::schedule::Schedule, String> {
+    crate::schedule::Schedule::parse(text)
 }
 
 #[cfg(test)]

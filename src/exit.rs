@@ -26,6 +26,8 @@ pub enum Exit {
     NotFound,
     /// `--help` / `--version` or an admin action that succeeded.
     Success,
+    /// `--check`: the monitoring plugin's status (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN).
+    Check(u8),
 }
 
 pub const LOCK_LOST: u8 = 122;
@@ -46,6 +48,7 @@ impl Exit {
             Exit::CannotExecute => CANNOT_EXECUTE,
             Exit::NotFound => NOT_FOUND,
             Exit::Success => 0,
+            Exit::Check(c) => c,
         }
     }
 

@@ -5,6 +5,7 @@
 
 pub mod admin;
 pub mod cgroup;
+pub mod check;
 pub mod child;
 pub mod cli;
 pub mod clock;
@@ -16,6 +17,7 @@ pub mod host;
 pub mod lock;
 pub mod log;
 pub mod record;
+pub mod schedule;
 pub mod shared;
 pub mod signals;
 pub mod tls;
@@ -88,6 +90,7 @@ fn run_parsed() -> Exit {
                     let _ = e.print();
                     Exit::Success
                 }
+                _ if checking_args() => unknown(&cli::one_line(&e)),
                 _ => {
                     // The format is unknown when parsing failed; honour the environment's.
                     let json = std::env::var("CRONLOCK_LOG_FORMAT").is_ok_and(|f| f == "json");
@@ -102,6 +105,7 @@ fn run_parsed() -> Exit {
     let json = cli.log_format == LogFormat::Json;
     let (quiet, verbose) = match cli.quiet_verbose() {
         Ok(qv) => qv,
+        Err(e) if cli.check => return unknown(&format!("{e:#}")),
         Err(e) => {
             let log = Log::new(false, false, json);
             log.error("usage", &format!("{e:#}"));
@@ -112,6 +116,7 @@ fn run_parsed() -> Exit {
     let log = Log::new(quiet, verbose, json);
     let exit = match execute(&cli, &log) {
         Ok(exit) => exit,
+        Err(e) if cli.check => unknown(&format!("{e:#}")),
         Err(e) => {
             log.error("error", &format!("{e:#}"));
             Exit::Failure
@@ -119,6 +124,19 @@ fn run_parsed() -> Exit {
     };
     log.flush(FLUSH_WAIT);
     exit
+}
+
+/// Whether the command line asks for `--check` (when it could not be parsed).
+fn checking_args() -> bool {
+    std::env::args_os().any(|a| a == "--check")
+}
+
+/// `--check` could not judge: the plugin's UNKNOWN line, never status 125.
+fn unknown(message: &str) -> Exit {
+    let text = message.strip_prefix("cronlock: ").unwrap_or(message);
+    let verdict = check::Verdict::unknown(text.to_string());
+    let _ = admin::print(&verdict.render("", false));
+    Exit::Check(check::State::Unknown as u8)
 }
 
 /// How long the exit waits for queued log lines to reach a slow stderr.
@@ -161,8 +179,16 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
                 .history_flag
                 .then(|| cli.history.and_then(|c| c.0));
             let keys = Keys::new(&cli.prefix, &key);
-            admin::print(&admin::status(&mut con, &keys, cli.json, history)?)?;
+            let schedule = cli.schedule.as_ref();
+            admin::print(&admin::status(
+                &mut con, &keys, cli.json, history, schedule,
+            )?)?;
             Ok(Exit::Success)
+        }
+        Mode::Check(key) => {
+            let verdict = check_key(cli, &redis, &key);
+            admin::print(&verdict.render(&key, cli.json))?;
+            Ok(Exit::Check(verdict.state as u8))
         }
         Mode::List => {
             let mut con = redis.connect(io_timeout)?;
@@ -178,13 +204,35 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
     }
 }
 
+/// `--check KEY`: every failure is an UNKNOWN verdict, never an error.
+fn check_key(cli: &Cli, redis: &Redis, key: &str) -> check::Verdict {
+    let keys = Keys::new(&cli.prefix, key);
+    let snap = redis
+        .connect(cli.connect_timeout.0)
+        .and_then(|mut con| lock::snapshot(&mut con, &keys, None));
+    match snap {
+        Ok(snap) => check::judge(
+            key,
+            &snap,
+            cli.max_age.map(|m| m.0),
+            cli.schedule.as_ref(),
+            host::unix_millis(),
+        ),
+        Err(e) => check::Verdict::unknown(format!("{e:#}")),
+    }
+}
+
 /// Take the lock, run the command under the watchdog, release and record the run.
 fn run_job(cli: &Cli, job: &Job, timing: Timing, redis: &Redis, log: &Log) -> Result<Exit> {
     log.set_key(&job.key);
     let keys = Keys::new(&cli.prefix, &job.key);
     let command = command_line(&job.argv);
     let asked = Instant::now();
-    let acquired = wait::acquire(redis, &keys, &command, timing.ttl, cli.wait(), log)?;
+    let slot = cli.schedule.as_ref().map(|s| lock::Slot {
+        schedule: s.text.clone(),
+        candidates: s.candidates(host::unix_millis() as i64),
+    });
+    let acquired = wait::acquire(redis, &keys, &command, timing.ttl, cli.wait(), slot, log)?;
     let (held, con) = match acquired {
         Acquired::Held(held, con) => (*held, con),
         Acquired::Busy(value) => {
@@ -212,6 +260,32 @@ fn run_job(cli: &Cli, job: &Job, timing: Timing, redis: &Redis, log: &Log) -> Re
             );
             return Ok(Exit::Conflict(cli.conflict_exit_code));
         }
+        Acquired::AlreadyRan { instant, ran } => {
+            let label = cli
+                .schedule
+                .as_ref()
+                .map_or_else(|| instant.to_string(), |s| s.label(instant));
+            let what = if ran > instant {
+                format!(
+                    "a later run ({}) already started",
+                    cli.schedule
+                        .as_ref()
+                        .map_or_else(|| ran.to_string(), |s| s.label(ran))
+                )
+            } else {
+                format!("already ran for the {label} run")
+            };
+            log.info(
+                "already_ran",
+                &format!("lock '{}': {what}; not running the command", job.key),
+                &[
+                    ("conflict_exit_code", cli.conflict_exit_code.into()),
+                    ("instant", instant.into()),
+                    ("recorded_instant", ran.into()),
+                ],
+            );
+            return Ok(Exit::Conflict(cli.conflict_exit_code));
+        }
         Acquired::Signalled(sig) => {
             log.info(
                 "signal",
@@ -227,7 +301,15 @@ fn run_job(cli: &Cli, job: &Job, timing: Timing, redis: &Redis, log: &Log) -> Re
     log.set_lock(&held.holder.token, held.fence);
     log.info(
         "acquired",
-        &format!("acquired lock '{}' (fencing token {})", job.key, held.fence),
+        &format!(
+            "acquired lock '{}' (fencing token {}){}",
+            job.key,
+            held.fence,
+            match (held.instant, &cli.schedule) {
+                (Some(i), Some(s)) => format!(" for the {} run", s.label(i)),
+                _ => String::new(),
+            }
+        ),
         &[("waited_ms", (asked.elapsed().as_millis() as u64).into())],
     );
     let watch = match Watch::new(held.sent_at + timing.ttl, timing.margin) {

@@ -8,6 +8,7 @@
 //! - `cronlock:{KEY}:last`   the last run's record (JSON)
 //! - `cronlock:{KEY}:history` the last runs' records, newest first, capped
 //! - `cronlock:{KEY}:notify` a one-element list that wakes one `--wait`er on release
+//! - `cronlock:{KEY}:schedule` with `--schedule`: the last started run's instant and schedule
 //! - `cronlock:{KEY}:abandoned:TOKEN` for a TTL after an acquire whose reply was lost
 
 use std::sync::LazyLock;
@@ -41,6 +42,7 @@ pub struct Keys {
     pub last: String,
     pub history: String,
     pub notify: String,
+    pub schedule: String,
 }
 
 impl Keys {
@@ -52,6 +54,7 @@ impl Keys {
             last: format!("{lock}:last"),
             history: format!("{lock}:history"),
             notify: format!("{lock}:notify"),
+            schedule: format!("{lock}:schedule"),
             lock,
         }
     }
@@ -129,6 +132,16 @@ pub struct Held {
     pub ttl: Duration,
     /// When the acquiring script was sent: the lock is valid until this + ttl at the least.
     pub sent_at: Instant,
+    /// With `--schedule`: the instant (Unix ms) this run is for.
+    pub instant: Option<i64>,
+}
+
+/// With `--schedule`: what the acquire script chooses the run's instant from.
+#[derive(Debug, Clone)]
+pub struct Slot {
+    pub schedule: String,
+    /// Instants (Unix ms) around the local clock; Redis takes the one nearest to its own.
+    pub candidates: Vec<i64>,
 }
 
 /// What the release found.
@@ -157,9 +170,14 @@ pub struct ReleaseOptions {
 #[derive(Debug)]
 pub enum Attempt {
     Held(Box<Held>),
-    /// Held elsewhere; the holder's lock expires in this much (None: no expiry set), and the
-    /// holder's value.
-    Busy(Option<Duration>, String),
+    /// Held elsewhere; the holder's lock expires in this much (None: no expiry set), the
+    /// holder's value, and (with a schedule) the instant this attempt was for.
+    Busy(Option<Duration>, String, Option<i64>),
+    /// The run for this instant already started (at `ran`, the recorded instant).
+    AlreadyRan {
+        instant: i64,
+        ran: i64,
+    },
 }
 
 fn ms(d: Duration) -> u64 {
@@ -186,16 +204,22 @@ pub fn try_acquire(
     keys: &Keys,
     holder: &Holder,
     ttl: Duration,
+    slot: Option<&Slot>,
 ) -> std::result::Result<Attempt, AcquireError> {
     let sent_at = Instant::now();
-    let (fence, pttl, value): (i64, i64, Option<String>) = ACQUIRE
-        .key(&keys.lock)
+    let mut call = ACQUIRE.prepare_invoke();
+    call.key(&keys.lock)
         .key(&keys.fence)
         .key(keys.abandoned(&holder.token))
+        .key(&keys.schedule)
         .arg(&holder.value)
         .arg(ms(ttl))
-        .invoke(con)
-        .map_err(|error| AcquireError {
+        .arg(slot.map_or("", |s| s.schedule.as_str()));
+    for c in slot.map_or(&[][..], |s| &s.candidates) {
+        call.arg(*c);
+    }
+    let (fence, pttl, value, instant, ran): (i64, i64, Option<String>, i64, i64) =
+        call.invoke(con).map_err(|error| AcquireError {
             // No reply, or one we could not read: the script may have run and taken the lock.
             unknown: error.is_timeout()
                 || error.is_io_error()
@@ -206,9 +230,16 @@ pub fn try_acquire(
                 ),
             error,
         })?;
+    let instant = (instant != 0).then_some(instant);
+    if ran != 0 {
+        return Ok(Attempt::AlreadyRan {
+            instant: instant.unwrap_or(ran),
+            ran,
+        });
+    }
     if fence <= 0 {
         let left = u64::try_from(pttl).ok().map(Duration::from_millis);
-        return Ok(Attempt::Busy(left, value.unwrap_or_default()));
+        return Ok(Attempt::Busy(left, value.unwrap_or_default(), instant));
     }
     Ok(Attempt::Held(Box::new(Held {
         keys: keys.clone(),
@@ -216,6 +247,7 @@ pub fn try_acquire(
         fence,
         ttl,
         sent_at,
+        instant,
     })))
 }
 
@@ -294,6 +326,9 @@ pub struct Snapshot {
     pub last_run: Option<String>,
     /// The newest kept run records, when asked for.
     pub history: Vec<String>,
+    /// With `--schedule`: the last started run's instant (Unix ms) and the schedule it used.
+    pub instant: Option<i64>,
+    pub schedule: Option<String>,
 }
 
 /// Read the lock, its expiry, its fencing counter, its last run and up to `history` kept runs at
@@ -305,12 +340,14 @@ pub fn snapshot(con: &mut Connection, keys: &Keys, history: Option<u32>) -> Resu
         Option<i64>,
         Option<String>,
         Vec<String>,
+        (Option<i64>, Option<String>),
     );
-    let (holder, pttl, fence, last_run, history): Reply = STATUS
+    let (holder, pttl, fence, last_run, history, (instant, schedule)): Reply = STATUS
         .key(&keys.lock)
         .key(&keys.fence)
         .key(&keys.last)
         .key(&keys.history)
+        .key(&keys.schedule)
         .arg(history.map_or(0, i64::from))
         .invoke(con)
         .map_err(|e| anyhow!("cannot read lock '{}': {}", keys.name, first_line(&e)))?;
@@ -320,6 +357,8 @@ pub fn snapshot(con: &mut Connection, keys: &Keys, history: Option<u32>) -> Resu
         fence,
         last_run,
         history,
+        instant,
+        schedule,
     })
 }
 

@@ -52,6 +52,9 @@ pub fn run_record(held: &Held, ending: Ending, exit: Exit, duration: Duration) -
         "exit_status": exit.code(),
         "ended": ending.name(),
     });
+    if let Some(instant) = held.instant {
+        rec["instant"] = instant.into();
+    }
     if let Exit::Signal(n) = exit {
         rec["signal"] = n.into();
     }

@@ -30,6 +30,8 @@ pub enum Acquired {
     Busy(String),
     /// A signal asked us to stop before we had the lock.
     Signalled(libc::c_int),
+    /// With `--schedule`: the run for this instant already started (the recorded instant).
+    AlreadyRan { instant: i64, ran: i64 },
 }
 
 /// A random duration in `[d/2, d]`, so waiters on many hosts do not poll in step.
@@ -74,12 +76,16 @@ fn abandon(redis: &Redis, keys: &Keys, holder: &Holder, ttl: Duration) -> String
 
 /// Try to take the lock, waiting up to `wait` for it. While waiting, transient errors (Redis
 /// restarting or loading, a timeout, a dropped connection) are retried on a new connection.
+///
+/// With a `slot`, the first answer fixes the run's instant: a waiter stays with the instant it
+/// fired for, and skips when another host ran that one meanwhile.
 pub fn acquire(
     redis: &Redis,
     keys: &Keys,
     command: &str,
     ttl: Duration,
     wait: Duration,
+    mut slot: Option<lock::Slot>,
     log: &Log,
 ) -> Result<Acquired> {
     let io_timeout = redis.connect_timeout;
@@ -115,27 +121,36 @@ pub fn acquire(
         };
         // A fresh holder per attempt, so `started` says when we got it.
         let holder = Holder::new(command);
-        let (expires_in, busy_with) = match lock::try_acquire(&mut c, keys, &holder, ttl) {
-            Ok(Attempt::Held(held)) => return Ok(Acquired::Held(held, c)),
-            Ok(Attempt::Busy(expires_in, value)) => (expires_in, value),
-            Err(e) => {
-                let mut text = format!(
-                    "cannot acquire lock '{}': {}",
-                    keys.name,
-                    first_line(&e.error)
-                );
-                if e.unknown {
-                    text += &format!(" ({})", abandon(redis, keys, &holder, ttl));
+        let (expires_in, busy_with) =
+            match lock::try_acquire(&mut c, keys, &holder, ttl, slot.as_ref()) {
+                Ok(Attempt::Held(held)) => return Ok(Acquired::Held(held, c)),
+                Ok(Attempt::AlreadyRan { instant, ran }) => {
+                    return Ok(Acquired::AlreadyRan { instant, ran })
                 }
-                if !e.transient() {
-                    return Err(anyhow!(text));
+                Ok(Attempt::Busy(expires_in, value, instant)) => {
+                    if let (Some(s), Some(i)) = (slot.as_mut(), instant) {
+                        s.candidates = vec![i];
+                    }
+                    (expires_in, value)
                 }
-                match retry(anyhow!(text), &mut trouble_told)? {
-                    Some(sig) => return Ok(Acquired::Signalled(sig)),
-                    None => continue,
+                Err(e) => {
+                    let mut text = format!(
+                        "cannot acquire lock '{}': {}",
+                        keys.name,
+                        first_line(&e.error)
+                    );
+                    if e.unknown {
+                        text += &format!(" ({})", abandon(redis, keys, &holder, ttl));
+                    }
+                    if !e.transient() {
+                        return Err(anyhow!(text));
+                    }
+                    match retry(anyhow!(text), &mut trouble_told)? {
+                        Some(sig) => return Ok(Acquired::Signalled(sig)),
+                        None => continue,
+                    }
                 }
-            }
-        };
+            };
         let now = Instant::now();
         if now >= deadline {
             return Ok(Acquired::Busy(busy_with));

@@ -1,0 +1,315 @@
+//! `--check KEY`: a monitoring plugin. "Did last night's job run somewhere, and did it succeed?"
+//! is answered from the run record in Redis, so any host, or the monitoring system itself, can
+//! ask. Output and exit status follow the Nagios plugin conventions that Icinga, Sensu, Zabbix and
+//! Checkmk run: one line on stdout, performance data after `|`, and
+//! 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN. Every error in this mode is UNKNOWN, never 125.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::admin::round_ms;
+use crate::lock::Snapshot;
+use crate::schedule::Schedule;
+
+/// The plugin states, with their exit statuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    Ok = 0,
+    Warning = 1,
+    Critical = 2,
+    Unknown = 3,
+}
+
+impl State {
+    pub fn name(self) -> &'static str {
+        match self {
+            State::Ok => "OK",
+            State::Warning => "WARNING",
+            State::Critical => "CRITICAL",
+            State::Unknown => "UNKNOWN",
+        }
+    }
+}
+
+/// With `--schedule` and no `--max-age`: how long after an instant its run may take to start.
+pub const DEFAULT_SCHEDULE_GRACE: Duration = Duration::from_secs(5 * 60);
+
+/// What the check found.
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    pub state: State,
+    pub message: String,
+    /// Performance data: (label, milliseconds), shown in seconds.
+    pub perf: Vec<(&'static str, u64)>,
+}
+
+impl Verdict {
+    pub fn unknown(message: String) -> Verdict {
+        Verdict {
+            state: State::Unknown,
+            message,
+            perf: Vec::new(),
+        }
+    }
+
+    /// The plugin's line (or JSON object), newline included.
+    pub fn render(&self, key: &str, as_json: bool) -> String {
+        if as_json {
+            let perf: serde_json::Map<String, Value> = self
+                .perf
+                .iter()
+                .map(|(k, v)| (format!("{k}_s"), json!(*v as f64 / 1000.0)))
+                .collect();
+            return format!(
+                "{}\n",
+                json!({
+                    "key": key,
+                    "status": self.state.name(),
+                    "code": self.state as u8,
+                    "message": self.message,
+                    "perfdata": perf,
+                })
+            );
+        }
+        let mut line = format!("CRONLOCK {} - {}", self.state.name(), self.message);
+        if !self.perf.is_empty() {
+            line += " |";
+            for (k, v) in &self.perf {
+                line += &format!(" {k}={}s", seconds(*v));
+            }
+        }
+        line + "\n"
+    }
+}
+
+/// Milliseconds as seconds for performance data: `63`, or `0.003` below a whole second.
+fn seconds(ms: u64) -> String {
+    if ms.is_multiple_of(1000) || ms >= 10_000 {
+        (ms / 1000).to_string()
+    } else {
+        format!("{:.3}", ms as f64 / 1000.0)
+    }
+}
+
+/// A duration for people: whole seconds from one second up.
+fn coarse(ms: u64) -> String {
+    if ms >= 1000 {
+        round_ms(ms / 1000 * 1000)
+    } else {
+        round_ms(ms)
+    }
+}
+
+fn parse(raw: Option<&str>) -> Option<Value> {
+    serde_json::from_str::<Value>(raw?).ok()
+}
+
+fn text(v: &Value, key: &str) -> String {
+    match &v[key] {
+        Value::String(s) => s.clone(),
+        Value::Null => "?".into(),
+        other => other.to_string(),
+    }
+}
+
+/// How a recorded run ended, in a few words; `None` when it succeeded.
+fn failure(run: &Value) -> Option<String> {
+    let status = run["exit_status"].as_i64();
+    match run["ended"].as_str() {
+        Some("exited") if status == Some(0) => None,
+        Some("exited") => Some(format!("exit {}", text(run, "exit_status"))),
+        Some("signalled") => Some(format!("killed by signal {}", text(run, "signal"))),
+        Some("lost") => Some("lost its lock, exit 122".into()),
+        Some("max-runtime") => Some("ran past --max-runtime, exit 124".into()),
+        Some("not-started") => Some(format!("not started, exit {}", text(run, "exit_status"))),
+        _ => Some(format!("ended '{}'", text(run, "ended"))),
+    }
+}
+
+/// Judge KEY from a snapshot at `now_ms`.
+pub fn judge(
+    key: &str,
+    snap: &Snapshot,
+    max_age: Option<Duration>,
+    schedule: Option<&Schedule>,
+    now_ms: u64,
+) -> Verdict {
+    let last = parse(snap.last_run.as_deref());
+    let holder = parse(snap.holder.as_deref());
+    let since = |ms: u64| now_ms.saturating_sub(ms);
+
+    // A run in progress (a lock whose run has not finished: not one kept for --min-hold).
+    if let Some(h) = &holder {
+        let finished = last
+            .as_ref()
+            .is_some_and(|l| l.get("token").is_some() && l.get("token") == h.get("token"));
+        if let (false, Some(started)) = (finished, h["started"].as_u64()) {
+            let running = since(started);
+            let perf = vec![("running", running)];
+            let host = text(h, "host");
+            if max_age.is_some_and(|m| running > m.as_millis() as u64) {
+                return Verdict {
+                    state: State::Warning,
+                    message: format!(
+                        "{key} has been running on {host} for {}, longer than --max-age {}",
+                        coarse(running),
+                        coarse(max_age.unwrap_or_default().as_millis() as u64)
+                    ),
+                    perf,
+                };
+            }
+            return Verdict {
+                state: State::Ok,
+                message: format!("{key} is running on {host} for {}", coarse(running)),
+                perf,
+            };
+        }
+    }
+
+    // With a schedule: the latest instant whose run should have started by now.
+    let expected = schedule.and_then(|s| {
+        let grace = max_age.unwrap_or(DEFAULT_SCHEDULE_GRACE).as_millis() as u64;
+        let instant = s.at_or_before(now_ms.saturating_sub(grace) as i64)?;
+        Some((s, instant))
+    });
+    let missed = expected.filter(|(_, instant)| snap.instant.is_none_or(|ran| ran < *instant));
+
+    let Some(run) = last else {
+        let message = match missed {
+            Some((s, instant)) => format!(
+                "{key} never ran: no run for the {} instant",
+                s.label_at(instant, now_ms as i64)
+            ),
+            None => format!("{key} never ran"),
+        };
+        return Verdict {
+            state: State::Critical,
+            message,
+            perf: Vec::new(),
+        };
+    };
+    let started = run["started"].as_u64().unwrap_or(0);
+    let age = since(started);
+    let duration = run["duration_ms"].as_u64().unwrap_or(0);
+    let perf = vec![("age", age), ("duration", duration)];
+    let host = text(&run, "host");
+    let when = format!("on {host} {} ago", coarse(age));
+    if let Some(how) = failure(&run) {
+        return Verdict {
+            state: State::Critical,
+            message: format!("{key} failed {when} ({how}, {})", coarse(duration)),
+            perf,
+        };
+    }
+    if let Some((s, instant)) = missed {
+        return Verdict {
+            state: State::Critical,
+            message: format!(
+                "{key}: no run for the {} instant (last run {when})",
+                s.label_at(instant, now_ms as i64)
+            ),
+            perf,
+        };
+    }
+    if schedule.is_none() {
+        if let Some(m) = max_age.filter(|m| age > m.as_millis() as u64) {
+            return Verdict {
+                state: State::Critical,
+                message: format!(
+                    "{key}: no run started within --max-age {} (last run {when})",
+                    coarse(m.as_millis() as u64)
+                ),
+                perf,
+            };
+        }
+    }
+    Verdict {
+        state: State::Ok,
+        message: format!("{key} succeeded {when} (exit 0, {})", coarse(duration)),
+        perf,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: u64 = 1_795_240_800_000; // 2026-11-21T06:00:00Z
+
+    fn snap(holder: Option<Value>, last: Option<Value>, instant: Option<i64>) -> Snapshot {
+        Snapshot {
+            holder: holder.map(|h| h.to_string()),
+            pttl: 1000,
+            fence: Some(7),
+            last_run: last.map(|l| l.to_string()),
+            history: Vec::new(),
+            instant,
+            schedule: None,
+        }
+    }
+
+    fn run(ended: &str, status: i64, started_ago_s: u64, token: &str) -> Value {
+        json!({"host": "web-1", "started": NOW - started_ago_s * 1000, "duration_ms": 63_000,
+               "ended": ended, "exit_status": status, "token": token})
+    }
+
+    #[test]
+    fn ok_line_has_perfdata() {
+        let v = judge(
+            "nightly-report",
+            &snap(None, Some(run("exited", 0, 10_800, "a")), None),
+            Some(Duration::from_secs(26 * 3600)),
+            None,
+            NOW,
+        );
+        assert_eq!(
+            v.render("nightly-report", false),
+            "CRONLOCK OK - nightly-report succeeded on web-1 3h ago (exit 0, 1m 3s) \
+             | age=10800s duration=63s\n"
+        );
+    }
+
+    #[test]
+    fn failures_age_and_running() {
+        let day = Some(Duration::from_secs(86_400));
+        let s = snap(None, Some(run("exited", 1, 60, "a")), None);
+        assert_eq!(judge("k", &s, day, None, NOW).state, State::Critical);
+        let s = snap(None, Some(run("lost", 122, 60, "a")), None);
+        assert!(judge("k", &s, day, None, NOW)
+            .message
+            .contains("lost its lock"));
+        let s = snap(None, Some(run("exited", 0, 90_000, "a")), None);
+        assert_eq!(judge("k", &s, day, None, NOW).state, State::Critical);
+        assert_eq!(judge("k", &s, None, None, NOW).state, State::Ok);
+        let s = snap(None, None, None);
+        assert_eq!(judge("k", &s, day, None, NOW).state, State::Critical);
+        let holder = json!({"host": "web-2", "started": NOW - 7_200_000, "token": "b"});
+        let s = snap(Some(holder), Some(run("exited", 0, 90_000, "a")), None);
+        assert_eq!(
+            judge("k", &s, Some(Duration::from_secs(3600)), None, NOW).state,
+            State::Warning
+        );
+        assert_eq!(judge("k", &s, day, None, NOW).state, State::Ok);
+    }
+
+    #[test]
+    fn schedule_names_the_missed_instant() {
+        let daily = Schedule::parse("TZ=UTC 0 2 * * *").unwrap();
+        let today_2am = (NOW - 4 * 3_600_000) as i64;
+        let s = snap(
+            None,
+            Some(run("exited", 0, 86_400 + 4 * 3600, "a")),
+            Some(today_2am - 86_400_000),
+        );
+        let v = judge("k", &s, None, Some(&daily), NOW);
+        assert_eq!(v.state, State::Critical);
+        assert!(
+            v.message.contains("no run for the 02:00 instant"),
+            "{}",
+            v.message
+        );
+        let s = snap(None, Some(run("exited", 0, 4 * 3600, "a")), Some(today_2am));
+        assert_eq!(judge("k", &s, None, Some(&daily), NOW).state, State::Ok);
+    }
+}

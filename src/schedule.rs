@@ -1,0 +1,301 @@
+//! `--schedule CRON`: once per *scheduled instant* across the fleet, not merely not-concurrently.
+//!
+//! Every host fires for the same schedule (crontab, CronJob, timer), each a little early or late
+//! by its own clock. A run belongs to the schedule's instant nearest to **Redis's** clock: cronlock
+//! computes the instants around its own clock (two before, two after) and the acquire script picks
+//! the one nearest to Redis `TIME`, so host clock skew does not matter. The script records the
+//! instant for the KEY; a host firing for an instant that already started skips, even after the
+//! lock was released (the run a `--min-hold` would only approximate).
+//!
+//! Expressions are cron's: 5 fields, or 6 with seconds first; ranges, steps, lists, names and
+//! `@hourly`-style nicknames, parsed and evaluated by `croner`. The time zone is a `CRON_TZ=` or
+//! `TZ=` prefix, else the `TZ` variable, else the system's (`/etc/localtime`), all from the
+//! system's tz database through `jiff`, as cron itself does.
+
+use chrono::{FixedOffset, MappedLocalTime, NaiveDate, NaiveDateTime};
+use croner::parser::CronParser;
+use croner::Cron;
+
+/// A parsed `--schedule`.
+#[derive(Clone, Debug)]
+pub struct Schedule {
+    /// As the user wrote it (stored with the run, shown by `--status`).
+    pub text: String,
+    cron: Cron,
+    zone: Zone,
+}
+
+/// How many instants on each side of the local clock go to the acquire script.
+const AROUND: usize = 2;
+
+const FIELDS_5: [&str; 5] = ["minute", "hour", "day-of-month", "month", "day-of-week"];
+
+impl Schedule {
+    /// Parse `text`; the error names the offending field or time zone.
+    pub fn parse(text: &str) -> Result<Schedule, String> {
+        let trimmed = text.trim();
+        let (zone, expr) = match trimmed.split_once(char::is_whitespace) {
+            Some((first, rest)) if first.starts_with("CRON_TZ=") || first.starts_with("TZ=") => {
+                let name = first.split_once('=').map_or("", |(_, n)| n);
+                let tz = jiff::tz::TimeZone::get(name).map_err(|_| {
+                    format!("unknown time zone '{name}' (not in the system's tz database)")
+                })?;
+                (Zone(tz), rest.trim())
+            }
+            _ => (Zone(jiff::tz::TimeZone::system()), trimmed),
+        };
+        let parser = CronParser::builder().build();
+        let cron = parser.parse(expr).map_err(|e| explain(&parser, expr, &e))?;
+        let schedule = Schedule {
+            text: trimmed.to_string(),
+            cron,
+            zone,
+        };
+        if schedule
+            .next_after(crate::host::unix_millis() as i64)
+            .is_none()
+        {
+            return Err("it never matches a date".into());
+        }
+        Ok(schedule)
+    }
+
+    /// `ms` in the schedule's zone, in whole seconds (croner keeps fractions in its results).
+    fn at(&self, ms: i64) -> Option<chrono::DateTime<Zone>> {
+        chrono::DateTime::from_timestamp(ms.div_euclid(1000), 0)
+            .map(|t| t.with_timezone(&self.zone))
+    }
+
+    /// The first instant strictly after `ms`.
+    pub fn next_after(&self, ms: i64) -> Option<i64> {
+        let t = self.at(ms)?;
+        let next = self.cron.find_next_occurrence(&t, false).ok()?;
+        Some(next.timestamp_millis())
+    }
+
+    /// The last instant at or before `ms`.
+    pub fn at_or_before(&self, ms: i64) -> Option<i64> {
+        let t = self.at(ms)?;
+        let prev = self.cron.find_previous_occurrence(&t, true).ok()?;
+        Some(prev.timestamp_millis())
+    }
+
+    /// The instants around `now_ms` for the acquire script to choose from, oldest first.
+    pub fn candidates(&self, now_ms: i64) -> Vec<i64> {
+        let mut out = Vec::with_capacity(2 * AROUND);
+        let mut t = now_ms;
+        for _ in 0..AROUND {
+            match self.at_or_before(t) {
+                Some(p) => {
+                    out.push(p);
+                    t = p - 1000;
+                }
+                None => break,
+            }
+        }
+        out.reverse();
+        let mut t = now_ms;
+        for _ in 0..AROUND {
+            match self.next_after(t) {
+                Some(n) => {
+                    out.push(n);
+                    t = n;
+                }
+                None => break,
+            }
+        }
+        out.dedup();
+        out
+    }
+
+    /// An instant as people name it: `02:00` (`02:00:10` with seconds), with the date when it
+    /// is not today, in the schedule's time zone.
+    pub fn label(&self, ms: i64) -> String {
+        self.label_at(ms, crate::host::unix_millis() as i64)
+    }
+
+    /// [`Schedule::label`] as seen at `now_ms`.
+    pub fn label_at(&self, ms: i64, now_ms: i64) -> String {
+        let (Ok(ts), Ok(now)) = (
+            jiff::Timestamp::from_millisecond(ms),
+            jiff::Timestamp::from_millisecond(now_ms),
+        ) else {
+            return ms.to_string();
+        };
+        let z = ts.to_zoned(self.zone.0.clone());
+        let today = now.to_zoned(self.zone.0.clone()).date();
+        let time = if z.second() == 0 {
+            z.strftime("%H:%M").to_string()
+        } else {
+            z.strftime("%H:%M:%S").to_string()
+        };
+        if z.date() == today {
+            time
+        } else {
+            format!("{} {time}", z.strftime("%Y-%m-%d"))
+        }
+    }
+}
+
+/// Name the field of `expr` that croner refused, by parsing each field alone.
+fn explain(parser: &CronParser, expr: &str, err: &croner::errors::CronError) -> String {
+    let fields: Vec<&str> = expr.split_whitespace().collect();
+    let names: Vec<&str> = match fields.len() {
+        5 => FIELDS_5.to_vec(),
+        6 => [&["second"][..], &FIELDS_5[..]].concat(),
+        7 => [&["second"][..], &FIELDS_5[..], &["year"][..]].concat(),
+        n if expr.starts_with('@') => {
+            let _ = n;
+            return format!(
+                "unknown nickname '{expr}' (use @yearly, @monthly, @weekly, @daily or @hourly)"
+            );
+        }
+        n => {
+            return format!("it has {n} fields: cron expressions have 5 (or 6, with seconds first)")
+        }
+    };
+    for (i, field) in fields.iter().enumerate() {
+        let alone: Vec<&str> = (0..fields.len())
+            .map(|j| if j == i { *field } else { "*" })
+            .collect();
+        if parser.parse(&alone.join(" ")).is_err() {
+            return format!("the {} field '{field}' is invalid", names[i]);
+        }
+    }
+    format!("{err}")
+}
+
+/// A `jiff` time zone (the system's tz database, `TZ`, `/etc/localtime`) as a `chrono` one,
+/// which is what croner evaluates in.
+#[derive(Clone, Debug)]
+pub struct Zone(jiff::tz::TimeZone);
+
+/// The offset of a [`Zone`] at some instant; it keeps the zone so chrono can get it back.
+#[derive(Clone, Debug)]
+pub struct ZoneOffset {
+    zone: jiff::tz::TimeZone,
+    fixed: FixedOffset,
+}
+
+impl chrono::Offset for ZoneOffset {
+    fn fix(&self) -> FixedOffset {
+        self.fixed
+    }
+}
+
+impl Zone {
+    fn offset(&self, o: jiff::tz::Offset) -> ZoneOffset {
+        ZoneOffset {
+            zone: self.0.clone(),
+            fixed: FixedOffset::east_opt(o.seconds()).unwrap_or(FixedOffset::east_opt(0).unwrap()),
+        }
+    }
+}
+
+impl chrono::TimeZone for Zone {
+    type Offset = ZoneOffset;
+
+    fn from_offset(offset: &ZoneOffset) -> Zone {
+        Zone(offset.zone.clone())
+    }
+
+    fn offset_from_local_date(&self, local: &NaiveDate) -> MappedLocalTime<ZoneOffset> {
+        self.offset_from_local_datetime(&local.and_time(chrono::NaiveTime::MIN))
+    }
+
+    fn offset_from_local_datetime(&self, local: &NaiveDateTime) -> MappedLocalTime<ZoneOffset> {
+        use chrono::{Datelike, Timelike};
+        let Ok(civil) = jiff::civil::DateTime::new(
+            local.year() as i16,
+            local.month() as i8,
+            local.day() as i8,
+            local.hour() as i8,
+            local.minute() as i8,
+            local.second() as i8,
+            0,
+        ) else {
+            return MappedLocalTime::None;
+        };
+        match self.0.to_ambiguous_timestamp(civil).offset() {
+            jiff::tz::AmbiguousOffset::Unambiguous { offset } => {
+                MappedLocalTime::Single(self.offset(offset))
+            }
+            // A time skipped by a change to summer time does not exist.
+            jiff::tz::AmbiguousOffset::Gap { .. } => MappedLocalTime::None,
+            jiff::tz::AmbiguousOffset::Fold { before, after } => {
+                MappedLocalTime::Ambiguous(self.offset(before), self.offset(after))
+            }
+        }
+    }
+
+    fn offset_from_utc_date(&self, utc: &NaiveDate) -> ZoneOffset {
+        self.offset_from_utc_datetime(&utc.and_time(chrono::NaiveTime::MIN))
+    }
+
+    fn offset_from_utc_datetime(&self, utc: &NaiveDateTime) -> ZoneOffset {
+        let ts = jiff::Timestamp::from_second(utc.and_utc().timestamp())
+            .unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+        self.offset(self.0.to_offset(ts))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn utc(text: &str) -> Schedule {
+        Schedule::parse(&format!("TZ=UTC {text}")).unwrap()
+    }
+
+    #[test]
+    fn five_and_six_fields_and_nicknames() {
+        // 2026-11-21T02:00:07Z
+        let now = 1_795_226_407_000;
+        let s = utc("*/10 * * * * *");
+        assert_eq!(s.at_or_before(now), Some(1_795_226_400_000));
+        assert_eq!(s.next_after(now), Some(1_795_226_410_000));
+        assert_eq!(
+            s.candidates(now),
+            vec![
+                1_795_226_390_000,
+                1_795_226_400_000,
+                1_795_226_410_000,
+                1_795_226_420_000
+            ]
+        );
+        let s = utc("0 2 * * *");
+        assert_eq!(s.at_or_before(now), Some(1_795_226_400_000));
+        assert_eq!(utc("@daily").next_after(now), Some(1_795_305_600_000));
+        assert_eq!(
+            utc("0 2 * nov sat").at_or_before(now),
+            Some(1_795_226_400_000)
+        );
+    }
+
+    #[test]
+    fn time_zones() {
+        let berlin = Schedule::parse("CRON_TZ=Europe/Berlin 0 3 * * *").unwrap();
+        // 03:00 in Berlin is 02:00 UTC in November.
+        assert_eq!(
+            berlin.at_or_before(1_795_226_407_000),
+            Some(1_795_226_400_000)
+        );
+        let err = Schedule::parse("CRON_TZ=Mars/Olympus 0 3 * * *").unwrap_err();
+        assert!(err.contains("Mars/Olympus"), "{err}");
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let err = Schedule::parse("61 * * * *").unwrap_err();
+        assert!(err.contains("minute field '61'"), "{err}");
+        let err = Schedule::parse("0 25 * * *").unwrap_err();
+        assert!(err.contains("hour field '25'"), "{err}");
+        let err = Schedule::parse("* * * * * * * *").unwrap_err();
+        assert!(err.contains("8 fields"), "{err}");
+        let err = Schedule::parse("0 0 * * funday").unwrap_err();
+        assert!(err.contains("day-of-week"), "{err}");
+        let err = Schedule::parse("@reboot").unwrap_err();
+        assert!(err.contains("@reboot"), "{err}");
+        assert!(Schedule::parse("0 0 31 2 *").is_err());
+    }
+}
