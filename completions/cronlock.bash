@@ -23,7 +23,7 @@ _cronlock() {
 
     case "${cmd}" in
         cronlock)
-            opts="-u -t -w -n -E -c -q -v -h -V --redis-url --tls-ca-cert --tls-cert --tls-key --ttl --wait --nonblock --grace --max-runtime --min-hold --schedule --conflict-exit-code --command --quiet --verbose --prefix --connect-timeout --history --history-ttl --log-format --status --check --max-age --list --force-release --json --help --version"
+            opts="-u -t -w -n -E -c -q -v -h -V --redis-url --tls-ca-cert --tls-cert --tls-key --ttl --wait --nonblock --grace --max-runtime --min-hold --schedule --conflict-exit-code --command --quiet --verbose --prefix --connect-timeout --history --history-ttl --metrics-dir --ping --log-format --status --check --max-age --list --force-release --json --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -146,6 +146,17 @@ _cronlock() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --metrics-dir)
+                    COMPREPLY=()
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o plusdirs
+                    fi
+                    return 0
+                    ;;
+                --ping)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --log-format)
                     COMPREPLY=($(compgen -W "text json" -- "${cur}"))
                     return 0
@@ -187,7 +198,7 @@ _cronlock_wrapper() {
         fi
     done
     case "${COMP_WORDS[COMP_CWORD-1]}" in
-        -u|--redis-url|--tls-ca-cert|--tls-cert|--tls-key|-t|--ttl|-w|--wait|--grace|--max-runtime|--min-hold|--schedule|-E|--conflict-exit-code|--prefix|--connect-timeout|--history|--history-ttl|--max-age)
+        -u|--redis-url|--tls-ca-cert|--tls-cert|--tls-key|-t|--ttl|-w|--wait|--grace|--max-runtime|--min-hold|--schedule|-E|--conflict-exit-code|--prefix|--connect-timeout|--history|--history-ttl|--metrics-dir|--ping|--max-age)
             compopt +o default +o bashdefault 2>/dev/null
             COMPREPLY=()
             return 0

@@ -14,6 +14,8 @@ complete -c cronlock -l prefix -d 'Namespace for cronlock\'s Redis keys' -r
 complete -c cronlock -l connect-timeout -d 'Timeout for connecting to Redis and for each Redis command outside the watchdog' -r
 complete -c cronlock -l history -d 'How many past run records to keep per KEY (0: only the last run); with --status, show the kept runs (all, or the last N)' -r
 complete -c cronlock -l history-ttl -d 'Expire the last-run record and history this long after the last run [default: never]' -r
+complete -c cronlock -l metrics-dir -d 'After every attempt, write KEY\'s metrics to DIR/cronlock_KEY.prom (Prometheus text format, for node_exporter\'s textfile collector): outcome, last run, last success' -r -f -a "(__fish_complete_directories)"
+complete -c cronlock -l ping -d 'Healthchecks-style pings: URL/start when the command starts, URL on exit 0, URL/N on status N; nothing when another host runs the job. Never printed; never changes the exit status' -r -f
 complete -c cronlock -l log-format -d 'Format of cronlock\'s own messages on stderr' -r -f -a "text\t'`cronlock: ...` lines'
 json\t'one JSON object per line'"
 complete -c cronlock -l max-age -d 'With --check: how old the last run may be (with --schedule: how long after an instant its run may take to start)' -r

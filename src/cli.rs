@@ -264,6 +264,19 @@ pub struct Cli {
           value_parser = duration::positive, allow_hyphen_values = true)]
     pub history_ttl: Option<Span>,
 
+    /// After every attempt, write KEY's metrics to DIR/cronlock_KEY.prom (Prometheus text
+    /// format, for node_exporter's textfile collector): outcome, last run, last success
+    #[arg(long, env = "CRONLOCK_METRICS_DIR", value_name = "DIR",
+          value_hint = clap::ValueHint::DirPath)]
+    pub metrics_dir: Option<std::path::PathBuf>,
+
+    /// Healthchecks-style pings: URL/start when the command starts, URL on exit 0, URL/N on
+    /// status N; nothing when another host runs the job. Never printed; never changes the exit
+    /// status
+    #[arg(long = "ping", env = "CRONLOCK_PING_URL", value_name = "URL",
+          value_hint = clap::ValueHint::Url, hide_env_values = true)]
+    pub ping_url: Option<String>,
+
     /// Format of cronlock's own messages on stderr
     #[arg(long, env = "CRONLOCK_LOG_FORMAT", value_name = "FORMAT", value_enum,
           default_value_t = LogFormat::Text)]

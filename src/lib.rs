@@ -16,6 +16,8 @@ pub mod guard;
 pub mod host;
 pub mod lock;
 pub mod log;
+pub mod metrics;
+pub mod ping;
 pub mod record;
 pub mod schedule;
 pub mod shared;
@@ -171,7 +173,28 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
     let redis = Redis::new(&url, source, cli.connect_timeout.0, &cli.tls()?)?;
     let io_timeout = cli.connect_timeout.0;
     match mode {
-        Mode::Run(job) => run_job(cli, &job, timing.expect("checked for runs"), &redis, log),
+        Mode::Run(job) => {
+            if let Some(dir) = cli.metrics_dir.as_deref().filter(|d| !d.is_dir()) {
+                anyhow::bail!(
+                    "--metrics-dir {} is not a directory (or CRONLOCK_METRICS_DIR)",
+                    dir.display()
+                );
+            }
+            let mut report = Report {
+                pinger: cli
+                    .ping_url
+                    .as_deref()
+                    .map(|url| ping::Pinger::new(url, log))
+                    .transpose()?,
+                run: None,
+                locked: false,
+            };
+            let attempted = host::unix_millis();
+            let timing = timing.expect("checked for runs");
+            let result = run_job(cli, &job, timing, &redis, log, &mut report);
+            report.tell(cli, &job.key, attempted, &result, log);
+            result
+        }
         Mode::Status(key) => {
             let mut con = redis.connect(io_timeout)?;
             let history = cli
@@ -222,8 +245,59 @@ fn check_key(cli: &Cli, redis: &Redis, key: &str) -> check::Verdict {
     }
 }
 
+/// What a run tells the world after it ends: `--metrics-dir` and `--ping`.
+struct Report {
+    pinger: Option<ping::Pinger>,
+    /// The command's run, when it started.
+    run: Option<metrics::Run>,
+    /// We held the lock, so this host is the one that pings.
+    locked: bool,
+}
+
+impl Report {
+    fn tell(self, cli: &Cli, key: &str, attempted: u64, result: &Result<Exit>, log: &Log) {
+        use metrics::Outcome;
+        let outcome = match result {
+            Err(_) => Outcome::Error,
+            Ok(Exit::Conflict(_)) => Outcome::Skipped,
+            Ok(Exit::LockLost) => Outcome::Lost,
+            Ok(Exit::MaxRuntime) => Outcome::MaxRuntime,
+            Ok(Exit::CannotExecute | Exit::NotFound) => Outcome::FailedToStart,
+            Ok(_) if self.run.is_some() => Outcome::Ran,
+            Ok(_) => Outcome::Error,
+        };
+        if let Some(dir) = &cli.metrics_dir {
+            let attempt = metrics::Attempt {
+                outcome,
+                at_ms: attempted,
+                run: self.run,
+            };
+            if let Err(e) = metrics::write(dir, key, &host::hostname(), &attempt) {
+                log.warn(
+                    "metrics_failed",
+                    &format!(
+                        "cannot write metrics to {}: {}",
+                        dir.display(),
+                        crate::log::io_text(&e)
+                    ),
+                );
+            }
+        }
+        if let (Some(p), true) = (self.pinger, self.locked) {
+            p.finished(result.as_ref().map_or(exit::FAILURE, |e| e.code()));
+        }
+    }
+}
+
 /// Take the lock, run the command under the watchdog, release and record the run.
-fn run_job(cli: &Cli, job: &Job, timing: Timing, redis: &Redis, log: &Log) -> Result<Exit> {
+fn run_job(
+    cli: &Cli,
+    job: &Job,
+    timing: Timing,
+    redis: &Redis,
+    log: &Log,
+    report: &mut Report,
+) -> Result<Exit> {
     log.set_key(&job.key);
     let keys = Keys::new(&cli.prefix, &job.key);
     let command = command_line(&job.argv);
@@ -298,6 +372,7 @@ fn run_job(cli: &Cli, job: &Job, timing: Timing, redis: &Redis, log: &Log) -> Re
             return Ok(Exit::Signal(sig));
         }
     };
+    report.locked = true;
     log.set_lock(&held.holder.token, held.fence);
     log.info(
         "acquired",
@@ -332,7 +407,7 @@ fn run_job(cli: &Cli, job: &Job, timing: Timing, redis: &Redis, log: &Log) -> Re
         grace: timing.grace,
         max_runtime: cli.max_runtime(),
     };
-    let (exit, ending) = run_child(job, &held, &mut watchdog, limits, log);
+    let (exit, ending) = run_child(job, &held, &mut watchdog, limits, log, report);
     // From here on, the end of the run is bounded by --connect-timeout in all.
     let release_by = Instant::now() + redis.connect_timeout;
     let valid_until = match watchdog.watch.state() {
@@ -348,6 +423,13 @@ fn run_job(cli: &Cli, job: &Job, timing: Timing, redis: &Redis, log: &Log) -> Re
     };
     let con = watchdog.stop(stop_wait);
     let duration = held.sent_at.elapsed();
+    if ending != Ending::NotStarted {
+        report.run = Some(metrics::Run {
+            started_ms: held.holder.started_ms,
+            duration,
+            exit_status: exit.code(),
+        });
+    }
     let opts = ReleaseOptions {
         hold: (held.sent_at + cli.min_hold.0).saturating_duration_since(Instant::now()),
         record: Some(record::run_record(&held, ending, exit, duration).to_string()),
@@ -366,6 +448,7 @@ fn run_child(
     watchdog: &mut Watchdog,
     limits: Limits,
     log: &Log,
+    report: &mut Report,
 ) -> (Exit, Ending) {
     let watch = watchdog.watch.clone();
     if let Some(sig) = signals::pending_forwarded() {
@@ -419,6 +502,9 @@ fn run_child(
         }
     };
     RUNNING_GROUP.store(child.group, Ordering::SeqCst);
+    if let Some(p) = report.pinger.as_mut() {
+        p.started();
+    }
     let (mechanism, how) = match (child.cgroup(), no_cgroup) {
         (Some(cg), _) => (
             "cgroup",

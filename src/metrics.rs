@@ -1,0 +1,267 @@
+//! `--metrics-dir DIR`: after every attempt, the KEY's metrics in the Prometheus text format, for
+//! node_exporter's textfile collector (the standard way to watch batch jobs). A skip updates the
+//! outcome too, so an alert can tell "this host skipped, another ran it" from "this host is broken".
+//!
+//! The file is `DIR/cronlock_<KEY>.prom`, written whole to a temporary file in DIR and renamed over
+//! the old one, so the collector never reads half a file and nothing else is left behind. The last
+//! run's values survive skips: they are carried over from the previous file. The writer is a few
+//! lines of our own: gauges with `key` and `host` labels need nothing of a metrics library.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// What became of one attempt, as the `outcome` label says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The command ran and exited (with any status) or was killed by a signal.
+    Ran,
+    /// Another host holds the lock, or ran this scheduled instant.
+    Skipped,
+    /// The lock was lost: the command was stopped (122).
+    Lost,
+    /// The command ran past `--max-runtime` (124).
+    MaxRuntime,
+    /// The lock was taken but the command could not be started (126, 127).
+    FailedToStart,
+    /// cronlock failed before running anything (125), or a signal ended the wait.
+    Error,
+}
+
+pub const OUTCOMES: [Outcome; 6] = [
+    Outcome::Ran,
+    Outcome::Skipped,
+    Outcome::Lost,
+    Outcome::MaxRuntime,
+    Outcome::FailedToStart,
+    Outcome::Error,
+];
+
+impl Outcome {
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Ran => "ran",
+            Outcome::Skipped => "skipped",
+            Outcome::Lost => "lost",
+            Outcome::MaxRuntime => "max_runtime",
+            Outcome::FailedToStart => "failed_to_start",
+            Outcome::Error => "error",
+        }
+    }
+}
+
+/// A run of the command on this host.
+#[derive(Debug, Clone, Copy)]
+pub struct Run {
+    /// Unix ms.
+    pub started_ms: u64,
+    pub duration: Duration,
+    pub exit_status: u8,
+}
+
+/// One attempt, as the metrics file records it.
+#[derive(Debug, Clone, Copy)]
+pub struct Attempt {
+    pub outcome: Outcome,
+    /// Unix ms.
+    pub at_ms: u64,
+    pub run: Option<Run>,
+}
+
+/// The file for KEY: its name kept where it is file-safe, else made safe and told apart by a hash.
+pub fn path(dir: &Path, key: &str) -> PathBuf {
+    let safe: String = key
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let name = if safe == key && !key.is_empty() {
+        safe
+    } else {
+        // FNV-1a: stable across versions and hosts, unlike std's hasher.
+        let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        format!("{safe}_{:08x}", hash as u32)
+    };
+    dir.join(format!("cronlock_{name}.prom"))
+}
+
+/// A label value escaped for the text format (backslash, double quote, newline).
+fn escape(v: &str) -> String {
+    v.replace('\\', r"\\")
+        .replace('"', r#"\""#)
+        .replace('\n', r"\n")
+}
+
+const START: &str = "cronlock_last_run_start_timestamp_seconds";
+const DURATION: &str = "cronlock_last_run_duration_seconds";
+const EXIT: &str = "cronlock_last_run_exit_status";
+const SUCCESS: &str = "cronlock_last_success_timestamp_seconds";
+
+/// The value of `metric` in a previous file of ours.
+fn previous(text: &str, metric: &str) -> Option<String> {
+    text.lines()
+        .find(|l| l.starts_with(metric) && l[metric.len()..].starts_with('{'))
+        .and_then(|l| l.rsplit(' ').next())
+        .map(str::to_string)
+}
+
+fn seconds(ms: u64) -> String {
+    format!("{}.{:03}", ms / 1000, ms % 1000)
+}
+
+/// The file's new text.
+pub fn render(key: &str, host: &str, attempt: &Attempt, old: &str) -> String {
+    let labels = format!("key=\"{}\",host=\"{}\"", escape(key), escape(host));
+    let mut out = String::new();
+    let mut gauge = |name: &str, help: &str, lines: &[(String, String)]| {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        for (extra, value) in lines {
+            let _ = writeln!(out, "{name}{{{labels}{extra}}} {value}");
+        }
+    };
+    gauge(
+        "cronlock_last_attempt_timestamp_seconds",
+        "When this host last tried to run KEY (Unix time).",
+        &[(String::new(), seconds(attempt.at_ms))],
+    );
+    let outcomes: Vec<(String, String)> = OUTCOMES
+        .iter()
+        .map(|o| {
+            let on = if *o == attempt.outcome { "1" } else { "0" };
+            (format!(",outcome=\"{}\"", o.name()), on.to_string())
+        })
+        .collect();
+    gauge(
+        "cronlock_last_attempt_outcome",
+        "Outcome of this host's last attempt: 1 for the outcome it had, 0 for the others.",
+        &outcomes,
+    );
+    let (start, duration, exit, success) = match attempt.run {
+        Some(run) => {
+            let success = (run.exit_status == 0 && attempt.outcome == Outcome::Ran)
+                .then(|| seconds(run.started_ms + run.duration.as_millis() as u64))
+                .or_else(|| previous(old, SUCCESS));
+            (
+                Some(seconds(run.started_ms)),
+                Some(seconds(run.duration.as_millis() as u64)),
+                Some(run.exit_status.to_string()),
+                success,
+            )
+        }
+        None => (
+            previous(old, START),
+            previous(old, DURATION),
+            previous(old, EXIT),
+            previous(old, SUCCESS),
+        ),
+    };
+    let helps = [
+        (
+            START,
+            "When this host last started the command (Unix time).",
+            start,
+        ),
+        (DURATION, "How long this host's last run took.", duration),
+        (
+            EXIT,
+            "Exit status of this host's last run (122: lock lost, 124: --max-runtime).",
+            exit,
+        ),
+        (
+            SUCCESS,
+            "When a run on this host last ended with status 0 (Unix time).",
+            success,
+        ),
+    ];
+    for (name, help, value) in helps {
+        if let Some(v) = value {
+            gauge(name, help, &[(String::new(), v)]);
+        }
+    }
+    out
+}
+
+/// Write KEY's file in `dir` atomically: a temporary file in `dir`, then `rename`.
+pub fn write(dir: &Path, key: &str, host: &str, attempt: &Attempt) -> std::io::Result<()> {
+    let target = path(dir, key);
+    let old = std::fs::read_to_string(&target).unwrap_or_default();
+    let text = render(key, host, attempt, &old);
+    // Not *.prom, so the collector never reads it; unique per process.
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        target
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("cronlock"),
+        std::process::id()
+    ));
+    let result = std::fs::File::create(&tmp)
+        .and_then(|mut f| {
+            f.write_all(text.as_bytes())?;
+            f.sync_all()
+        })
+        .and_then(|()| std::fs::rename(&tmp, &target));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_names_are_safe_and_distinct() {
+        let d = Path::new("/m");
+        assert_eq!(
+            path(d, "nightly-report"),
+            Path::new("/m/cronlock_nightly-report.prom")
+        );
+        let a = path(d, "a/b");
+        let b = path(d, "a_b");
+        assert_ne!(a, b);
+        assert!(a.to_str().unwrap().starts_with("/m/cronlock_a_b_"));
+        assert!(!path(d, "../x").to_str().unwrap().contains(".."));
+    }
+
+    #[test]
+    fn a_skip_keeps_the_last_run() {
+        let run = Attempt {
+            outcome: Outcome::Ran,
+            at_ms: 1_000_000,
+            run: Some(Run {
+                started_ms: 1_000_000,
+                duration: Duration::from_millis(1500),
+                exit_status: 0,
+            }),
+        };
+        let first = render("k\"1", "h", &run, "");
+        assert!(
+            first.contains(
+                r#"cronlock_last_success_timestamp_seconds{key="k\"1",host="h"} 1001.500"#
+            ),
+            "{first}"
+        );
+        let skip = Attempt {
+            outcome: Outcome::Skipped,
+            at_ms: 2_000_000,
+            run: None,
+        };
+        let second = render("k\"1", "h", &skip, &first);
+        assert!(second.contains(r#"outcome="skipped"} 1"#));
+        assert!(second.contains(r#"outcome="ran"} 0"#));
+        assert!(second.contains(r#"cronlock_last_run_duration_seconds{key="k\"1",host="h"} 1.500"#));
+        assert!(second
+            .contains(r#"cronlock_last_success_timestamp_seconds{key="k\"1",host="h"} 1001.500"#));
+    }
+}
