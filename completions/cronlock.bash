@@ -23,7 +23,7 @@ _cronlock() {
 
     case "${cmd}" in
         cronlock)
-            opts="-u -t -w -n -E -c -q -v -h -V --redis-url --tls-ca-cert --tls-cert --tls-key --ttl --wait --nonblock --grace --max-runtime --min-hold --schedule --conflict-exit-code --command --quiet --verbose --prefix --connect-timeout --history --history-ttl --metrics-dir --ping --log-format --status --check --max-age --list --force-release --json --help --version"
+            opts="-u -t -w -n -E -c -q -v -h -V --redis-url --tls-ca-cert --tls-cert --tls-key --ttl --wait --nonblock --grace --max-runtime --min-hold --schedule --conflict-exit-code --command --quiet --verbose --prefix --connect-timeout --history --history-ttl --metrics-dir --ping --ping-body --log-format --status --check --max-age --list --force-release --json --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

@@ -22,6 +22,7 @@ complete -c cronlock -l max-age -d 'With --check: how old the last run may be (w
 complete -c cronlock -s n -l nonblock -d 'Do not wait for a busy lock, like flock -n (same as --wait 0)'
 complete -c cronlock -s q -l quiet -d 'Print only errors'
 complete -c cronlock -s v -l verbose -d 'Also report a busy lock, acquisition, release and renewals'
+complete -c cronlock -l ping-body -d 'With --ping: send the last 10 KiB of the command\'s output (stdout and stderr) as the final ping\'s body; the output then passes through cronlock on its way to yours'
 complete -c cronlock -l status -d 'Show whether KEY is held, by whom, and its last run; then exit'
 complete -c cronlock -l check -d 'Monitoring plugin: judge KEY\'s last run from its record in Redis and exit 0 OK, 1 WARNING, 2 CRITICAL or 3 UNKNOWN, with one line on stdout (Nagios conventions)'
 complete -c cronlock -l list -d 'List every lock currently held under --prefix; then exit'

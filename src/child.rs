@@ -5,7 +5,7 @@
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io::{self, Read};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::time::Duration;
 
@@ -105,6 +105,7 @@ pub fn spawn(
     extra_env: &[(&str, String)],
     shared: Shared,
     cgroup: Option<Cgroup>,
+    stdio: Option<[RawFd; 2]>,
 ) -> Result<Child, SpawnError> {
     let program = argv[0].to_string_lossy().into_owned();
     let fail = |error| SpawnError {
@@ -132,13 +133,14 @@ pub fn spawn(
     for (k, v) in extra_env {
         env.push(cstring(OsStr::new(&format!("{k}={v}"))).map_err(fail)?);
     }
-    let prepared = Prepared::new(
+    let mut prepared = Prepared::new(
         candidates(&argv[0]).map_err(fail)?,
         args,
         env,
         shared,
         cgroup.as_ref().map(Cgroup::fds),
     );
+    prepared.stdio = stdio;
     // Orphans whose guard died (SIGKILLed with the group) come to us, to be killed, not to init.
     // SAFETY: plain prctl on our own process.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };

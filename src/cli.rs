@@ -277,6 +277,12 @@ pub struct Cli {
           value_hint = clap::ValueHint::Url, hide_env_values = true)]
     pub ping_url: Option<String>,
 
+    /// With --ping: send the last 10 KiB of the command's output (stdout and stderr) as the
+    /// final ping's body; the output then passes through cronlock on its way to yours
+    #[arg(long, env = "CRONLOCK_PING_BODY", value_parser = switch,
+          default_value_t = false, num_args = 0, default_missing_value = "true")]
+    pub ping_body: bool,
+
     /// Format of cronlock's own messages on stderr
     #[arg(long, env = "CRONLOCK_LOG_FORMAT", value_name = "FORMAT", value_enum,
           default_value_t = LogFormat::Text)]

@@ -63,6 +63,8 @@ pub struct Prepared {
     pub parent: libc::pid_t,
     pub shared: Shared,
     pub cgroup: Option<CgroupFds>,
+    /// With `--ping-body`: the pipes that replace the command's stdout and stderr.
+    pub stdio: Option<[RawFd; 2]>,
     /// The command's process runs on this until it calls `execve` (see [`start_command`]).
     stack: Vec<u8>,
 }
@@ -104,6 +106,7 @@ impl Prepared {
             parent: unsafe { libc::getpid() },
             shared,
             cgroup,
+            stdio: None,
             stack: vec![0; CHILD_STACK],
         }
     }
@@ -170,6 +173,12 @@ pub unsafe fn run(p: &Prepared, report_fd: libc::c_int) -> ! {
             libc::_exit(crate::exit::CANNOT_EXECUTE as libc::c_int);
         }
         libc::close(report_fd);
+        if let Some(fds) = p.stdio {
+            // Only the command writes there: the pipes end when the job does.
+            fds.iter().for_each(|fd| {
+                libc::close(*fd);
+            });
+        }
         loop {
             let now = boottime_ns();
             let kill_by = kill_by_ns(p);
@@ -489,6 +498,10 @@ unsafe fn exec_command(p: &Prepared, report_fd: libc::c_int) -> ! {
             {
                 p.shared.set(shared::CGROUP_JOINED);
             }
+        }
+        if let Some([out, err]) = p.stdio {
+            libc::dup2(out, libc::STDOUT_FILENO);
+            libc::dup2(err, libc::STDERR_FILENO);
         }
         // Rust's runtime ignores SIGPIPE; commands expect the default. Its SIGSEGV/SIGBUS
         // handlers must not run here either, on memory shared with the guard, before `execve`.

@@ -4,6 +4,7 @@
 //! watchdog, release, and turn what happened into the documented exit status.
 
 pub mod admin;
+pub mod capture;
 pub mod cgroup;
 pub mod check;
 pub mod child;
@@ -188,6 +189,8 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
                     .transpose()?,
                 run: None,
                 locked: false,
+                capture: cli.ping_url.is_some() && cli.ping_body,
+                body: None,
             };
             let attempted = host::unix_millis();
             let timing = timing.expect("checked for runs");
@@ -252,6 +255,9 @@ struct Report {
     run: Option<metrics::Run>,
     /// We held the lock, so this host is the one that pings.
     locked: bool,
+    /// `--ping-body`: capture the output, and its tail once the command ended.
+    capture: bool,
+    body: Option<Vec<u8>>,
 }
 
 impl Report {
@@ -284,7 +290,10 @@ impl Report {
             }
         }
         if let (Some(p), true) = (self.pinger, self.locked) {
-            p.finished(result.as_ref().map_or(exit::FAILURE, |e| e.code()));
+            p.finished(
+                result.as_ref().map_or(exit::FAILURE, |e| e.code()),
+                self.body,
+            );
         }
     }
 }
@@ -489,7 +498,19 @@ fn run_child(
         Ok(cg) => (Some(cg), None),
         Err(why) => (None, Some(why)),
     };
-    let child = match child::spawn(&job.argv, &env, watch.shared(), cgroup) {
+    let mut capture = match report.capture.then(capture::Capture::start).transpose() {
+        Ok(c) => c,
+        Err(e) => {
+            let text = crate::log::io_text(&e);
+            log.error(
+                "spawn_failed",
+                &format!("cannot capture the output for --ping-body: {text}"),
+            );
+            return (Exit::Failure, Ending::NotStarted);
+        }
+    };
+    let stdio = capture.as_ref().and_then(capture::Capture::fds);
+    let child = match child::spawn(&job.argv, &env, watch.shared(), cgroup, stdio) {
         Ok(c) => c,
         Err(e) if e.too_late => return too_late(),
         Err(e) => {
@@ -502,6 +523,9 @@ fn run_child(
         }
     };
     RUNNING_GROUP.store(child.group, Ordering::SeqCst);
+    if let Some(c) = capture.as_mut() {
+        c.started();
+    }
     if let Some(p) = report.pinger.as_mut() {
         p.started();
     }
@@ -533,6 +557,7 @@ fn run_child(
     let started = Instant::now();
     let ended = child::supervise(child, watchdog, limits, log);
     RUNNING_GROUP.store(0, Ordering::SeqCst);
+    report.body = capture.map(|c| c.finish(Duration::from_secs(1)));
     let exit = ended.exit();
     let (ending, how) = match (&ended.stopped, ended.status) {
         (Some(Stop::LockLost(_)), _) => (Ending::Lost, "was terminated: lock lost".to_string()),

@@ -53,12 +53,12 @@ impl Pinger {
         self.start = std::thread::Builder::new()
             .name("ping".into())
             .stack_size(256 * 1024)
-            .spawn(move || send(&agent, &url, &log, "start"))
+            .spawn(move || send(&agent, &url, &log, "start", None))
             .ok();
     }
 
     /// `URL` for status 0, `URL/N` otherwise, after the start ping (if any) is done.
-    pub fn finished(mut self, status: u8) {
+    pub fn finished(mut self, status: u8, body: Option<Vec<u8>>) {
         if let Some(start) = self.start.take() {
             // Bounded: the start ping gives up after two attempts.
             let _ = start.join();
@@ -68,7 +68,7 @@ impl Pinger {
         } else {
             format!("{}/{status}", self.url)
         };
-        send(&self.agent, &url, &self.log, "exit status");
+        send(&self.agent, &url, &self.log, "exit status", body.as_deref());
     }
 }
 
@@ -113,14 +113,18 @@ fn reason(e: &ureq::Error) -> String {
 }
 
 /// One ping, retried once; a failure is a warning, never an error.
-fn send(agent: &OnceLock<ureq::Agent>, url: &str, log: &Log, what: &str) {
+fn send(agent: &OnceLock<ureq::Agent>, url: &str, log: &Log, what: &str, body: Option<&[u8]>) {
     let agent = agent.get_or_init(|| self::agent(url.starts_with("https://")));
     let mut last = String::new();
     for attempt in 0..2 {
         if attempt > 0 {
             std::thread::sleep(RETRY_AFTER);
         }
-        match agent.post(url).send_empty() {
+        let sent = match body {
+            Some(b) => agent.post(url).send(b),
+            None => agent.post(url).send_empty(),
+        };
+        match sent {
             Ok(_) => return,
             Err(e) => last = reason(&e),
         }

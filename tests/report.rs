@@ -24,6 +24,7 @@ enum Endpoint {
 struct Server {
     port: u16,
     seen: Arc<Mutex<Vec<String>>>,
+    bodies: Arc<Mutex<Vec<String>>>,
 }
 
 impl Server {
@@ -32,6 +33,8 @@ impl Server {
         let port = listener.local_addr().unwrap().port();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let log = seen.clone();
+        let bodies = Arc::new(Mutex::new(Vec::new()));
+        let body_log = bodies.clone();
         std::thread::spawn(move || {
             let mut held = Vec::new();
             for stream in listener.incoming() {
@@ -43,11 +46,21 @@ impl Server {
                 let mut reader = BufReader::new(stream.try_clone().unwrap());
                 let mut line = String::new();
                 let _ = reader.read_line(&mut line);
-                // Skip the headers; the pings have no body.
                 let mut header = String::new();
+                let mut length = 0usize;
                 while reader.read_line(&mut header).is_ok_and(|n| n > 2) {
+                    let h = header.to_ascii_lowercase();
+                    if let Some(v) = h.strip_prefix("content-length:") {
+                        length = v.trim().parse().unwrap_or(0);
+                    }
                     header.clear();
                 }
+                let mut body = vec![0u8; length];
+                let _ = std::io::Read::read_exact(&mut reader, &mut body);
+                body_log
+                    .lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&body).into_owned());
                 let mut words = line.split_whitespace();
                 let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
                 log.lock().unwrap().push(format!("{method} {path}"));
@@ -56,11 +69,15 @@ impl Server {
                 );
             }
         });
-        Server { port, seen }
+        Server { port, seen, bodies }
     }
 
     fn url(&self) -> String {
         format!("http://127.0.0.1:{}/ping/s3cr3t-uuid", self.port)
+    }
+
+    fn bodies(&self) -> Vec<String> {
+        self.bodies.lock().unwrap().clone()
     }
 
     fn seen(&self) -> Vec<String> {
@@ -91,6 +108,33 @@ fn pings_for_success_failure_lost_lock_and_skip() {
     assert_eq!(
         s.wait_for(2),
         ["POST /ping/s3cr3t-uuid/start", "POST /ping/s3cr3t-uuid/3"]
+    );
+
+    // The job's output is never sent unless asked; with --ping-body, its tail goes with the end.
+    assert!(s.bodies().iter().all(String::is_empty), "{:?}", s.bodies());
+    let s = Server::start(Endpoint::Answers);
+    let out = run(cronlock(&r)
+        .args(["--ping", &s.url(), "--ping-body", "k", "-c"])
+        .arg(
+            "head -c 20000 /dev/zero | tr '\\0' x; echo; echo done-out; echo done-err >&2; exit 2",
+        ));
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(
+        stdout(&out).ends_with("done-out\n"),
+        "the output still reaches cronlock's stdout"
+    );
+    assert!(stdout(&out).len() > 20_000);
+    assert_eq!(stderr(&out), "done-err\n");
+    assert_eq!(s.wait_for(2)[1], "POST /ping/s3cr3t-uuid/2");
+    let body = &s.bodies()[1];
+    assert!(
+        body.len() <= 10 * 1024 && body.len() > 10_000,
+        "{}",
+        body.len()
+    );
+    assert!(
+        body.contains("done-out") && body.contains("done-err"),
+        "{body}"
     );
 
     // A lost lock pings /122.
