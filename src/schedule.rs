@@ -144,8 +144,7 @@ fn explain(parser: &CronParser, expr: &str, err: &croner::errors::CronError) -> 
         5 => FIELDS_5.to_vec(),
         6 => [&["second"][..], &FIELDS_5[..]].concat(),
         7 => [&["second"][..], &FIELDS_5[..], &["year"][..]].concat(),
-        n if expr.starts_with('@') => {
-            let _ = n;
+        _ if expr.starts_with('@') => {
             return format!(
                 "unknown nickname '{expr}' (use @yearly, @monthly, @weekly, @daily or @hourly)"
             );

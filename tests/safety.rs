@@ -521,34 +521,37 @@ fn fencing_token_survives_data_loss() {
     );
 }
 
-/// A panic of the watchdog is a lost lock: the command is stopped, 122, one line.
-#[test]
-fn a_watchdog_panic_is_a_lost_lock() {
-    let r = Redis::start();
-    let dir = scratch("panic");
-    let c = cronlock(&r)
-        .env("CRONLOCK_DEBUG_PANIC", "watchdog")
-        .args(["--ttl", "1s", "k", "-c"])
-        .arg(sh(&dir, "echo $$ > pid; exec sleep 60"))
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let cmd = read_pid(&dir.join("pid"));
-    let out = c.wait_with_output().unwrap();
-    assert_eq!(code(&out), 122, "{}", stderr(&out));
-    assert_eq!(own_lines(&stderr(&out)).len(), 1, "{}", stderr(&out));
-    assert!(stderr(&out).contains("watchdog"), "{}", stderr(&out));
-    assert!(!alive(cmd));
-
-    let dir = scratch("panic-main");
-    let c = cronlock(&r)
-        .env("CRONLOCK_DEBUG_PANIC", "main")
+/// A long job with `CRONLOCK_DEBUG_PANIC=injected` (debug builds only): waits for it to end and
+/// returns its output and the command's pid, if it started.
+fn injected(r: &Redis, injected: &str, args: &[&str]) -> (std::process::Output, Option<i32>) {
+    let dir = scratch(injected);
+    let c = cronlock(r)
+        .env("CRONLOCK_DEBUG_PANIC", injected)
+        .args(args)
         .args(["k", "-c"])
         .arg(sh(&dir, "echo $$ > pid; exec sleep 60"))
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let out = c.wait_with_output().unwrap();
+    let cmd = std::fs::read_to_string(dir.join("pid"))
+        .ok()
+        .and_then(|p| p.trim().parse().ok());
+    (out, cmd)
+}
+
+/// A panic of the watchdog is a lost lock: the command is stopped, 122, one line.
+#[test]
+fn a_watchdog_panic_is_a_lost_lock() {
+    let r = Redis::start();
+    let (out, cmd) = injected(&r, "watchdog", &["--ttl", "1s"]);
+    let cmd = cmd.expect("the command started");
+    assert_eq!(code(&out), 122, "{}", stderr(&out));
+    assert_eq!(own_lines(&stderr(&out)).len(), 1, "{}", stderr(&out));
+    assert!(stderr(&out).contains("watchdog"), "{}", stderr(&out));
+    assert!(!alive(cmd));
+
+    let (out, _) = injected(&r, "main", &[]);
     assert_eq!(code(&out), 122, "{}", stderr(&out));
     assert_eq!(own_lines(&stderr(&out)).len(), 1, "{}", stderr(&out));
     assert!(stderr(&out).contains("internal error"), "{}", stderr(&out));
@@ -561,17 +564,9 @@ fn a_watchdog_panic_is_a_lost_lock() {
 #[test]
 fn a_watchdog_that_cannot_start_stops_the_command() {
     let r = Redis::start();
-    let dir = scratch("no-thread");
     let started = Instant::now();
-    let c = cronlock(&r)
-        .env("CRONLOCK_DEBUG_PANIC", "watchdog-start")
-        .args(["--ttl", "3s", "k", "-c"])
-        .arg(sh(&dir, "echo $$ > pid; exec sleep 60"))
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let cmd = read_pid(&dir.join("pid"));
-    let out = c.wait_with_output().unwrap();
+    let (out, cmd) = injected(&r, "watchdog-start", &["--ttl", "3s"]);
+    let cmd = cmd.expect("the command started");
     assert_eq!(code(&out), 122, "{}", stderr(&out));
     assert!(stderr(&out).contains("watchdog thread"), "{}", stderr(&out));
     assert!(!alive(cmd));
