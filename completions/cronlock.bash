@@ -23,7 +23,7 @@ _cronlock() {
 
     case "${cmd}" in
         cronlock)
-            opts="-u -t -w -n -E -c -q -v -h -V --redis-url --tls-ca-cert --tls-cert --tls-key --ttl --wait --nonblock --grace --max-runtime --min-hold --schedule --conflict-exit-code --command --quiet --verbose --prefix --connect-timeout --history --history-ttl --metrics-dir --ping --ping-body --log-format --status --check --max-age --list --force-release --json --help --version"
+            opts="-u -t -w -n -E -c -q -v -h -V --redis-url --tls-ca-cert --tls-cert --tls-key --ttl --wait --nonblock --grace --max-runtime --min-hold --schedule --conflict-exit-code --command --quiet --verbose --prefix --connect-timeout --min-replicas --history --history-ttl --metrics-dir --ping --ping-body --log-format --status --check --max-age --list --force-release --json --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -138,6 +138,10 @@ _cronlock() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --min-replicas)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --history)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -198,7 +202,7 @@ _cronlock_wrapper() {
         fi
     done
     case "${COMP_WORDS[COMP_CWORD-1]}" in
-        -u|--redis-url|--tls-ca-cert|--tls-cert|--tls-key|-t|--ttl|-w|--wait|--grace|--max-runtime|--min-hold|--schedule|-E|--conflict-exit-code|--prefix|--connect-timeout|--history|--history-ttl|--metrics-dir|--ping|--max-age)
+        -u|--redis-url|--tls-ca-cert|--tls-cert|--tls-key|-t|--ttl|-w|--wait|--grace|--max-runtime|--min-hold|--schedule|-E|--conflict-exit-code|--prefix|--connect-timeout|--min-replicas|--history|--history-ttl|--metrics-dir|--ping|--max-age)
             compopt +o default +o bashdefault 2>/dev/null
             COMPREPLY=()
             return 0

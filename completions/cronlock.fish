@@ -1,4 +1,4 @@
-complete -c cronlock -s u -l redis-url -d 'Redis server URL: redis://[user][:password@]host[:port][/db], rediss://... (TLS) or redis+unix:///path' -r
+complete -c cronlock -s u -l redis-url -d 'Redis URL: redis://[user][:password@]host[:port][/db], rediss://... (TLS), redis+unix:///path, redis+sentinel://[user][:password@]host[:port][,host...]/SERVICE[/db] or redis+cluster://[user][:password@]host:port[,host:port...]' -r
 complete -c cronlock -l tls-ca-cert -d 'For rediss://: trust the CA certificates in this PEM file instead of the system\'s store' -r -F
 complete -c cronlock -l tls-cert -d 'For rediss://: client certificate (PEM) for servers that require mutual TLS; needs --tls-key' -r -F
 complete -c cronlock -l tls-key -d 'For rediss://: the private key (PEM) of --tls-cert' -r -F
@@ -12,6 +12,7 @@ complete -c cronlock -s E -l conflict-exit-code -d 'Exit status when the lock is
 complete -c cronlock -s c -l command -d 'Run SHELL_COMMAND with /bin/sh -c instead of COMMAND' -r
 complete -c cronlock -l prefix -d 'Namespace for cronlock\'s Redis keys' -r
 complete -c cronlock -l connect-timeout -d 'Timeout for connecting to Redis and for each Redis command outside the watchdog' -r
+complete -c cronlock -l min-replicas -d 'Run the command only once N replicas acknowledged the lock (WAIT), and count a renewal only once N replicas have it too' -r
 complete -c cronlock -l history -d 'How many past run records to keep per KEY (0: only the last run); with --status, show the kept runs (all, or the last N)' -r
 complete -c cronlock -l history-ttl -d 'Expire the last-run record and history this long after the last run [default: never]' -r
 complete -c cronlock -l metrics-dir -d 'After every attempt, write KEY\'s metrics to DIR/cronlock_KEY.prom (Prometheus text format, for node_exporter\'s textfile collector): outcome, last run, last success' -r -f -a "(__fish_complete_directories)"

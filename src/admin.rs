@@ -31,15 +31,14 @@ pub fn print(text: &str) -> Result<()> {
 }
 
 use anyhow::{anyhow, Result};
-use redis::Connection;
 use serde_json::{json, Value};
 
-use crate::connect::first_line;
 use crate::duration::Span;
 use crate::host::{rfc3339, unix_millis};
 use crate::lock::{self, Keys};
 use crate::log::Log;
 use crate::schedule::Schedule;
+use crate::topology::Link;
 
 /// A holder in a few words for a log line: `host web-1 pid 42 since 2026-11-21T02:00:00Z`.
 pub fn describe_holder(value: &str) -> String {
@@ -189,14 +188,15 @@ fn plan(snap: &lock::Snapshot, given: Option<&Schedule>) -> Option<Plan> {
 
 /// `--status KEY`; with `history`, also the kept runs (`Some(None)`: all of them).
 pub fn status(
-    con: &mut Connection,
+    link: &mut Link,
+    within: Duration,
     keys: &Keys,
     as_json: bool,
     history: Option<Option<u32>>,
     schedule: Option<&Schedule>,
 ) -> Result<String> {
     let mut out = String::new();
-    let snap = lock::snapshot(con, keys, history.map(|n| n.unwrap_or(u32::MAX)))?;
+    let snap = lock::snapshot(link, within, keys, history.map(|n| n.unwrap_or(u32::MAX)))?;
     let plan = plan(&snap, schedule);
     let runs: Vec<Value> = snap
         .history
@@ -292,51 +292,29 @@ pub fn status(
     Ok(out)
 }
 
-/// Escape glob characters so a prefix matches itself in SCAN MATCH.
-fn glob_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// `--list`: every lock held under `prefix`, found with SCAN (never KEYS). A key under the prefix
-/// that cronlock cannot read (another type) is skipped with a warning.
-pub fn list(con: &mut Connection, prefix: &str, as_json: bool, log: &Log) -> Result<String> {
+/// `--list`: every lock held under `prefix`, found with SCAN (never KEYS; on a cluster, on every
+/// primary). A key under the prefix that cronlock cannot read (another type) is skipped with a
+/// warning.
+pub fn list(
+    link: &mut Link,
+    within: Duration,
+    prefix: &str,
+    as_json: bool,
+    log: &Log,
+) -> Result<String> {
     let mut out = String::new();
-    let pattern = format!("{}{{*}}", glob_escape(prefix));
-    let mut names: Vec<String> = Vec::new();
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query(con)
-            .map_err(|e| anyhow!("cannot list locks: {}", first_line(&e)))?;
-        names.extend(
-            batch
-                .iter()
-                .filter_map(|k| Keys::name_of(prefix, k))
-                .map(str::to_string),
-        );
-        cursor = next;
-        if cursor == 0 {
-            break;
-        }
-    }
+    let mut names: Vec<String> = link
+        .scan(&Keys::pattern(prefix), within)
+        .map_err(|e| anyhow!("cannot list locks: {e}"))?
+        .iter()
+        .filter_map(|k| Keys::name_of(prefix, k))
+        .collect();
     names.sort();
     names.dedup();
     let mut rows = Vec::new();
     for name in names {
         let keys = Keys::new(prefix, &name);
-        let snap = match lock::snapshot(con, &keys, None) {
+        let snap = match lock::snapshot(link, within, &keys, None) {
             Ok(snap) => snap,
             Err(e) if e.to_string().contains("WRONGTYPE") => {
                 log.warn(
@@ -389,9 +367,14 @@ pub fn list(con: &mut Connection, prefix: &str, as_json: bool, log: &Log) -> Res
 }
 
 /// `--force-release KEY`.
-pub fn force_release(con: &mut Connection, keys: &Keys, as_json: bool) -> Result<String> {
+pub fn force_release(
+    link: &mut Link,
+    within: Duration,
+    keys: &Keys,
+    as_json: bool,
+) -> Result<String> {
     let mut out = String::new();
-    let holder = lock::force_release(con, keys)?.map(|v| holder_json(&v));
+    let holder = lock::force_release(link, within, keys)?.map(|v| holder_json(&v));
     if as_json {
         let doc = json!({ "key": keys.name, "released": holder.is_some(), "holder": holder });
         w!(out, "{doc}");

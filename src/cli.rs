@@ -109,10 +109,13 @@ fn after_long_help() -> String {
     group(ArgGroup::new("admin").args(["status", "check", "list", "force_release"]))
 )]
 pub struct Cli {
-    /// Redis server URL: redis://[user][:password@]host[:port][/db], rediss://... (TLS) or
-    /// redis+unix:///path
+    /// Redis URL: redis://[user][:password@]host[:port][/db], rediss://... (TLS),
+    /// redis+unix:///path, redis+sentinel://[user][:password@]host[:port][,host...]/SERVICE[/db]
+    /// or redis+cluster://[user][:password@]host:port[,host:port...]
     ///
-    /// Falls back to REDIS_URL, then to redis://127.0.0.1:6379.
+    /// Falls back to REDIS_URL, then to redis://127.0.0.1:6379. rediss+sentinel:// and
+    /// rediss+cluster:// use TLS; ?sentinel_username=...&sentinel_password=... authenticate to the
+    /// sentinels (the userinfo is for the data nodes).
     // The value may hold a password: --help must not show it.
     #[arg(
         short = 'u',
@@ -252,6 +255,16 @@ pub struct Cli {
     #[arg(long, env = "CRONLOCK_CONNECT_TIMEOUT", value_name = "DURATION", default_value = "5s",
           value_parser = duration::positive, allow_hyphen_values = true)]
     pub connect_timeout: Span,
+
+    /// Run the command only once N replicas acknowledged the lock (WAIT), and count a renewal
+    /// only once N replicas have it too
+    #[arg(
+        long,
+        env = "CRONLOCK_MIN_REPLICAS",
+        value_name = "N",
+        default_value_t = 0
+    )]
+    pub min_replicas: u32,
 
     /// How many past run records to keep per KEY (0: only the last run); with --status, show the
     /// kept runs (all, or the last N)

@@ -2,32 +2,24 @@
 
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use redis::{Client, Connection, ConnectionAddr, IntoConnectionInfo};
 
 use crate::tls::{self, TlsOptions};
 
-/// Everything needed to (re)connect, shared by the main thread and the watchdog.
+/// One Redis server: a client for it, and how to open a bounded connection to it.
 #[derive(Clone)]
-pub struct Redis {
+pub struct Node {
     client: Client,
-    /// The URL with its password replaced, safe to print.
-    pub shown_url: String,
-    pub connect_timeout: Duration,
     /// `rediss://` without a password: the TLS handshake is forced at connect time (with a
     /// `PING`), so it is bounded by the connect timeout and its failure is a connect error.
     handshake_ping: bool,
 }
 
-impl Redis {
-    /// Parse the URL, which came from `source` (a flag or variable, for messages), and read the
-    /// TLS files for a `rediss://` URL. Errors name the redacted URL, never the password.
-    pub fn new(
-        url: &str,
-        source: &str,
-        connect_timeout: Duration,
-        tls: &TlsOptions,
-    ) -> Result<Redis> {
+impl Node {
+    /// Parse a one-server URL, which came from `source` (a flag or variable, for messages), and
+    /// read the TLS files for a `rediss://` URL. Errors name the redacted URL, never the password.
+    pub fn parse(url: &str, source: &str, tls: &TlsOptions) -> Result<Node> {
         let shown_url = redact_url(url);
         if url.starts_with("rediss+unix:") {
             bail!(
@@ -39,63 +31,170 @@ impl Redis {
             anyhow::anyhow!("invalid {source} '{shown_url}': {}", url_problem(&e))
         };
         let info = url.into_connection_info().map_err(invalid)?;
+        let is_tls = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
+        if !is_tls && tls.any() {
+            bail!(
+                "--tls-ca-cert, --tls-cert and --tls-key are for rediss:// URLs, and \
+                 {source} is '{shown_url}'"
+            );
+        }
+        let certificates = if is_tls {
+            Some(tls.certificates()?)
+        } else {
+            None
+        };
+        Node::open(info, certificates).map_err(invalid)
+    }
+
+    /// A node from its connection info (with the certificates for a TLS address).
+    pub fn open(
+        info: redis::ConnectionInfo,
+        certificates: Option<redis::TlsCertificates>,
+    ) -> redis::RedisResult<Node> {
         // One round trip fewer per run: skip CLIENT SETINFO.
         let settings = info.redis_settings().clone().set_skip_set_lib_name();
         let no_password = settings.password().is_none();
         let info = info.set_redis_settings(settings);
         let is_tls = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
-        let client = if is_tls {
-            Client::build_with_tls(info, tls.certificates()?).map_err(invalid)?
-        } else {
-            if tls.any() {
-                bail!(
-                    "--tls-ca-cert, --tls-cert and --tls-key are for rediss:// URLs, and \
-                     {source} is '{shown_url}'"
-                );
-            }
-            Client::open(info).map_err(invalid)?
+        let client = match certificates {
+            Some(certs) if is_tls => Client::build_with_tls(info, certs)?,
+            _ => Client::open(info)?,
         };
-        Ok(Redis {
+        Ok(Node {
             client,
-            shown_url,
-            connect_timeout,
             handshake_ping: is_tls && no_password,
         })
     }
 
-    /// Connect with the connect timeout, and give each command `io_timeout`.
-    pub fn connect(&self, io_timeout: Duration) -> Result<Connection> {
-        self.connect_within(self.connect_timeout, io_timeout)
-    }
-
-    /// Connect within `timeout` (the watchdog passes what is left before the deadline).
-    pub fn connect_within(&self, timeout: Duration, io_timeout: Duration) -> Result<Connection> {
+    /// Connect within `timeout`, TLS handshake included. The error is one line without the URL.
+    pub fn connect(&self, timeout: Duration) -> Result<Connection> {
         let timeout = timeout.max(Duration::from_millis(1));
         let start = crate::clock::Instant::now();
         let mut con = self
             .client
             .get_connection_with_timeout(timeout)
-            .map_err(|e| anyhow::anyhow!("{}", first_line(&e)))
-            .with_context(|| format!("cannot connect to Redis at {}", self.shown_url))?;
+            .map_err(|e| anyhow::anyhow!("{}", first_line(&e)))?;
         if self.handshake_ping {
             set_io_timeout(&con, timeout.saturating_sub(start.elapsed()))?;
-            redis::cmd("PING")
-                .query::<()>(&mut con)
-                .map_err(|e| {
-                    if e.is_timeout() {
-                        // A plain Redis reads a ClientHello as the start of a command and waits.
-                        anyhow::anyhow!(
-                            "no TLS answer in time: is it a plain port? use redis:// for it"
-                        )
-                    } else {
-                        anyhow::anyhow!("{}", first_line(&e))
-                    }
-                })
-                .with_context(|| format!("cannot connect to Redis at {}", self.shown_url))?;
+            redis::cmd("PING").query::<()>(&mut con).map_err(|e| {
+                if e.is_timeout() {
+                    // A plain Redis reads a ClientHello as the start of a command and waits.
+                    anyhow::anyhow!(
+                        "no TLS answer in time: is it a plain port? use redis:// for it"
+                    )
+                } else {
+                    anyhow::anyhow!("{}", first_line(&e))
+                }
+            })?;
         }
-        set_io_timeout(&con, io_timeout)?;
         Ok(con)
     }
+}
+
+/// A URL that names several hosts (Sentinel, Cluster):
+/// `SCHEME://[user][:password@]host[:port][,host[:port]...][/path][?name=value&...]`.
+#[derive(Debug, Default)]
+pub struct HostsUrl {
+    /// The scheme starts with `rediss`.
+    pub tls: bool,
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub hosts: Vec<(String, u16)>,
+    /// The path's segments, decoded (empty ones dropped).
+    pub path: Vec<String>,
+    /// The query's pairs, decoded.
+    pub query: Vec<(String, String)>,
+}
+
+impl HostsUrl {
+    /// Parse `url`; a host without a port gets `default_port` (None: the port is required).
+    /// The error says what is wrong, without the URL (the caller names it, redacted).
+    pub fn parse(url: &str, default_port: Option<u16>) -> Result<HostsUrl, String> {
+        let (scheme, rest) = url.split_once("://").ok_or("no scheme")?;
+        let (rest, query) = match rest.rfind('?') {
+            Some(q) if !rest[q..].contains('@') => (&rest[..q], Some(&rest[q + 1..])),
+            _ => (rest, None),
+        };
+        // The userinfo runs to the last '@', as in `redact_url`: passwords may hold '/' and '@'.
+        let (userinfo, rest) = match rest.rfind('@') {
+            Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+            None => (None, rest),
+        };
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let mut out = HostsUrl {
+            tls: scheme.starts_with("rediss"),
+            ..HostsUrl::default()
+        };
+        if let Some(info) = userinfo {
+            let (user, password) = match info.split_once(':') {
+                Some((u, p)) => (u, Some(p)),
+                None => (info, None),
+            };
+            out.user = Some(decode(user)?).filter(|u| !u.is_empty());
+            out.password = password.map(decode).transpose()?;
+        }
+        for host in authority.split(',') {
+            out.hosts.push(host_port(host, default_port)?);
+        }
+        out.path = path
+            .split('/')
+            .filter(|p| !p.is_empty())
+            .map(decode)
+            .collect::<Result<_, _>>()?;
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            out.query.push((decode(k)?, decode(v)?));
+        }
+        Ok(out)
+    }
+}
+
+/// `host[:port]` or `[v6]:port`.
+fn host_port(text: &str, default_port: Option<u16>) -> Result<(String, u16), String> {
+    let (host, port) = match text.strip_prefix('[') {
+        Some(v6) => {
+            let (host, rest) = v6.split_once(']').ok_or("an IPv6 address without ']'")?;
+            (host, rest.strip_prefix(':'))
+        }
+        None => match text.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (text, None),
+        },
+    };
+    if host.is_empty() {
+        return Err("an empty host name (hosts are separated by single commas)".into());
+    }
+    let port = match (port, default_port) {
+        (Some(p), _) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("port '{p}' of host '{host}' is not a port number"))?,
+        (None, Some(d)) => d,
+        (None, None) => return Err(format!("host '{host}' needs a port (host:port)")),
+    };
+    Ok((host.to_string(), port))
+}
+
+/// Undo percent-encoding (`%40` is `@`).
+fn decode(text: &str) -> Result<String, String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = text
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or("a '%' that is not followed by two hex digits")?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "percent-encoding that is not UTF-8".into())
 }
 
 /// What is wrong with a URL, in words a user can act on.
@@ -103,8 +202,9 @@ fn url_problem(e: &redis::RedisError) -> String {
     let text = e.to_string();
     let text = text.trim_end_matches(" - InvalidClientConfig");
     if text.contains("did not parse") {
-        "expected redis://[user][:password@]host[:port][/db], rediss://... (TLS) or \
-         redis+unix:///path/to/socket"
+        "expected redis://[user][:password@]host[:port][/db], rediss://... (TLS), \
+         redis+unix:///path/to/socket, redis+sentinel://host[:port][,host...]/SERVICE or \
+         redis+cluster://host:port[,host:port...]"
             .into()
     } else {
         text.to_lowercase()
@@ -138,6 +238,11 @@ pub fn first_line(e: &redis::RedisError) -> String {
         Some("NOAUTH") => {
             return "the server wants a password: give it in the URL \
                     (redis://[user]:PASSWORD@host:port), best through CRONLOCK_REDIS_URL"
+                .into()
+        }
+        Some("MOVED" | "ASK") => {
+            return "the server is a Redis Cluster node that does not serve this KEY's slot: \
+                    use redis+cluster://HOST:PORT[,HOST:PORT...] for a cluster"
                 .into()
         }
         Some("NOPERM") => {

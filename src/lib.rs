@@ -10,6 +10,7 @@ pub mod check;
 pub mod child;
 pub mod cli;
 pub mod clock;
+pub mod cluster;
 pub mod connect;
 pub mod duration;
 pub mod exit;
@@ -21,9 +22,11 @@ pub mod metrics;
 pub mod ping;
 pub mod record;
 pub mod schedule;
+pub mod sentinel;
 pub mod shared;
 pub mod signals;
 pub mod tls;
+pub mod topology;
 pub mod wait;
 pub mod watchdog;
 
@@ -39,12 +42,12 @@ use serde_json::Value;
 use crate::child::{Limits, Stop};
 use crate::cli::{Cli, Job, LogFormat, Mode};
 use crate::clock::Instant;
-use crate::connect::{first_line, Redis};
 use crate::duration::Span;
 use crate::exit::Exit;
 use crate::lock::{Held, Keys, ReleaseOptions, Released};
 use crate::log::{Level, Log};
 use crate::record::Ending;
+use crate::topology::{Link, Redis};
 use crate::wait::Acquired;
 use crate::watchdog::{LockState, Timing, Watch, Watchdog};
 
@@ -171,7 +174,13 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
         _ => None,
     };
     let (url, source) = cli.redis_url();
-    let redis = Redis::new(&url, source, cli.connect_timeout.0, &cli.tls()?)?;
+    let redis = Redis::new(
+        &url,
+        source,
+        cli.connect_timeout.0,
+        &cli.tls()?,
+        cli.min_replicas,
+    )?;
     let io_timeout = cli.connect_timeout.0;
     match mode {
         Mode::Run(job) => {
@@ -199,7 +208,7 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
             result
         }
         Mode::Status(key) => {
-            let mut con = redis.connect(io_timeout)?;
+            let mut link = Link::new(&redis);
             let history = cli
                 .given
                 .history_flag
@@ -207,7 +216,7 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
             let keys = Keys::new(&cli.prefix, &key);
             let schedule = cli.schedule.as_ref();
             admin::print(&admin::status(
-                &mut con, &keys, cli.json, history, schedule,
+                &mut link, io_timeout, &keys, cli.json, history, schedule,
             )?)?;
             Ok(Exit::Success)
         }
@@ -217,14 +226,24 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
             Ok(Exit::Check(verdict.state as u8))
         }
         Mode::List => {
-            let mut con = redis.connect(io_timeout)?;
-            admin::print(&admin::list(&mut con, &cli.prefix, cli.json, log)?)?;
+            let mut link = Link::new(&redis);
+            admin::print(&admin::list(
+                &mut link,
+                io_timeout,
+                &cli.prefix,
+                cli.json,
+                log,
+            )?)?;
             Ok(Exit::Success)
         }
         Mode::ForceRelease(key) => {
-            let mut con = redis.connect(io_timeout)?;
             let keys = Keys::new(&cli.prefix, &key);
-            admin::print(&admin::force_release(&mut con, &keys, cli.json)?)?;
+            admin::print(&admin::force_release(
+                &mut Link::new(&redis),
+                io_timeout,
+                &keys,
+                cli.json,
+            )?)?;
             Ok(Exit::Success)
         }
     }
@@ -233,9 +252,7 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
 /// `--check KEY`: every failure is an UNKNOWN verdict, never an error.
 fn check_key(cli: &Cli, redis: &Redis, key: &str) -> check::Verdict {
     let keys = Keys::new(&cli.prefix, key);
-    let snap = redis
-        .connect(cli.connect_timeout.0)
-        .and_then(|mut con| lock::snapshot(&mut con, &keys, None));
+    let snap = lock::snapshot(&mut Link::new(redis), cli.connect_timeout.0, &keys, None);
     match snap {
         Ok(snap) => check::judge(
             key,
@@ -316,8 +333,8 @@ fn run_job(
         candidates: s.candidates(host::unix_millis() as i64),
     });
     let acquired = wait::acquire(redis, &keys, &command, timing.ttl, cli.wait(), slot, log)?;
-    let (held, con) = match acquired {
-        Acquired::Held(held, con) => (*held, con),
+    let (held, link) = match acquired {
+        Acquired::Held(held, link) => (*held, link),
         Acquired::Busy(value) => {
             let waited = asked.elapsed();
             let after = if cli.wait().is_zero() {
@@ -402,7 +419,7 @@ fn run_job(
             let opts = ReleaseOptions::default();
             release(
                 redis,
-                Some(con),
+                Some(link),
                 &held,
                 held.sent_at + timing.ttl,
                 &opts,
@@ -411,7 +428,7 @@ fn run_job(
             return Err(anyhow::Error::from(e).context("cannot map the page shared with the guard"));
         }
     };
-    let mut watchdog = Watchdog::new(redis.clone(), con, held.clone(), timing, watch, log.clone());
+    let mut watchdog = Watchdog::new(link, held.clone(), timing, watch, log.clone());
     let limits = Limits {
         grace: timing.grace,
         max_runtime: cli.max_runtime(),
@@ -430,7 +447,7 @@ fn run_job(
     } else {
         (release_by - Instant::now()).min(valid_until - Instant::now())
     };
-    let con = watchdog.stop(stop_wait);
+    let link = watchdog.stop(stop_wait);
     let duration = held.sent_at.elapsed();
     if ending != Ending::NotStarted {
         report.run = Some(metrics::Run {
@@ -446,7 +463,7 @@ fn run_job(
         record_ttl: cli.history_ttl.map(|t| t.0),
     };
     let lost_until = if lost { Instant::now() } else { valid_until };
-    release(redis, con, &held, lost_until, &opts, log);
+    release(redis, link, &held, lost_until, &opts, log);
     Ok(exit)
 }
 
@@ -585,11 +602,11 @@ fn run_child(
 }
 
 /// Release our lock and record the run; problems are warnings, since the command's status is what
-/// matters now. Bounded by `--connect-timeout` in all; a dropped connection is retried once on a
-/// new one, but only while the lock can still be alive in Redis (before `valid_until`).
+/// matters now. Bounded by `--connect-timeout` in all; a failed call is retried once on a new
+/// connection, but only while the lock can still be alive in Redis (before `valid_until`).
 fn release(
     redis: &Redis,
-    con: Option<redis::Connection>,
+    link: Option<Link>,
     held: &Held,
     valid_until: Instant,
     opts: &ReleaseOptions,
@@ -599,29 +616,18 @@ fn release(
     let end = Instant::now() + redis.connect_timeout;
     let lost = Instant::now() >= valid_until;
     let left = || end.saturating_duration_since(Instant::now());
-    let fresh = || redis.connect_within(left(), left());
-    let attempt = |c: &mut redis::Connection| {
-        connect::set_io_timeout(c, left())?;
-        lock::release(c, held, opts).map_err(anyhow::Error::from)
-    };
+    let mut link = link.unwrap_or_else(|| Link::new(redis));
     let mut retried = false;
-    let result = match con.map_or_else(fresh, Ok) {
-        Ok(mut c) => match attempt(&mut c) {
-            // The watchdog's connection may have been dropped since its last renewal (a Redis
-            // restart, an idle timeout): one more try on a new one, if it can still matter.
-            Err(e) if is_dropped(&e) && Instant::now() < valid_until && !left().is_zero() => {
-                retried = true;
-                fresh().and_then(|mut c| attempt(&mut c))
-            }
-            r => r,
-        },
-        Err(e) => Err(e),
+    let result = match lock::release(&mut link, left(), held, opts) {
+        // The watchdog's connection may have been dropped since its last renewal (a Redis
+        // restart, an idle timeout, a failover): one more try, if it can still matter.
+        Err(e) if e.transient() && Instant::now() < valid_until && !left().is_zero() => {
+            retried = true;
+            lock::release(&mut link, left(), held, opts)
+        }
+        r => r,
     }
-    .map_err(|e| match e.downcast_ref::<redis::RedisError>() {
-        Some(re) => anyhow::anyhow!(first_line(re)),
-        None => e,
-    })
-    .map_err(|e| e.context(format!("cannot release lock '{name}'")));
+    .map_err(|e| anyhow::anyhow!("cannot release lock '{name}': {e}"));
     match result {
         Ok(Released::Deleted) => log.info("released", &format!("released lock '{name}'"), &[]),
         Ok(Released::Kept) => log.info(
@@ -648,9 +654,4 @@ fn release(
             &[],
         ),
     }
-}
-
-fn is_dropped(e: &anyhow::Error) -> bool {
-    e.downcast_ref::<redis::RedisError>()
-        .is_some_and(|e| e.is_io_error() || e.is_connection_dropped() || e.is_timeout())
 }

@@ -2,7 +2,11 @@
 //! release it. Every write compares the holder value inside Lua, so cronlock never deletes or
 //! extends a lock it does not own.
 //!
-//! Key layout for KEY under the default prefix `cronlock:` (all in one Cluster hash slot, `{KEY}`):
+//! Key layout for KEY under the default prefix `cronlock:`. All of a KEY's keys share the hash tag
+//! `{KEY}`, so on a Redis Cluster they live in one slot and every script runs on one node. A KEY
+//! with `{` or `}` would cut the tag short (or leave it empty): its tag is `{ENCODED}~`, with `%`,
+//! `{` and `}` percent-encoded and a `~` after the tag that no brace-free KEY's keys can have, so
+//! the KEY can be read back exactly. Brace-free KEYs keep the plain layout:
 //! - `cronlock:{KEY}`        the lock; its value identifies the holder
 //! - `cronlock:{KEY}:fence`  the fencing counter: the last token, max(last + 1, Redis TIME in µs)
 //! - `cronlock:{KEY}:last`   the last run's record (JSON)
@@ -15,20 +19,24 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
-use redis::{Connection, RedisResult, Script};
+use redis::{FromRedisValue, Script};
 use serde_json::json;
 
 use crate::clock::Instant;
-use crate::connect::first_line;
+use crate::topology::{Failure, Link};
 
-// The scripts, hashed once: every call then sends EVALSHA with the cached SHA1.
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/acquire.lua")));
-static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/renew.lua")));
-static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/release.lua")));
-static FORCE_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("lua/force_release.lua")));
-static STATUS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/status.lua")));
+// The scripts, hashed once: every call then sends EVALSHA with the SHA1.
+const ACQUIRE_LUA: &str = include_str!("lua/acquire.lua");
+const RENEW_LUA: &str = include_str!("lua/renew.lua");
+const RELEASE_LUA: &str = include_str!("lua/release.lua");
+const FORCE_RELEASE_LUA: &str = include_str!("lua/force_release.lua");
+const STATUS_LUA: &str = include_str!("lua/status.lua");
 const ABANDON_LUA: &str = include_str!("lua/abandon.lua");
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
+static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
+static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(FORCE_RELEASE_LUA));
+static STATUS: LazyLock<Script> = LazyLock::new(|| Script::new(STATUS_LUA));
 
 /// How long a release notification waits for a waiter before it expires.
 pub const NOTIFY_TTL: Duration = Duration::from_secs(10);
@@ -47,7 +55,7 @@ pub struct Keys {
 
 impl Keys {
     pub fn new(prefix: &str, name: &str) -> Keys {
-        let lock = format!("{prefix}{{{name}}}");
+        let lock = format!("{prefix}{}", tag(name));
         Keys {
             name: name.to_string(),
             fence: format!("{lock}:fence"),
@@ -64,14 +72,67 @@ impl Keys {
         format!("{}:abandoned:{token}", self.lock)
     }
 
-    /// The KEY of a lock key found by SCAN, if `redis_key` is one (not a `:fence` or other key).
-    pub fn name_of<'a>(prefix: &str, redis_key: &'a str) -> Option<&'a str> {
-        redis_key
-            .strip_prefix(prefix)?
-            .strip_prefix('{')?
-            .strip_suffix('}')
-            .filter(|name| !name.is_empty())
+    /// The SCAN pattern that finds every lock key under `prefix` (and some others, which
+    /// [`Keys::name_of`] tells apart).
+    pub fn pattern(prefix: &str) -> String {
+        let mut out = String::with_capacity(prefix.len() + 4);
+        for c in prefix.chars() {
+            if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+                out.push('\\');
+            }
+            out.push(c);
+        }
+        out + "{*}*"
     }
+
+    /// The KEY of a lock key found by SCAN, if `redis_key` is one (not a `:fence` or other key).
+    pub fn name_of(prefix: &str, redis_key: &str) -> Option<String> {
+        let inner = redis_key.strip_prefix(prefix)?.strip_prefix('{')?;
+        if let Some(name) = inner.strip_suffix('}') {
+            return Some(name.to_string()).filter(|n| !n.is_empty() && !n.contains(['{', '}']));
+        }
+        let encoded = inner.strip_suffix("}~")?;
+        if encoded.contains(['{', '}']) {
+            return None;
+        }
+        let name = decode(encoded)?;
+        Some(name).filter(|n| n.contains(['{', '}']))
+    }
+}
+
+/// The hash tag of KEY: `{KEY}`, or `{ENCODED}~` for a KEY with a brace (see the module comment).
+fn tag(name: &str) -> String {
+    if !name.contains(['{', '}']) {
+        return format!("{{{name}}}");
+    }
+    let mut out = String::from("{");
+    for c in name.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            c => out.push(c),
+        }
+    }
+    out + "}~"
+}
+
+/// Undo [`tag`]'s encoding; None for text it cannot have made.
+fn decode(text: &str) -> Option<String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find('%') {
+        out.push_str(&rest[..i]);
+        out.push(match rest.get(i + 1..i + 3)? {
+            "25" => '%',
+            "7B" => '{',
+            "7D" => '}',
+            _ => return None,
+        });
+        rest = &rest[i + 3..];
+    }
+    out.push_str(rest);
+    Some(out)
 }
 
 /// How many characters of the command line the lock value and the run record keep.
@@ -184,52 +245,60 @@ fn ms(d: Duration) -> u64 {
     d.as_millis().max(1) as u64
 }
 
-/// An acquire that failed; `unknown` when Redis may have run it anyway (timeout, dropped
-/// connection), so the lock may be ours without our knowing.
-#[derive(Debug)]
-pub struct AcquireError {
-    pub error: redis::RedisError,
-    pub unknown: bool,
+/// Run `script` with `keys` and `args` on the node that serves `keys[0]`, within `within`: by
+/// SHA1 (`EVALSHA`), and with its text when the server does not have it yet (a new server, a
+/// restart, a promoted replica: the script cache is not replicated).
+fn eval<T: FromRedisValue>(
+    link: &mut Link,
+    within: Duration,
+    script: &Script,
+    text: &str,
+    keys: &[&str],
+    args: &[String],
+) -> Result<T, Failure> {
+    link.call(within, |con| {
+        let call = |verb: &str, body: &str| {
+            let mut c = redis::cmd(verb);
+            c.arg(body).arg(keys.len()).arg(keys).arg(args);
+            c
+        };
+        match call("EVALSHA", script.get_hash()).query(con) {
+            Err(e) if e.code() == Some("NOSCRIPT") => call("EVAL", text).query(con),
+            r => r,
+        }
+    })
 }
 
-impl AcquireError {
-    pub fn transient(&self) -> bool {
-        self.unknown || self.error.code() == Some("LOADING") || self.error.code() == Some("BUSY")
-    }
-}
-
-/// One acquisition attempt.
+/// One acquisition attempt, within `within` (connecting included). An error whose
+/// [`Failure::maybe_ran`] holds may have taken the lock: see [`abandon`].
 pub fn try_acquire(
-    con: &mut Connection,
+    link: &mut Link,
+    within: Duration,
     keys: &Keys,
     holder: &Holder,
     ttl: Duration,
     slot: Option<&Slot>,
-) -> std::result::Result<Attempt, AcquireError> {
+) -> Result<Attempt, Failure> {
     let sent_at = Instant::now();
-    let mut call = ACQUIRE.prepare_invoke();
-    call.key(&keys.lock)
-        .key(&keys.fence)
-        .key(keys.abandoned(&holder.token))
-        .key(&keys.schedule)
-        .arg(&holder.value)
-        .arg(ms(ttl))
-        .arg(slot.map_or("", |s| s.schedule.as_str()));
-    for c in slot.map_or(&[][..], |s| &s.candidates) {
-        call.arg(*c);
-    }
-    let (fence, pttl, value, instant, ran): (i64, i64, Option<String>, i64, i64) =
-        call.invoke(con).map_err(|error| AcquireError {
-            // No reply, or one we could not read: the script may have run and taken the lock.
-            unknown: error.is_timeout()
-                || error.is_io_error()
-                || error.is_connection_dropped()
-                || matches!(
-                    error.kind(),
-                    redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType
-                ),
-            error,
-        })?;
+    let abandoned = keys.abandoned(&holder.token);
+    let mut args = vec![
+        holder.value.clone(),
+        ms(ttl).to_string(),
+        slot.map_or(String::new(), |s| s.schedule.clone()),
+    ];
+    args.extend(
+        slot.map_or(&[][..], |s| &s.candidates)
+            .iter()
+            .map(i64::to_string),
+    );
+    let (fence, pttl, value, instant, ran): (i64, i64, Option<String>, i64, i64) = eval(
+        link,
+        within,
+        &ACQUIRE,
+        ACQUIRE_LUA,
+        &[&keys.lock, &keys.fence, &abandoned, &keys.schedule],
+        &args,
+    )?;
     let instant = (instant != 0).then_some(instant);
     if ran != 0 {
         return Ok(Attempt::AlreadyRan {
@@ -256,50 +325,65 @@ pub fn try_acquire(
 /// Sent as `EVAL` with the whole script: Redis is likely hung right now, and a `NOSCRIPT` reply
 /// to an `EVALSHA` would arrive after we stopped listening, so the script would never run.
 pub fn abandon(
-    con: &mut Connection,
+    link: &mut Link,
+    within: Duration,
     keys: &Keys,
     holder: &Holder,
     ttl: Duration,
-) -> RedisResult<bool> {
-    redis::cmd("EVAL")
-        .arg(ABANDON_LUA)
-        .arg(2)
-        .arg(&keys.lock)
-        .arg(keys.abandoned(&holder.token))
-        .arg(&holder.value)
-        .arg(ms(ttl))
-        .query(con)
+) -> Result<bool, Failure> {
+    let abandoned = keys.abandoned(&holder.token);
+    link.call(within, |con| {
+        redis::cmd("EVAL")
+            .arg(ABANDON_LUA)
+            .arg(2)
+            .arg(&keys.lock)
+            .arg(&abandoned)
+            .arg(&holder.value)
+            .arg(ms(ttl))
+            .query(con)
+    })
 }
 
 /// Extend our lock to `ttl` from now if it is still ours: `Ok(true)` ours, `Ok(false)` not ours.
-pub fn renew(con: &mut Connection, held: &Held) -> RedisResult<bool> {
-    RENEW
-        .key(&held.keys.lock)
-        .arg(&held.holder.value)
-        .arg(ms(held.ttl))
-        .invoke(con)
+pub fn renew(link: &mut Link, within: Duration, held: &Held) -> Result<bool, Failure> {
+    eval(
+        link,
+        within,
+        &RENEW,
+        RENEW_LUA,
+        &[&held.keys.lock],
+        &[held.holder.value.clone(), ms(held.ttl).to_string()],
+    )
 }
 
 /// Delete (or, for `--min-hold`, shorten) our lock if it is still ours, and record the run.
-/// The Redis error is returned as is, so the caller can tell a dropped connection.
-pub fn release(con: &mut Connection, held: &Held, opts: &ReleaseOptions) -> RedisResult<Released> {
+pub fn release(
+    link: &mut Link,
+    within: Duration,
+    held: &Held,
+    opts: &ReleaseOptions,
+) -> Result<Released, Failure> {
     let keys = &held.keys;
-    let n: i64 = RELEASE
-        .key(&keys.lock)
-        .key(&keys.last)
-        .key(&keys.history)
-        .key(&keys.notify)
-        .arg(&held.holder.value)
-        .arg(if opts.hold.is_zero() {
-            0
-        } else {
-            ms(opts.hold)
-        })
-        .arg(opts.record.as_deref().unwrap_or(""))
-        .arg(opts.history)
-        .arg(opts.record_ttl.map_or(0, ms))
-        .arg(ms(NOTIFY_TTL))
-        .invoke(con)?;
+    let hold = if opts.hold.is_zero() {
+        0
+    } else {
+        ms(opts.hold)
+    };
+    let n: i64 = eval(
+        link,
+        within,
+        &RELEASE,
+        RELEASE_LUA,
+        &[&keys.lock, &keys.last, &keys.history, &keys.notify],
+        &[
+            held.holder.value.clone(),
+            hold.to_string(),
+            opts.record.clone().unwrap_or_default(),
+            opts.history.to_string(),
+            opts.record_ttl.map_or(0, ms).to_string(),
+            ms(NOTIFY_TTL).to_string(),
+        ],
+    )?;
     Ok(match n {
         1 => Released::Deleted,
         2 => Released::Kept,
@@ -308,13 +392,16 @@ pub fn release(con: &mut Connection, held: &Held, opts: &ReleaseOptions) -> Redi
 }
 
 /// Delete the lock whoever holds it; returns the holder value, or None if it was free.
-pub fn force_release(con: &mut Connection, keys: &Keys) -> Result<Option<String>> {
-    FORCE_RELEASE
-        .key(&keys.lock)
-        .key(&keys.notify)
-        .arg(ms(NOTIFY_TTL))
-        .invoke(con)
-        .map_err(|e| anyhow!("cannot release lock '{}': {}", keys.name, first_line(&e)))
+pub fn force_release(link: &mut Link, within: Duration, keys: &Keys) -> Result<Option<String>> {
+    eval(
+        link,
+        within,
+        &FORCE_RELEASE,
+        FORCE_RELEASE_LUA,
+        &[&keys.lock, &keys.notify],
+        &[ms(NOTIFY_TTL).to_string()],
+    )
+    .map_err(|e| anyhow!("cannot release lock '{}': {e}", keys.name))
 }
 
 /// A consistent snapshot of one lock.
@@ -333,7 +420,12 @@ pub struct Snapshot {
 
 /// Read the lock, its expiry, its fencing counter, its last run and up to `history` kept runs at
 /// one instant.
-pub fn snapshot(con: &mut Connection, keys: &Keys, history: Option<u32>) -> Result<Snapshot> {
+pub fn snapshot(
+    link: &mut Link,
+    within: Duration,
+    keys: &Keys,
+    history: Option<u32>,
+) -> Result<Snapshot> {
     type Reply = (
         Option<String>,
         i64,
@@ -342,15 +434,21 @@ pub fn snapshot(con: &mut Connection, keys: &Keys, history: Option<u32>) -> Resu
         Vec<String>,
         (Option<i64>, Option<String>),
     );
-    let (holder, pttl, fence, last_run, history, (instant, schedule)): Reply = STATUS
-        .key(&keys.lock)
-        .key(&keys.fence)
-        .key(&keys.last)
-        .key(&keys.history)
-        .key(&keys.schedule)
-        .arg(history.map_or(0, i64::from))
-        .invoke(con)
-        .map_err(|e| anyhow!("cannot read lock '{}': {}", keys.name, first_line(&e)))?;
+    let (holder, pttl, fence, last_run, history, (instant, schedule)): Reply = eval(
+        link,
+        within,
+        &STATUS,
+        STATUS_LUA,
+        &[
+            &keys.lock,
+            &keys.fence,
+            &keys.last,
+            &keys.history,
+            &keys.schedule,
+        ],
+        &[history.map_or(0, i64::from).to_string()],
+    )
+    .map_err(|e| anyhow!("cannot read lock '{}': {e}", keys.name))?;
     Ok(Snapshot {
         holder,
         pttl,
@@ -372,9 +470,60 @@ mod tests {
         assert_eq!(k.lock, "cronlock:{nightly}");
         assert_eq!(k.fence, "cronlock:{nightly}:fence");
         assert_eq!(k.notify, "cronlock:{nightly}:notify");
-        assert_eq!(Keys::name_of("cronlock:", &k.lock), Some("nightly"));
+        assert_eq!(
+            Keys::name_of("cronlock:", &k.lock).as_deref(),
+            Some("nightly")
+        );
         assert_eq!(Keys::name_of("cronlock:", &k.fence), None);
         assert_eq!(Keys::name_of("cronlock:", "other:{x}"), None);
+    }
+
+    /// Redis's rule: the tag is between the first `{` and the first `}` after it, if non-empty.
+    fn hash_tag(key: &str) -> &str {
+        if let Some(open) = key.find('{') {
+            if let Some(len) = key[open + 1..].find('}') {
+                if len > 0 {
+                    return &key[open + 1..open + 1 + len];
+                }
+            }
+        }
+        key
+    }
+
+    #[test]
+    fn every_key_keeps_one_tag_and_reads_back() {
+        for name in [
+            "}",
+            "{",
+            "{}",
+            "a{b}c",
+            "a}b",
+            "x y",
+            "50%",
+            "%7D",
+            "}~",
+            "a}~:fence",
+        ] {
+            let k = Keys::new("cronlock:", name);
+            let tag = hash_tag(&k.lock);
+            assert!(!tag.is_empty() && tag != k.lock, "{name}: {}", k.lock);
+            for other in [&k.fence, &k.last, &k.history, &k.notify, &k.schedule] {
+                assert_eq!(hash_tag(other), tag, "{name}: {other}");
+            }
+            assert_eq!(hash_tag(&k.abandoned("t")), tag);
+            assert_eq!(
+                Keys::name_of("cronlock:", &k.lock).as_deref(),
+                Some(name),
+                "{}",
+                k.lock
+            );
+            for other in [&k.fence, &k.last, &k.notify] {
+                assert_eq!(Keys::name_of("cronlock:", other), None, "{other}");
+            }
+        }
+        // Brace-free KEYs keep the layout earlier versions used.
+        assert_eq!(Keys::new("cronlock:", "50%").lock, "cronlock:{50%}");
+        assert_eq!(Keys::new("cronlock:", "a}b").lock, "cronlock:{a%7Db}~");
     }
 
     #[test]

@@ -10,22 +10,21 @@
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
-use redis::Connection;
 
 use crate::clock::Instant;
-use crate::connect::{first_line, set_io_timeout, Redis};
 use crate::duration::Span;
-use crate::lock::{self, Attempt, Held, Holder, Keys};
+use crate::lock::{self, Attempt, Held, Holder, Keys, ReleaseOptions, Released};
 use crate::log::Log;
 use crate::signals;
+use crate::topology::{Failure, Link, Redis};
 
 /// The longest a waiter blocks between attempts.
 const POLL_CAP: Duration = Duration::from_millis(500);
 
 /// The result of trying to get the lock.
 pub enum Acquired {
-    /// Ours, with the connection that took it (the watchdog goes on with it).
-    Held(Box<Held>, Connection),
+    /// Ours, with the link that took it (the watchdog goes on with its connection).
+    Held(Box<Held>, Link),
     /// Held elsewhere, and `--wait` (if any) ran out: who holds it (the raw value).
     Busy(String),
     /// A signal asked us to stop before we had the lock.
@@ -61,9 +60,13 @@ fn pause(d: Duration) -> Option<libc::c_int> {
 /// The attempt with `holder` got no reply: Redis may have run it. Undo it on a new connection
 /// (best effort, bounded by the connect timeout) and say what became of it.
 fn abandon(redis: &Redis, keys: &Keys, holder: &Holder, ttl: Duration) -> String {
-    let undone = redis.connect(redis.connect_timeout).and_then(|mut c| {
-        lock::abandon(&mut c, keys, holder, ttl).map_err(|e| anyhow!(first_line(&e)))
-    });
+    let undone = lock::abandon(
+        &mut Link::new(redis),
+        redis.connect_timeout,
+        keys,
+        holder,
+        ttl,
+    );
     match undone {
         Ok(true) => "the lock it took anyway was released".into(),
         Ok(false) => "it took no lock".into(),
@@ -92,7 +95,7 @@ pub fn acquire(
     let deadline = Instant::now() + wait;
     let mut announced = false;
     let mut trouble_told = false;
-    let mut con: Option<Connection> = None;
+    let mut link = Link::new(redis);
     loop {
         if let Some(sig) = signals::pending_forwarded() {
             return Ok(Acquired::Signalled(sig));
@@ -109,48 +112,41 @@ pub fn acquire(
             }
             Ok(pause(jitter(POLL_CAP).min(left)))
         };
-        let mut c = match con.take() {
-            Some(c) => c,
-            None => match redis.connect(io_timeout) {
-                Ok(c) => c,
-                Err(e) => match retry(e, &mut trouble_told)? {
-                    Some(sig) => return Ok(Acquired::Signalled(sig)),
-                    None => continue,
-                },
-            },
-        };
         // A fresh holder per attempt, so `started` says when we got it.
         let holder = Holder::new(command);
-        let (expires_in, busy_with) =
-            match lock::try_acquire(&mut c, keys, &holder, ttl, slot.as_ref()) {
-                Ok(Attempt::Held(held)) => return Ok(Acquired::Held(held, c)),
-                Ok(Attempt::AlreadyRan { instant, ran }) => {
-                    return Ok(Acquired::AlreadyRan { instant, ran })
+        let attempt = lock::try_acquire(&mut link, io_timeout, keys, &holder, ttl, slot.as_ref());
+        let (expires_in, busy_with) = match attempt {
+            Ok(Attempt::Held(held)) => {
+                confirm(&mut link, &held)?;
+                return Ok(Acquired::Held(held, link));
+            }
+            Ok(Attempt::AlreadyRan { instant, ran }) => {
+                return Ok(Acquired::AlreadyRan { instant, ran })
+            }
+            Ok(Attempt::Busy(expires_in, value, instant)) => {
+                if let (Some(s), Some(i)) = (slot.as_mut(), instant) {
+                    s.candidates = vec![i];
                 }
-                Ok(Attempt::Busy(expires_in, value, instant)) => {
-                    if let (Some(s), Some(i)) = (slot.as_mut(), instant) {
-                        s.candidates = vec![i];
-                    }
-                    (expires_in, value)
+                (expires_in, value)
+            }
+            Err(e) => {
+                let mut text = match &e {
+                    // "cannot connect to Redis at ...": nothing was sent.
+                    Failure::Connect(_) => e.to_string(),
+                    _ => format!("cannot acquire lock '{}': {e}", keys.name),
+                };
+                if e.maybe_ran() {
+                    text += &format!(" ({})", abandon(redis, keys, &holder, ttl));
                 }
-                Err(e) => {
-                    let mut text = format!(
-                        "cannot acquire lock '{}': {}",
-                        keys.name,
-                        first_line(&e.error)
-                    );
-                    if e.unknown {
-                        text += &format!(" ({})", abandon(redis, keys, &holder, ttl));
-                    }
-                    if !e.transient() {
-                        return Err(anyhow!(text));
-                    }
-                    match retry(anyhow!(text), &mut trouble_told)? {
-                        Some(sig) => return Ok(Acquired::Signalled(sig)),
-                        None => continue,
-                    }
+                if !e.transient() {
+                    return Err(anyhow!(text));
                 }
-            };
+                match retry(anyhow!(text), &mut trouble_told)? {
+                    Some(sig) => return Ok(Acquired::Signalled(sig)),
+                    None => continue,
+                }
+            }
+        };
         let now = Instant::now();
         if now >= deadline {
             return Ok(Acquired::Busy(busy_with));
@@ -173,24 +169,44 @@ pub fn acquire(
         }
         // BLPOP takes seconds with millisecond precision (Redis >= 6); 0 would block forever.
         let secs = (block.as_millis().max(1) as f64) / 1000.0;
-        set_io_timeout(&c, block + io_timeout)?;
         // Woken or timed out, the next step is the same: try again.
-        let woke = redis::cmd("BLPOP")
-            .arg(&keys.notify)
-            .arg(secs)
-            .query::<Option<(String, String)>>(&mut c);
-        match woke {
-            Ok(_) => {
-                set_io_timeout(&c, io_timeout)?;
-                con = Some(c);
-            }
-            // The connection is gone or out of step: the next round makes a new one.
-            Err(e) => {
-                let e = anyhow!("cannot wait for lock '{}': {}", keys.name, first_line(&e));
-                if let Some(sig) = retry(e, &mut trouble_told)? {
-                    return Ok(Acquired::Signalled(sig));
-                }
+        let woke = link.call(block + io_timeout, |c| {
+            redis::cmd("BLPOP")
+                .arg(&keys.notify)
+                .arg(secs)
+                .query::<Option<(String, String)>>(c)
+        });
+        // The connection is gone or out of step: the next round makes a new one.
+        if let Err(e) = woke {
+            let e = anyhow!("cannot wait for lock '{}': {e}", keys.name);
+            if let Some(sig) = retry(e, &mut trouble_told)? {
+                return Ok(Acquired::Signalled(sig));
             }
         }
     }
+}
+
+/// With `--min-replicas`: the command starts only once enough replicas have the lock. If they do
+/// not confirm it in time, the lock is given back and nothing runs.
+fn confirm(link: &mut Link, held: &Held) -> Result<()> {
+    let within = link.redis().connect_timeout;
+    let Err(e) = link.confirm(&held.keys.lock, within) else {
+        return Ok(());
+    };
+    let name = &held.keys.name;
+    let freed = match lock::release(link, within, held, &ReleaseOptions::default()) {
+        Ok(Released::Deleted) => "released it".to_string(),
+        Ok(_) => "it was no longer ours".to_string(),
+        Err(_) => format!("it expires within {}", Span(held.ttl)),
+    };
+    Err(anyhow!(
+        "took lock '{name}', but {} (--min-replicas, within --connect-timeout {}); {freed}, \
+         and the command did not run",
+        match e {
+            Failure::Replicas { acked, wanted } =>
+                format!("only {acked} of {wanted} replicas confirmed it"),
+            e => format!("its replication could not be confirmed: {e}"),
+        },
+        Span(within)
+    ))
 }

@@ -9,7 +9,11 @@
 //!
 //! What happens when Redis hangs (or dies, or the network drops), in order:
 //! 1. A renewal call gets no answer within its budget (the time left, capped at one interval): it
-//!    is retried, on a new connection when the old one is gone, every `interval / 4` at most.
+//!    is retried every `interval / 4` at most, on a new connection: the [link](crate::topology)
+//!    looks the server up again, so a retry after a failover reaches the new primary (Sentinel)
+//!    or the KEY's new slot owner (Cluster). If the lock was replicated there, the renewal finds
+//!    it still ours and the job goes on. With `--min-replicas`, a renewal counts only once that
+//!    many replicas acknowledged it (`WAIT`); otherwise it is retried like any failed call.
 //! 2. At `deadline - grace - margin` the main thread fears the loss and sends SIGTERM; at
 //!    `deadline - margin` it sends SIGKILL ([`crate::child::supervise`]).
 //! 3. Independently, every confirmed renewal moves the kill-by time (`deadline - margin`) in the
@@ -26,14 +30,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use redis::Connection;
 
 use crate::clock::Instant;
-use crate::connect::{first_line, set_io_timeout, Redis};
 use crate::duration::Span;
 use crate::lock::{self, Held};
 use crate::log::{Level, Log};
 use crate::shared::Shared;
+use crate::topology::Link;
 
 /// The shortest TTL that leaves room to renew, terminate and kill before expiry.
 pub const MIN_TTL: Duration = Duration::from_millis(250);
@@ -202,7 +205,7 @@ enum State {
     Pending { due: Instant, renewal: Box<Renewal> },
     Running {
         stop: mpsc::Sender<()>,
-        done: mpsc::Receiver<Option<Connection>>,
+        done: mpsc::Receiver<Option<Link>>,
     },
     /// The thread could not be started; the lock is marked lost.
     Failed,
@@ -210,8 +213,7 @@ enum State {
 
 /// What the renewal thread needs.
 struct Renewal {
-    redis: Redis,
-    con: Connection,
+    link: Link,
     held: Held,
     timing: Timing,
     log: Log,
@@ -227,20 +229,12 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl Watchdog {
-    /// Prepare to renew `held` over `con` (reconnecting through `redis` when needed). No thread
-    /// runs yet: see [`Watchdog::start_if_due`].
-    pub fn new(
-        redis: Redis,
-        con: Connection,
-        held: Held,
-        timing: Timing,
-        watch: Watch,
-        log: Log,
-    ) -> Watchdog {
+    /// Prepare to renew `held` over `link` (the one that took the lock). No thread runs yet: see
+    /// [`Watchdog::start_if_due`].
+    pub fn new(link: Link, held: Held, timing: Timing, watch: Watch, log: Log) -> Watchdog {
         let due = held.sent_at + timing.interval;
         let renewal = Box::new(Renewal {
-            redis,
-            con,
+            link,
             held,
             timing,
             log,
@@ -278,12 +272,12 @@ impl Watchdog {
         }
     }
 
-    /// Stop renewing; returns the connection if it is still good, for the release. Waits at most
+    /// Stop renewing; returns the link if it is still good, for the release. Waits at most
     /// `within` for a renewal in flight: a hung Redis must not hold up the end of the run (a
     /// renewal that lands later is harmless, since it only extends a lock that is still ours).
-    pub fn stop(self, within: Duration) -> Option<Connection> {
+    pub fn stop(self, within: Duration) -> Option<Link> {
         match self.state {
-            State::Pending { renewal, .. } => Some(renewal.con),
+            State::Pending { renewal, .. } => Some(renewal.link),
             State::Running { stop, done } => {
                 let _ = stop.send(());
                 done.recv_timeout(within).ok().flatten()
@@ -308,7 +302,7 @@ fn spawn(r: Renewal, watch: Watch) -> std::io::Result<State> {
             let name = r.held.keys.name.clone();
             let w = watch.clone();
             let run = std::panic::AssertUnwindSafe(|| {
-                renew_loop(r.redis, Some(r.con), r.held, r.timing, w, stop_rx, r.log)
+                renew_loop(r.link, r.held, r.timing, w, stop_rx, r.log)
             });
             let con = std::panic::catch_unwind(run).unwrap_or_else(|payload| {
                 // Nobody renews the lock any more: that is a lost lock, not a silent end.
@@ -324,14 +318,13 @@ fn spawn(r: Renewal, watch: Watch) -> std::io::Result<State> {
 }
 
 fn renew_loop(
-    redis: Redis,
-    mut con: Option<Connection>,
+    mut link: Link,
     held: Held,
     timing: Timing,
     watch: Watch,
     stop: mpsc::Receiver<()>,
     log: Log,
-) -> Option<Connection> {
+) -> Option<Link> {
     let retry = (timing.interval / 4).clamp(Duration::from_millis(10), Duration::from_millis(100));
     // A hung Redis must not hold one attempt for long when a retry could still succeed.
     let call_cap = timing.interval.max(Duration::from_millis(200));
@@ -340,7 +333,7 @@ fn renew_loop(
     loop {
         match stop.recv_timeout(next.saturating_duration_since(Instant::now())) {
             Err(RecvTimeoutError::Timeout) => {}
-            _ => return con,
+            _ => return Some(link),
         }
         #[cfg(debug_assertions)]
         if std::env::var_os("CRONLOCK_DEBUG_PANIC").is_some_and(|v| v == "watchdog") {
@@ -357,18 +350,16 @@ fn renew_loop(
             return None;
         }
         let budget = (valid_until - now).min(call_cap);
-        let result = match con.take() {
-            Some(c) => Ok(c),
-            None => redis.connect_within(budget, budget),
-        }
-        .and_then(|mut c| {
-            set_io_timeout(&c, budget)?;
-            let sent = Instant::now();
-            let ours = lock::renew(&mut c, &held).map_err(|e| anyhow::anyhow!(first_line(&e)))?;
-            Ok((c, sent, ours))
+        let sent = Instant::now();
+        let result = lock::renew(&mut link, budget, &held).and_then(|ours| {
+            if ours {
+                // --min-replicas: the renewal counts once the replicas have it too.
+                link.confirm(&held.keys.lock, budget.saturating_sub(sent.elapsed()))?;
+            }
+            Ok(ours)
         });
         match result {
-            Ok((c, sent, true)) => {
+            Ok(true) => {
                 watch.confirm(sent + timing.ttl);
                 if let Some(since) = failing_since.take() {
                     log.event(
@@ -383,10 +374,9 @@ fn renew_loop(
                     );
                 }
                 log.event(Level::Debug, "renewed", "lock renewed", &[]);
-                con = Some(c);
                 next = sent + timing.interval;
             }
-            Ok((_, _, false)) => {
+            Ok(false) => {
                 watch.lose(format!(
                     "lock '{}' is no longer ours (deleted, expired or taken over)",
                     held.keys.name
@@ -394,7 +384,7 @@ fn renew_loop(
                 return None;
             }
             Err(e) => {
-                let msg = format!("{e:#}");
+                let msg = e.to_string();
                 if failing_since.is_none() {
                     failing_since = Some(now);
                     log.event(
