@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run the whole test suite on a fresh Debian/Ubuntu machine: installs what the tests need
-# (redis-server, openssl for the TLS tests' certificates, python3-prometheus-client for the
+# (redis-server, which also runs the Sentinel tests' sentinels; redis-cli from redis-tools, which
+# creates the Cluster tests' cluster; openssl for the TLS tests' certificates, python3-prometheus-client for the
 # metrics tests; a Rust toolchain must already be
 # there) and runs them. The tests fail, never skip, when a server they need is missing.
 set -euo pipefail
@@ -8,6 +9,7 @@ cd "$(dirname "$0")/.."
 
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
 command -v unshare >/dev/null 2>&1 || need+=(util-linux)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 # The metrics tests parse .prom files with the Prometheus project's own parser.
@@ -20,6 +22,7 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 command -v redis-server >/dev/null || { echo "test.sh: redis-server is required" >&2; exit 1; }
+command -v redis-cli >/dev/null || { echo "test.sh: redis-cli is required" >&2; exit 1; }
 command -v openssl >/dev/null || { echo "test.sh: openssl is required" >&2; exit 1; }
 /usr/bin/python3 -c 'import prometheus_client' ||
   { echo "test.sh: python3-prometheus-client is required" >&2; exit 1; }

@@ -12,14 +12,16 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Result};
 use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig, ClusterConnection};
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{Cmd, ConnectionAddr, RedisResult, TlsMode, Value};
+use redis::{Cmd, ConnectionAddr, IntoConnectionInfo, RedisResult, TlsMode, Value};
 
-use crate::connect::{first_line, HostsUrl};
+use crate::connect::{first_line, HostsUrl, Node};
 use crate::tls::TlsOptions;
 
 /// A cluster, known by its seed nodes.
 pub struct Cluster {
     client: ClusterClient,
+    /// The seed nodes as single servers, to explain a seed that is no cluster node.
+    seeds: Vec<Node>,
 }
 
 /// SCAN one node to the end, given a way to send it a command.
@@ -53,6 +55,28 @@ impl Cluster {
                 false => ConnectionAddr::Tcp(host, port),
             })
             .collect();
+        let certs = if u.tls {
+            Some(tls.certificates()?)
+        } else {
+            None
+        };
+        let mut seeds = Vec::new();
+        for addr in &nodes {
+            let mut settings = redis::RedisConnectionInfo::default();
+            if let Some(user) = &u.user {
+                settings = settings.set_username(user);
+            }
+            if let Some(pw) = &u.password {
+                settings = settings.set_password(pw);
+            }
+            let info = addr
+                .clone()
+                .into_connection_info()
+                .map_err(|e| invalid(&first_line(&e)))?;
+            let node = Node::open(info.set_redis_settings(settings), certs.clone())
+                .map_err(|e| invalid(&first_line(&e)))?;
+            seeds.push(node);
+        }
         let mut b = ClusterClientBuilder::new(nodes)
             // A few quick retries for redirections; longer outages are the caller's to retry.
             .retries(2)
@@ -64,8 +88,8 @@ impl Cluster {
         if let Some(pw) = u.password {
             b = b.password(pw);
         }
-        if u.tls {
-            b = b.tls(TlsMode::Secure).certs(tls.certificates()?);
+        if let Some(certs) = certs {
+            b = b.tls(TlsMode::Secure).certs(certs);
         } else if tls.any() {
             bail!(
                 "--tls-ca-cert, --tls-cert and --tls-key are for rediss+cluster:// URLs, and \
@@ -73,7 +97,7 @@ impl Cluster {
             );
         }
         let client = b.build().map_err(|e| invalid(&first_line(&e)))?;
-        Ok(Cluster { client })
+        Ok(Cluster { client, seeds })
     }
 
     /// Connect to a seed node and read the slot map, within `within`.
@@ -85,6 +109,25 @@ impl Cluster {
         self.client
             .get_connection_with_config(config)
             .map_err(|e| anyhow!("{}", first_line(&e)))
+    }
+
+    /// Why the cluster client found no node for a KEY (redis-rs reads a non-cluster server's
+    /// refusal of `CLUSTER SLOTS` as an empty slot map): ask the seeds themselves.
+    pub fn explain(&self, within: Duration) -> String {
+        for seed in &self.seeds {
+            let Ok(mut con) = seed.connect(within) else {
+                continue;
+            };
+            let _ = crate::connect::set_io_timeout(&con, within);
+            let info: redis::RedisResult<String> =
+                redis::cmd("INFO").arg("cluster").query(&mut con);
+            if info.is_ok_and(|i| i.contains("cluster_enabled:0")) {
+                return "a seed node is not a Redis Cluster node (cluster support is off): \
+                        use redis:// for a single server"
+                    .into();
+            }
+        }
+        "no node of the cluster serves this KEY's slot (is the cluster down?)".into()
     }
 
     /// SCAN every primary (the slot map's, read now) with `scan`, and merge what they hold.

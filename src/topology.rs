@@ -211,10 +211,25 @@ impl Link {
         within: Duration,
         call: impl FnOnce(&mut dyn ConnectionLike) -> RedisResult<T>,
     ) -> Result<T, Failure> {
+        let start = Instant::now();
         let mut con = self.take(within)?;
-        let value = call(con.like()).map_err(Failure::Call)?;
-        self.con = Some(con);
-        Ok(value)
+        match call(con.like()) {
+            Ok(value) => {
+                self.con = Some(con);
+                Ok(value)
+            }
+            Err(e) => match &*self.redis.target {
+                Target::Cluster(c) if e.kind() == redis::ErrorKind::ClusterConnectionNotFound => {
+                    let left = within.saturating_sub(start.elapsed());
+                    Err(Failure::Connect(anyhow!(
+                        "cannot use Redis at {}: {}",
+                        self.redis.shown_url,
+                        c.explain(left)
+                    )))
+                }
+                _ => Err(Failure::Call(e)),
+            },
+        }
     }
 
     /// With `--min-replicas N`: wait (within `within`) until N replicas acknowledged every write

@@ -365,13 +365,18 @@ pub fn bin() -> String {
 
 /// The cronlock binary with a clean environment pointing at `redis`.
 pub fn cronlock(redis: &Redis) -> Command {
+    cronlock_at(&redis.url())
+}
+
+/// The cronlock binary with a clean environment pointing at `url`.
+pub fn cronlock_at(url: &str) -> Command {
     let mut cmd = Command::new(bin());
     for (k, _) in std::env::vars() {
         if k.starts_with("CRONLOCK_") || k == "REDIS_URL" {
             cmd.env_remove(k);
         }
     }
-    cmd.env("CRONLOCK_REDIS_URL", redis.url());
+    cmd.env("CRONLOCK_REDIS_URL", url);
     cmd.stdin(Stdio::null());
     cmd
 }
@@ -441,4 +446,208 @@ pub fn one_line(out: &Output) -> String {
     assert_eq!(err.lines().count(), 1, "expected one line: {err:?}");
     assert!(err.starts_with("cronlock: "), "{err:?}");
     err
+}
+
+impl Redis {
+    /// A server on a Unix socket and a loopback TCP port, with more server options.
+    pub fn start_tcp_with(extra: &[&str]) -> Redis {
+        Redis::launch_new(None, extra, true)
+    }
+
+    /// A replica of `primary` (over TCP), up once its link to the primary is.
+    pub fn replica_of(primary: &Redis) -> Redis {
+        let port = primary.port.to_string();
+        let r = Redis::start_tcp_with(&["--replicaof", "127.0.0.1", &port]);
+        r.wait_synced();
+        r
+    }
+
+    /// Wait until this replica's link to its primary is up.
+    pub fn wait_synced(&self) {
+        assert!(
+            wait_for(Duration::from_secs(20), || {
+                let info: String = self.query(redis::cmd("INFO").arg("replication"));
+                info.contains("master_link_status:up")
+            }),
+            "replica did not sync"
+        );
+    }
+
+    /// The server's role: "master" or "slave".
+    pub fn role(&self) -> String {
+        let role: Vec<redis::Value> = self.query(&redis::cmd("ROLE"));
+        match role.first() {
+            Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            other => format!("{other:?}"),
+        }
+    }
+}
+
+/// Spawn `cmd` so that it dies with the thread that spawned it (PR_SET_PDEATHSIG).
+pub fn spawn_tied(cmd: &mut Command) -> Child {
+    // SAFETY: only prctl between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            );
+            Ok(())
+        });
+    }
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server is required for the tests; run ./scripts/test.sh")
+}
+
+/// A Redis Sentinel process (`redis-server sentinel.conf --sentinel`), killed on drop.
+pub struct Sentinel {
+    pub port: u16,
+    dir: Scratch,
+    child: Option<Child>,
+}
+
+/// The service name the test sentinels monitor.
+pub const SERVICE: &str = "cronlock-test";
+
+impl Sentinel {
+    /// A sentinel watching `primary` (quorum 2, down after 1 s).
+    pub fn start(primary_port: u16) -> Sentinel {
+        for _ in 0..20 {
+            let dir = scratch("sentinel");
+            let port = free_port();
+            let conf = dir.join("sentinel.conf");
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {}\nloglevel warning\n\
+                     sentinel monitor {SERVICE} 127.0.0.1 {primary_port} 2\n\
+                     sentinel down-after-milliseconds {SERVICE} 1000\n\
+                     sentinel failover-timeout {SERVICE} 10000\n\
+                     sentinel parallel-syncs {SERVICE} 1\n",
+                    dir.display()
+                ),
+            )
+            .unwrap();
+            let mut child = spawn_tied(Command::new("redis-server").arg(&conf).arg("--sentinel"));
+            let mut s = Sentinel {
+                port,
+                dir,
+                child: None,
+            };
+            let up = wait_for(Duration::from_secs(10), || {
+                matches!(child.try_wait(), Ok(Some(_)))
+                    || s.try_query::<String>(&redis::cmd("PING")).is_ok()
+            });
+            if up && child.try_wait().unwrap().is_none() {
+                s.child = Some(child);
+                return s;
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("redis sentinel did not start");
+    }
+
+    pub fn try_query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}", self.port))?;
+        let mut con = client.get_connection_with_timeout(Duration::from_secs(1))?;
+        con.set_read_timeout(Some(Duration::from_secs(5)))?;
+        cmd.query(&mut con)
+    }
+
+    /// The primary's port as this sentinel sees it.
+    pub fn primary_port(&self) -> Option<u16> {
+        let addr: Option<(String, u16)> = self
+            .try_query(
+                redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(SERVICE),
+            )
+            .ok()
+            .flatten();
+        addr.map(|(_, p)| p)
+    }
+
+    fn count(&self, what: &str) -> usize {
+        self.try_query::<Vec<redis::Value>>(redis::cmd("SENTINEL").arg(what).arg(SERVICE))
+            .map_or(0, |v| v.len())
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = &self.dir;
+    }
+}
+
+/// A primary, one replica and three sentinels that know each other.
+pub struct Replicated {
+    pub primary: Redis,
+    pub replica: Redis,
+    pub sentinels: Vec<Sentinel>,
+}
+
+impl Replicated {
+    pub fn start() -> Replicated {
+        let primary = Redis::start_tcp();
+        let replica = Redis::replica_of(&primary);
+        let sentinels: Vec<Sentinel> = (0..3).map(|_| Sentinel::start(primary.port)).collect();
+        // Ready for a failover once every sentinel knows the replica and the two other
+        // sentinels (they meet through hello messages every 2 s).
+        assert!(
+            wait_for(Duration::from_secs(30), || sentinels
+                .iter()
+                .all(|s| s.count("replicas") == 1 && s.count("sentinels") == 2)),
+            "sentinels did not discover each other and the replica"
+        );
+        Replicated {
+            primary,
+            replica,
+            sentinels,
+        }
+    }
+
+    /// `redis+sentinel://` naming every sentinel, for `service`.
+    pub fn url(&self, service: &str) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect();
+        format!("redis+sentinel://{}/{service}", hosts.join(","))
+    }
+
+    /// The server the sentinels agree is the primary now, if they agree on one.
+    pub fn primary_port(&self) -> Option<u16> {
+        let ports: Vec<Option<u16>> = self.sentinels.iter().map(|s| s.primary_port()).collect();
+        ports[0].filter(|_| ports.iter().all(|p| *p == ports[0]))
+    }
+}
+
+/// A topology shared by the tests of one binary that do not disturb it: made once, by a thread
+/// that lives as long as the test process (its servers die with that thread, so with the process).
+pub fn shared<T: Send + Sync + 'static>(
+    cell: &'static std::sync::OnceLock<&'static T>,
+    make: fn() -> T,
+) -> &'static T {
+    cell.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let made: &'static T = Box::leak(Box::new(make()));
+            tx.send(made).unwrap();
+            loop {
+                std::thread::park();
+            }
+        });
+        rx.recv().expect("the shared topology did not start")
+    })
 }
