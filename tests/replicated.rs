@@ -161,7 +161,7 @@ fn a_job_survives_a_failover() {
     let mut t = Replicated::start();
     let url = t.url(SERVICE);
     let dir = scratch("failover");
-    let mut job = cronlock_at(&url)
+    let job = cronlock_at(&url)
         .current_dir(&dir)
         .args(["--ttl", "15s", "-v", "--log-format", "json"])
         .args(["failover-job", "--", "sh", "-c"])
