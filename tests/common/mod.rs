@@ -65,6 +65,16 @@ pub fn scratch(name: &str) -> Scratch {
     Scratch(dir)
 }
 
+/// A free port below 55536 whose cluster bus port (port + 10000) is free too.
+pub fn free_cluster_port() -> u16 {
+    loop {
+        let port = free_port();
+        if port < 55536 && TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+            return port;
+        }
+    }
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -86,6 +96,8 @@ pub struct Redis {
     tcp: bool,
     /// The TCP port speaks TLS (the Unix socket stays plain, for the harness).
     tls: bool,
+    /// A cluster node: its bus port (port + 10000) must be free too.
+    cluster: bool,
     extra: Vec<String>,
     dir: Scratch,
     child: Option<Child>,
@@ -134,6 +146,7 @@ impl Redis {
             sock: dir.join("redis.sock"),
             tcp,
             tls: false,
+            cluster: false,
             extra: extra.iter().map(|s| s.to_string()).collect(),
             dir,
             child: None,
@@ -146,7 +159,11 @@ impl Redis {
     fn launch(&mut self, port: Option<u16>) {
         for _ in 0..20 {
             let port = if self.tcp {
-                port.unwrap_or_else(free_port)
+                port.unwrap_or_else(if self.cluster {
+                    free_cluster_port
+                } else {
+                    free_port
+                })
             } else {
                 0
             };
@@ -650,4 +667,134 @@ pub fn shared<T: Send + Sync + 'static>(
         });
         rx.recv().expect("the shared topology did not start")
     })
+}
+
+/// A Redis Cluster made with `redis-cli --cluster create`: three primaries, each with `replicas`
+/// replicas, `cluster-node-timeout` 1000 ms.
+pub struct Cluster {
+    pub nodes: Vec<Redis>,
+}
+
+impl Cluster {
+    pub fn start(replicas: usize) -> Cluster {
+        let nodes: Vec<Redis> = (0..3 * (1 + replicas))
+            .map(|_| {
+                let mut r = Redis::new_unlaunched(
+                    None,
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-node-timeout",
+                        "1000",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                    ],
+                    true,
+                );
+                r.cluster = true;
+                r.launch(None);
+                r
+            })
+            .collect();
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)))
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("redis-cli is required for the cluster tests; run ./scripts/test.sh");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let c = Cluster { nodes };
+        c.wait_ok();
+        for n in &c.nodes {
+            if n.role() == "slave" {
+                n.wait_synced();
+            }
+        }
+        c
+    }
+
+    /// Wait until every live node says the cluster is ok and agrees on the slot owners.
+    pub fn wait_ok(&self) {
+        assert!(
+            wait_for(Duration::from_secs(30), || self.nodes.iter().all(|n| {
+                n.child.is_none() || {
+                    let info: String = n.query(redis::cmd("CLUSTER").arg("INFO"));
+                    info.contains("cluster_state:ok")
+                }
+            }) && self.primaries().len()
+                == 3),
+            "the cluster did not become ok"
+        );
+    }
+
+    /// `redis+cluster://` naming every node (or only `seeds`).
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        format!("redis+cluster://{}", hosts.join(","))
+    }
+
+    /// The ports of the primaries that serve slots, as a live node sees them.
+    pub fn primaries(&self) -> Vec<u16> {
+        let node = self.nodes.iter().find(|n| n.child.is_some()).unwrap();
+        let slots: Vec<redis::Value> = node.query(redis::cmd("CLUSTER").arg("SLOTS"));
+        let mut ports: Vec<u16> = slots
+            .iter()
+            .filter_map(|r| match r {
+                redis::Value::Array(parts) => match parts.get(2) {
+                    Some(redis::Value::Array(n)) => match n.get(1) {
+                        Some(redis::Value::Int(p)) => Some(*p as u16),
+                        _ => None,
+                    },
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect();
+        ports.sort();
+        ports.dedup();
+        ports
+    }
+
+    /// The node that serves `key`'s slot now.
+    pub fn owner(&self, key: &str) -> &Redis {
+        let node = self.nodes.iter().find(|n| n.child.is_some()).unwrap();
+        let slot: i64 = node.query(redis::cmd("CLUSTER").arg("KEYSLOT").arg(key));
+        let slots: Vec<redis::Value> = node.query(redis::cmd("CLUSTER").arg("SLOTS"));
+        for r in slots {
+            let redis::Value::Array(parts) = r else {
+                continue;
+            };
+            let (Some(redis::Value::Int(a)), Some(redis::Value::Int(b))) =
+                (parts.first(), parts.get(1))
+            else {
+                continue;
+            };
+            if (*a..=*b).contains(&slot) {
+                if let Some(redis::Value::Array(n)) = parts.get(2) {
+                    if let Some(redis::Value::Int(p)) = n.get(1) {
+                        return self.nodes.iter().find(|r| r.port == *p as u16).unwrap();
+                    }
+                }
+            }
+        }
+        panic!("no owner for slot {slot}");
+    }
+
+    pub fn node(&self, port: u16) -> &Redis {
+        self.nodes.iter().find(|r| r.port == port).unwrap()
+    }
+
+    pub fn node_mut(&mut self, port: u16) -> &mut Redis {
+        self.nodes.iter_mut().find(|r| r.port == port).unwrap()
+    }
 }
