@@ -1,4 +1,4 @@
-complete -c cronlock -s u -l redis-url -d 'Redis URL: redis://[user][:password@]host[:port][/db], rediss://... (TLS), redis+unix:///path, redis+sentinel://[user][:password@]host[:port][,host...]/SERVICE[/db] or redis+cluster://[user][:password@]host:port[,host:port...]' -r
+complete -c cronlock -s u -l redis-url -d 'Redis URL: redis://[user][:password@]host[:port][/db], rediss://... (TLS), redis+unix:///path, redis+sentinel://[user][:password@]host[:port][,host...]/SERVICE[/db] or redis+cluster://[user][:password@]host:port[,host:port...]; repeat it (or separate URLs with spaces in the variable) for a quorum of independent masters' -r
 complete -c cronlock -l tls-ca-cert -d 'For rediss://: trust the CA certificates in this PEM file instead of the system\'s store' -r -F
 complete -c cronlock -l tls-cert -d 'For rediss://: client certificate (PEM) for servers that require mutual TLS; needs --tls-key' -r -F
 complete -c cronlock -l tls-key -d 'For rediss://: the private key (PEM) of --tls-cert' -r -F

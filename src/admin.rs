@@ -30,15 +30,15 @@ pub fn print(text: &str) -> Result<()> {
     }
 }
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Result};
 use serde_json::{json, Value};
 
 use crate::duration::Span;
 use crate::host::{rfc3339, unix_millis};
 use crate::lock::{self, Keys};
 use crate::log::Log;
+use crate::quorum::Masters;
 use crate::schedule::Schedule;
-use crate::topology::Link;
 
 /// A holder in a few words for a log line: `host web-1 pid 42 since 2026-11-21T02:00:00Z`.
 pub fn describe_holder(value: &str) -> String {
@@ -188,7 +188,7 @@ fn plan(snap: &lock::Snapshot, given: Option<&Schedule>) -> Option<Plan> {
 
 /// `--status KEY`; with `history`, also the kept runs (`Some(None)`: all of them).
 pub fn status(
-    link: &mut Link,
+    masters: &mut Masters,
     within: Duration,
     keys: &Keys,
     as_json: bool,
@@ -196,7 +196,16 @@ pub fn status(
     schedule: Option<&Schedule>,
 ) -> Result<String> {
     let mut out = String::new();
-    let snap = lock::snapshot(link, within, keys, history.map(|n| n.unwrap_or(u32::MAX)))?;
+    let snaps = masters.snapshots(within, keys, history.map(|n| n.unwrap_or(u32::MAX)));
+    let (snap, each) = merge(snaps, masters.majority())?;
+    let per_master: Vec<(String, Value)> = if masters.len() > 1 {
+        each.iter()
+            .enumerate()
+            .map(|(i, s)| (masters.shown(i).to_string(), master_view(s)))
+            .collect()
+    } else {
+        Vec::new()
+    };
     let plan = plan(&snap, schedule);
     let runs: Vec<Value> = snap
         .history
@@ -227,6 +236,16 @@ pub fn status(
         if history.is_some() {
             out_json["history"] = Value::Array(runs);
         }
+        if !per_master.is_empty() {
+            out_json["masters"] = per_master
+                .iter()
+                .map(|(url, v)| {
+                    let mut v = v.clone();
+                    v["url"] = url.as_str().into();
+                    v
+                })
+                .collect();
+        }
         w!(out, "{out_json}");
         return Ok(out);
     }
@@ -246,6 +265,30 @@ pub fn status(
             }
         }
         None => w!(out, "lock '{}' is free", keys.name),
+    }
+    if !per_master.is_empty() {
+        w!(
+            out,
+            "masters ({} of {} needed):",
+            masters.majority(),
+            masters.len()
+        );
+        for (url, v) in &per_master {
+            let what = if let Some(e) = v["error"].as_str() {
+                format!("no answer: {e}")
+            } else if v["held"] == true {
+                format!(
+                    "held, ttl {}, fencing counter {}",
+                    v["ttl_ms"]
+                        .as_i64()
+                        .map_or("none".into(), |t| round_ms(t as u64)),
+                    text_field(v, "fencing_counter")
+                )
+            } else {
+                format!("free, fencing counter {}", text_field(v, "fencing_counter"))
+            };
+            w!(out, "  {url}: {what}");
+        }
     }
     match &last {
         Some(r) => {
@@ -293,17 +336,17 @@ pub fn status(
 }
 
 /// `--list`: every lock held under `prefix`, found with SCAN (never KEYS; on a cluster, on every
-/// primary). A key under the prefix that cronlock cannot read (another type) is skipped with a
-/// warning.
+/// primary; with several masters, on each). A key under the prefix that cronlock cannot read
+/// (another type) is skipped with a warning.
 pub fn list(
-    link: &mut Link,
+    masters: &mut Masters,
     within: Duration,
     prefix: &str,
     as_json: bool,
     log: &Log,
 ) -> Result<String> {
     let mut out = String::new();
-    let mut names: Vec<String> = link
+    let mut names: Vec<String> = masters
         .scan(&Keys::pattern(prefix), within)
         .map_err(|e| anyhow!("cannot list locks: {e}"))?
         .iter()
@@ -311,11 +354,13 @@ pub fn list(
         .collect();
     names.sort();
     names.dedup();
+    let several = masters.len() > 1;
     let mut rows = Vec::new();
     for name in names {
         let keys = Keys::new(prefix, &name);
-        let snap = match lock::snapshot(link, within, &keys, None) {
-            Ok(snap) => snap,
+        let snaps = masters.snapshots(within, &keys, None);
+        let (snap, each) = match merge(snaps, masters.majority()) {
+            Ok(found) => found,
             Err(e) if e.to_string().contains("WRONGTYPE") => {
                 log.warn(
                     "list_skipped",
@@ -325,22 +370,30 @@ pub fn list(
             }
             Err(e) => return Err(e),
         };
+        let holding = each
+            .iter()
+            .filter(|s| matches!(s, Ok(s) if s.holder.is_some() && s.holder == snap.holder))
+            .count();
         // Gone since the scan: skip.
         if let Some(value) = snap.holder {
-            rows.push((name, holder_json(&value), snap.pttl, snap.fence));
+            rows.push((name, holder_json(&value), snap.pttl, snap.fence, holding));
         }
     }
     if as_json {
         let rows_json: Vec<Value> = rows
             .iter()
-            .map(|(name, h, pttl, fence)| {
-                json!({ "key": name, "holder": h, "ttl_ms": ttl_ms(*pttl), "fencing_token": fence })
+            .map(|(name, h, pttl, fence, holding)| {
+                let mut row = json!({ "key": name, "holder": h, "ttl_ms": ttl_ms(*pttl), "fencing_token": fence });
+                if several {
+                    row["held_on"] = (*holding).into();
+                }
+                row
             })
             .collect();
         w!(out, "{}", Value::Array(rows_json));
         return Ok(out);
     }
-    for (name, h, pttl, fence) in rows {
+    for (name, h, pttl, fence, holding) in rows {
         let since = h["started"]
             .as_u64()
             .map(|s| format!("since {} ", rfc3339(s)))
@@ -350,11 +403,16 @@ pub fn list(
         } else {
             "no expiry".into()
         };
+        let on = if several {
+            format!(" on {holding} of {} masters", masters.len())
+        } else {
+            String::new()
+        };
         let who = if h.get("value").is_some() {
-            format!("value {}", h["value"])
+            format!("value {}{on}", h["value"])
         } else {
             format!(
-                "host {} pid {} {since}ttl {ttl} fencing token {}: {}",
+                "host {} pid {} {since}ttl {ttl} fencing token {}{on}: {}",
                 text_field(&h, "host"),
                 text_field(&h, "pid"),
                 fence.map_or("?".into(), |f| f.to_string()),
@@ -366,15 +424,93 @@ pub fn list(
     Ok(out)
 }
 
+/// One master's view of a lock, for `--status` with several masters.
+fn master_view(snap: &Result<lock::Snapshot>) -> Value {
+    match snap {
+        Ok(s) => json!({
+            "held": s.holder.is_some(),
+            "ttl_ms": s.holder.as_ref().map(|_| ttl_ms(s.pttl)),
+            "fencing_counter": s.fence,
+        }),
+        Err(e) => json!({ "error": format!("{e:#}") }),
+    }
+}
+
+/// One lock as the masters see it: the merged view (held when a majority holds the same value;
+/// the newest run record; the highest counter) and each master's own answer. With one master,
+/// its answer.
+pub fn merge(
+    snaps: Vec<Result<lock::Snapshot>>,
+    majority: usize,
+) -> Result<(lock::Snapshot, Vec<Result<lock::Snapshot>>)> {
+    if snaps.len() == 1 {
+        let mut snaps = snaps;
+        let only = snaps.remove(0)?;
+        return Ok((only.clone(), vec![Ok(only)]));
+    }
+    let ok: Vec<&lock::Snapshot> = snaps.iter().filter_map(|s| s.as_ref().ok()).collect();
+    if ok.len() < majority {
+        let first = snaps
+            .iter()
+            .find_map(|s| s.as_ref().err())
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        bail!(
+            "only {} of {} masters answered, {majority} needed ({first})",
+            ok.len(),
+            snaps.len()
+        );
+    }
+    let holder = ok
+        .iter()
+        .filter_map(|s| s.holder.as_ref())
+        .find(|h| ok.iter().filter(|s| s.holder.as_ref() == Some(*h)).count() >= majority)
+        .cloned();
+    let started = |s: &&&lock::Snapshot| {
+        s.last_run
+            .as_deref()
+            .and_then(|r| serde_json::from_str::<Value>(r).ok())
+            .and_then(|v| v["started"].as_u64())
+            .unwrap_or(0)
+    };
+    let newest = ok.iter().max_by_key(started).expect("a majority answered");
+    let merged = lock::Snapshot {
+        pttl: ok
+            .iter()
+            .filter(|s| holder.is_some() && s.holder == holder)
+            .map(|s| s.pttl)
+            .min()
+            .unwrap_or(-2),
+        holder,
+        fence: ok.iter().filter_map(|s| s.fence).max(),
+        last_run: newest.last_run.clone(),
+        history: newest.history.clone(),
+        instant: ok.iter().filter_map(|s| s.instant).max(),
+        schedule: ok.iter().find_map(|s| s.schedule.clone()),
+    };
+    Ok((merged, snaps))
+}
+
 /// `--force-release KEY`.
 pub fn force_release(
-    link: &mut Link,
+    masters: &mut Masters,
     within: Duration,
     keys: &Keys,
     as_json: bool,
 ) -> Result<String> {
     let mut out = String::new();
-    let holder = lock::force_release(link, within, keys)?.map(|v| holder_json(&v));
+    let mut answers = masters.force_release(within, keys);
+    let holder = if answers.len() == 1 {
+        answers.remove(0)?
+    } else {
+        if answers.iter().all(|a| a.is_err()) {
+            return answers.remove(0).map(|_| String::new());
+        }
+        answers
+            .iter()
+            .find_map(|a| a.as_ref().ok().cloned().flatten())
+    }
+    .map(|v| holder_json(&v));
     if as_json {
         let doc = json!({ "key": keys.name, "released": holder.is_some(), "holder": holder });
         w!(out, "{doc}");

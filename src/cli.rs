@@ -111,20 +111,23 @@ fn after_long_help() -> String {
 pub struct Cli {
     /// Redis URL: redis://[user][:password@]host[:port][/db], rediss://... (TLS),
     /// redis+unix:///path, redis+sentinel://[user][:password@]host[:port][,host...]/SERVICE[/db]
-    /// or redis+cluster://[user][:password@]host:port[,host:port...]
+    /// or redis+cluster://[user][:password@]host:port[,host:port...]; repeat it (or separate URLs
+    /// with spaces in the variable) for a quorum of independent masters
     ///
     /// Falls back to REDIS_URL, then to redis://127.0.0.1:6379. rediss+sentinel:// and
     /// rediss+cluster:// use TLS; ?sentinel_username=...&sentinel_password=... authenticate to the
-    /// sentinels (the userinfo is for the data nodes).
+    /// sentinels (the userinfo is for the data nodes). With several URLs the lock is held when a
+    /// majority of them granted it.
     // The value may hold a password: --help must not show it.
     #[arg(
         short = 'u',
         long,
         env = "CRONLOCK_REDIS_URL",
         value_name = "URL",
-        hide_env_values = true
+        hide_env_values = true,
+        action = clap::ArgAction::Append
     )]
-    pub redis_url: Option<String>,
+    pub redis_url: Vec<String>,
 
     /// For rediss://: trust the CA certificates in this PEM file instead of the system's store
     #[arg(long, env = "CRONLOCK_TLS_CA_CERT", value_name = "FILE",
@@ -453,19 +456,26 @@ impl Cli {
         self.max_runtime.map(|m| m.0).filter(|m| !m.is_zero())
     }
 
-    /// The Redis URL after the documented fallbacks, and where it came from (for messages).
-    pub fn redis_url(&self) -> (String, &'static str) {
-        if let Some(url) = self.redis_url.clone().filter(|u| !u.is_empty()) {
+    /// The Redis URLs after the documented fallbacks (a value may hold several, separated by
+    /// whitespace), and where they came from (for messages).
+    pub fn redis_urls(&self) -> (Vec<String>, &'static str) {
+        let urls: Vec<String> = self
+            .redis_url
+            .iter()
+            .flat_map(|u| u.split_whitespace())
+            .map(str::to_string)
+            .collect();
+        if !urls.is_empty() {
             let source = if self.given.redis_url == Some(ValueSource::EnvVariable) {
                 "CRONLOCK_REDIS_URL"
             } else {
                 "--redis-url"
             };
-            return (url, source);
+            return (urls, source);
         }
         match std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty()) {
-            Some(url) => (url, "REDIS_URL"),
-            None => (DEFAULT_REDIS_URL.to_string(), "--redis-url"),
+            Some(url) => (vec![url], "REDIS_URL"),
+            None => (vec![DEFAULT_REDIS_URL.to_string()], "--redis-url"),
         }
     }
 

@@ -20,6 +20,7 @@ pub mod lock;
 pub mod log;
 pub mod metrics;
 pub mod ping;
+pub mod quorum;
 pub mod record;
 pub mod schedule;
 pub mod sentinel;
@@ -46,8 +47,9 @@ use crate::duration::Span;
 use crate::exit::Exit;
 use crate::lock::{Held, Keys, ReleaseOptions, Released};
 use crate::log::{Level, Log};
+use crate::quorum::Masters;
 use crate::record::Ending;
-use crate::topology::{Link, Redis};
+use crate::topology::Redis;
 use crate::wait::Acquired;
 use crate::watchdog::{LockState, Timing, Watch, Watchdog};
 
@@ -173,14 +175,12 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
         }
         _ => None,
     };
-    let (url, source) = cli.redis_url();
-    let redis = Redis::new(
-        &url,
-        source,
-        cli.connect_timeout.0,
-        &cli.tls()?,
-        cli.min_replicas,
-    )?;
+    let (urls, source) = cli.redis_urls();
+    let tls = cli.tls()?;
+    let redis = urls
+        .iter()
+        .map(|url| Redis::new(url, source, cli.connect_timeout.0, &tls, cli.min_replicas))
+        .collect::<Result<Vec<Redis>>>()?;
     let io_timeout = cli.connect_timeout.0;
     match mode {
         Mode::Run(job) => {
@@ -208,7 +208,7 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
             result
         }
         Mode::Status(key) => {
-            let mut link = Link::new(&redis);
+            let mut masters = Masters::new(&redis);
             let history = cli
                 .given
                 .history_flag
@@ -216,7 +216,12 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
             let keys = Keys::new(&cli.prefix, &key);
             let schedule = cli.schedule.as_ref();
             admin::print(&admin::status(
-                &mut link, io_timeout, &keys, cli.json, history, schedule,
+                &mut masters,
+                io_timeout,
+                &keys,
+                cli.json,
+                history,
+                schedule,
             )?)?;
             Ok(Exit::Success)
         }
@@ -226,9 +231,8 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
             Ok(Exit::Check(verdict.state as u8))
         }
         Mode::List => {
-            let mut link = Link::new(&redis);
             admin::print(&admin::list(
-                &mut link,
+                &mut Masters::new(&redis),
                 io_timeout,
                 &cli.prefix,
                 cli.json,
@@ -239,7 +243,7 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
         Mode::ForceRelease(key) => {
             let keys = Keys::new(&cli.prefix, &key);
             admin::print(&admin::force_release(
-                &mut Link::new(&redis),
+                &mut Masters::new(&redis),
                 io_timeout,
                 &keys,
                 cli.json,
@@ -250,9 +254,11 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
 }
 
 /// `--check KEY`: every failure is an UNKNOWN verdict, never an error.
-fn check_key(cli: &Cli, redis: &Redis, key: &str) -> check::Verdict {
+fn check_key(cli: &Cli, redis: &[Redis], key: &str) -> check::Verdict {
     let keys = Keys::new(&cli.prefix, key);
-    let snap = lock::snapshot(&mut Link::new(redis), cli.connect_timeout.0, &keys, None);
+    let mut masters = Masters::new(redis);
+    let snaps = masters.snapshots(cli.connect_timeout.0, &keys, None);
+    let snap = admin::merge(snaps, masters.majority()).map(|(snap, _)| snap);
     match snap {
         Ok(snap) => check::judge(
             key,
@@ -320,7 +326,7 @@ fn run_job(
     cli: &Cli,
     job: &Job,
     timing: Timing,
-    redis: &Redis,
+    redis: &[Redis],
     log: &Log,
     report: &mut Report,
 ) -> Result<Exit> {
@@ -332,9 +338,10 @@ fn run_job(
         schedule: s.text.clone(),
         candidates: s.candidates(host::unix_millis() as i64),
     });
-    let acquired = wait::acquire(redis, &keys, &command, timing.ttl, cli.wait(), slot, log)?;
-    let (held, link) = match acquired {
-        Acquired::Held(held, link) => (*held, link),
+    let masters = Masters::new(redis);
+    let acquired = wait::acquire(masters, &keys, &command, timing.ttl, cli.wait(), slot, log)?;
+    let (held, masters) = match acquired {
+        Acquired::Held(held, masters) => (*held, masters),
         Acquired::Busy(value) => {
             let waited = asked.elapsed();
             let after = if cli.wait().is_zero() {
@@ -419,7 +426,7 @@ fn run_job(
             let opts = ReleaseOptions::default();
             release(
                 redis,
-                Some(link),
+                Some(masters),
                 &held,
                 held.sent_at + timing.ttl,
                 &opts,
@@ -428,14 +435,14 @@ fn run_job(
             return Err(anyhow::Error::from(e).context("cannot map the page shared with the guard"));
         }
     };
-    let mut watchdog = Watchdog::new(link, held.clone(), timing, watch, log.clone());
+    let mut watchdog = Watchdog::new(masters, held.clone(), timing, watch, log.clone());
     let limits = Limits {
         grace: timing.grace,
         max_runtime: cli.max_runtime(),
     };
     let (exit, ending) = run_child(job, &held, &mut watchdog, limits, log, report);
     // From here on, the end of the run is bounded by --connect-timeout in all.
-    let release_by = Instant::now() + redis.connect_timeout;
+    let release_by = Instant::now() + redis[0].connect_timeout;
     let valid_until = match watchdog.watch.state() {
         LockState::Valid { until } => until,
         LockState::Lost { until, .. } => until,
@@ -447,7 +454,7 @@ fn run_job(
     } else {
         (release_by - Instant::now()).min(valid_until - Instant::now())
     };
-    let link = watchdog.stop(stop_wait);
+    let masters = watchdog.stop(stop_wait);
     let duration = held.sent_at.elapsed();
     if ending != Ending::NotStarted {
         report.run = Some(metrics::Run {
@@ -463,7 +470,7 @@ fn run_job(
         record_ttl: cli.history_ttl.map(|t| t.0),
     };
     let lost_until = if lost { Instant::now() } else { valid_until };
-    release(redis, link, &held, lost_until, &opts, log);
+    release(redis, masters, &held, lost_until, &opts, log);
     Ok(exit)
 }
 
@@ -605,25 +612,25 @@ fn run_child(
 /// matters now. Bounded by `--connect-timeout` in all; a failed call is retried once on a new
 /// connection, but only while the lock can still be alive in Redis (before `valid_until`).
 fn release(
-    redis: &Redis,
-    link: Option<Link>,
+    redis: &[Redis],
+    masters: Option<Masters>,
     held: &Held,
     valid_until: Instant,
     opts: &ReleaseOptions,
     log: &Log,
 ) {
     let name = &held.keys.name;
-    let end = Instant::now() + redis.connect_timeout;
+    let end = Instant::now() + redis[0].connect_timeout;
     let lost = Instant::now() >= valid_until;
     let left = || end.saturating_duration_since(Instant::now());
-    let mut link = link.unwrap_or_else(|| Link::new(redis));
+    let mut masters = masters.unwrap_or_else(|| Masters::new(redis));
     let mut retried = false;
-    let result = match lock::release(&mut link, left(), held, opts) {
+    let result = match masters.release(left(), held, opts) {
         // The watchdog's connection may have been dropped since its last renewal (a Redis
         // restart, an idle timeout, a failover): one more try, if it can still matter.
         Err(e) if e.transient() && Instant::now() < valid_until && !left().is_zero() => {
             retried = true;
-            lock::release(&mut link, left(), held, opts)
+            masters.release(left(), held, opts)
         }
         r => r,
     }

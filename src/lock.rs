@@ -32,6 +32,8 @@ const RELEASE_LUA: &str = include_str!("lua/release.lua");
 const FORCE_RELEASE_LUA: &str = include_str!("lua/force_release.lua");
 const STATUS_LUA: &str = include_str!("lua/status.lua");
 const ABANDON_LUA: &str = include_str!("lua/abandon.lua");
+const RAISE_LUA: &str = include_str!("lua/raise.lua");
+static RAISE: LazyLock<Script> = LazyLock::new(|| Script::new(RAISE_LUA));
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
@@ -354,6 +356,20 @@ pub fn renew(link: &mut Link, within: Duration, held: &Held) -> Result<bool, Fai
         &[&held.keys.lock],
         &[held.holder.value.clone(), ms(held.ttl).to_string()],
     )
+}
+
+/// Several masters: raise the fencing counter to `held.fence` while the lock is ours there
+/// (`Ok(false)`: not ours).
+pub fn raise(link: &mut Link, within: Duration, held: &Held) -> Result<bool, Failure> {
+    let n: i64 = eval(
+        link,
+        within,
+        &RAISE,
+        RAISE_LUA,
+        &[&held.keys.lock, &held.keys.fence],
+        &[held.holder.value.clone(), held.fence.to_string()],
+    )?;
+    Ok(n == 1)
 }
 
 /// Delete (or, for `--min-hold`, shorten) our lock if it is still ours, and record the run.

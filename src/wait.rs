@@ -13,18 +13,18 @@ use anyhow::{anyhow, Result};
 
 use crate::clock::Instant;
 use crate::duration::Span;
-use crate::lock::{self, Attempt, Held, Holder, Keys, ReleaseOptions, Released};
+use crate::lock::{self, Held, Holder, Keys};
 use crate::log::Log;
+use crate::quorum::{Masters, Outcome};
 use crate::signals;
-use crate::topology::{Failure, Link, Redis};
 
 /// The longest a waiter blocks between attempts.
 const POLL_CAP: Duration = Duration::from_millis(500);
 
 /// The result of trying to get the lock.
 pub enum Acquired {
-    /// Ours, with the link that took it (the watchdog goes on with its connection).
-    Held(Box<Held>, Link),
+    /// Ours, with the masters' links that took it (the watchdog goes on with them).
+    Held(Box<Held>, Masters),
     /// Held elsewhere, and `--wait` (if any) ran out: who holds it (the raw value).
     Busy(String),
     /// A signal asked us to stop before we had the lock.
@@ -57,33 +57,13 @@ fn pause(d: Duration) -> Option<libc::c_int> {
     }
 }
 
-/// The attempt with `holder` got no reply: Redis may have run it. Undo it on a new connection
-/// (best effort, bounded by the connect timeout) and say what became of it.
-fn abandon(redis: &Redis, keys: &Keys, holder: &Holder, ttl: Duration) -> String {
-    let undone = lock::abandon(
-        &mut Link::new(redis),
-        redis.connect_timeout,
-        keys,
-        holder,
-        ttl,
-    );
-    match undone {
-        Ok(true) => "the lock it took anyway was released".into(),
-        Ok(false) => "it took no lock".into(),
-        Err(_) => format!(
-            "if Redis took the lock anyway, it expires within {}",
-            Span(ttl)
-        ),
-    }
-}
-
 /// Try to take the lock, waiting up to `wait` for it. While waiting, transient errors (Redis
 /// restarting or loading, a timeout, a dropped connection) are retried on a new connection.
 ///
 /// With a `slot`, the first answer fixes the run's instant: a waiter stays with the instant it
 /// fired for, and skips when another host ran that one meanwhile.
 pub fn acquire(
-    redis: &Redis,
+    mut masters: Masters,
     keys: &Keys,
     command: &str,
     ttl: Duration,
@@ -91,11 +71,10 @@ pub fn acquire(
     mut slot: Option<lock::Slot>,
     log: &Log,
 ) -> Result<Acquired> {
-    let io_timeout = redis.connect_timeout;
+    let io_timeout = masters.redis().connect_timeout;
     let deadline = Instant::now() + wait;
     let mut announced = false;
     let mut trouble_told = false;
-    let mut link = Link::new(redis);
     loop {
         if let Some(sig) = signals::pending_forwarded() {
             return Ok(Acquired::Signalled(sig));
@@ -114,39 +93,28 @@ pub fn acquire(
         };
         // A fresh holder per attempt, so `started` says when we got it.
         let holder = Holder::new(command);
-        let attempt = lock::try_acquire(&mut link, io_timeout, keys, &holder, ttl, slot.as_ref());
-        let (expires_in, busy_with) = match attempt {
-            Ok(Attempt::Held(held)) => {
-                confirm(&mut link, &held)?;
-                return Ok(Acquired::Held(held, link));
-            }
-            Ok(Attempt::AlreadyRan { instant, ran }) => {
-                return Ok(Acquired::AlreadyRan { instant, ran })
-            }
-            Ok(Attempt::Busy(expires_in, value, instant)) => {
-                if let (Some(s), Some(i)) = (slot.as_mut(), instant) {
-                    s.candidates = vec![i];
+        let (expires_in, busy_with) =
+            match masters.acquire(io_timeout, keys, &holder, ttl, slot.as_ref()) {
+                Outcome::Held(held) => return Ok(Acquired::Held(held, masters)),
+                Outcome::AlreadyRan { instant, ran } => {
+                    return Ok(Acquired::AlreadyRan { instant, ran })
                 }
-                (expires_in, value)
-            }
-            Err(e) => {
-                let mut text = match &e {
-                    // "cannot connect to Redis at ...": nothing was sent.
-                    Failure::Connect(_) => e.to_string(),
-                    _ => format!("cannot acquire lock '{}': {e}", keys.name),
-                };
-                if e.maybe_ran() {
-                    text += &format!(" ({})", abandon(redis, keys, &holder, ttl));
+                Outcome::Busy(expires_in, value, instant) => {
+                    if let (Some(s), Some(i)) = (slot.as_mut(), instant) {
+                        s.candidates = vec![i];
+                    }
+                    (expires_in, value)
                 }
-                if !e.transient() {
-                    return Err(anyhow!(text));
+                Outcome::Failed { text, transient } => {
+                    if !transient {
+                        return Err(anyhow!(text));
+                    }
+                    match retry(anyhow!(text), &mut trouble_told)? {
+                        Some(sig) => return Ok(Acquired::Signalled(sig)),
+                        None => continue,
+                    }
                 }
-                match retry(anyhow!(text), &mut trouble_told)? {
-                    Some(sig) => return Ok(Acquired::Signalled(sig)),
-                    None => continue,
-                }
-            }
-        };
+            };
         let now = Instant::now();
         if now >= deadline {
             return Ok(Acquired::Busy(busy_with));
@@ -167,46 +135,22 @@ pub fn acquire(
         if let Some(left) = expires_in {
             block = block.min(left + Duration::from_millis(1));
         }
-        // BLPOP takes seconds with millisecond precision (Redis >= 6); 0 would block forever.
-        let secs = (block.as_millis().max(1) as f64) / 1000.0;
-        // Woken or timed out, the next step is the same: try again.
-        let woke = link.call(block + io_timeout, |c| {
-            redis::cmd("BLPOP")
-                .arg(&keys.notify)
-                .arg(secs)
-                .query::<Option<(String, String)>>(c)
-        });
-        // The connection is gone or out of step: the next round makes a new one.
-        if let Err(e) = woke {
-            let e = anyhow!("cannot wait for lock '{}': {e}", keys.name);
-            if let Some(sig) = retry(e, &mut trouble_told)? {
-                return Ok(Acquired::Signalled(sig));
+        // Woken or timed out, the next step is the same: try again. With several masters,
+        // waiters poll.
+        match masters.blpop(keys, block) {
+            None => {
+                if let Some(sig) = pause(block) {
+                    return Ok(Acquired::Signalled(sig));
+                }
+            }
+            Some(Ok(())) => {}
+            // The connection is gone or out of step: the next round makes a new one.
+            Some(Err(e)) => {
+                let e = anyhow!("cannot wait for lock '{}': {e}", keys.name);
+                if let Some(sig) = retry(e, &mut trouble_told)? {
+                    return Ok(Acquired::Signalled(sig));
+                }
             }
         }
     }
-}
-
-/// With `--min-replicas`: the command starts only once enough replicas have the lock. If they do
-/// not confirm it in time, the lock is given back and nothing runs.
-fn confirm(link: &mut Link, held: &Held) -> Result<()> {
-    let within = link.redis().connect_timeout;
-    let Err(e) = link.confirm(&held.keys.lock, within) else {
-        return Ok(());
-    };
-    let name = &held.keys.name;
-    let freed = match lock::release(link, within, held, &ReleaseOptions::default()) {
-        Ok(Released::Deleted) => "released it".to_string(),
-        Ok(_) => "it was no longer ours".to_string(),
-        Err(_) => format!("it expires within {}", Span(held.ttl)),
-    };
-    Err(anyhow!(
-        "took lock '{name}', but {} (--min-replicas, within --connect-timeout {}); {freed}, \
-         and the command did not run",
-        match e {
-            Failure::Replicas { acked, wanted } =>
-                format!("only {acked} of {wanted} replicas confirmed it"),
-            e => format!("its replication could not be confirmed: {e}"),
-        },
-        Span(within)
-    ))
 }

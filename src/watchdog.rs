@@ -33,10 +33,10 @@ use anyhow::{bail, Result};
 
 use crate::clock::Instant;
 use crate::duration::Span;
-use crate::lock::{self, Held};
+use crate::lock::Held;
 use crate::log::{Level, Log};
+use crate::quorum::Masters;
 use crate::shared::Shared;
-use crate::topology::Link;
 
 /// The shortest TTL that leaves room to renew, terminate and kill before expiry.
 pub const MIN_TTL: Duration = Duration::from_millis(250);
@@ -205,7 +205,7 @@ enum State {
     Pending { due: Instant, renewal: Box<Renewal> },
     Running {
         stop: mpsc::Sender<()>,
-        done: mpsc::Receiver<Option<Link>>,
+        done: mpsc::Receiver<Option<Masters>>,
     },
     /// The thread could not be started; the lock is marked lost.
     Failed,
@@ -213,7 +213,7 @@ enum State {
 
 /// What the renewal thread needs.
 struct Renewal {
-    link: Link,
+    masters: Masters,
     held: Held,
     timing: Timing,
     log: Log,
@@ -231,10 +231,10 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 impl Watchdog {
     /// Prepare to renew `held` over `link` (the one that took the lock). No thread runs yet: see
     /// [`Watchdog::start_if_due`].
-    pub fn new(link: Link, held: Held, timing: Timing, watch: Watch, log: Log) -> Watchdog {
+    pub fn new(masters: Masters, held: Held, timing: Timing, watch: Watch, log: Log) -> Watchdog {
         let due = held.sent_at + timing.interval;
         let renewal = Box::new(Renewal {
-            link,
+            masters,
             held,
             timing,
             log,
@@ -272,12 +272,12 @@ impl Watchdog {
         }
     }
 
-    /// Stop renewing; returns the link if it is still good, for the release. Waits at most
+    /// Stop renewing; returns the links if they are still good, for the release. Waits at most
     /// `within` for a renewal in flight: a hung Redis must not hold up the end of the run (a
     /// renewal that lands later is harmless, since it only extends a lock that is still ours).
-    pub fn stop(self, within: Duration) -> Option<Link> {
+    pub fn stop(self, within: Duration) -> Option<Masters> {
         match self.state {
-            State::Pending { renewal, .. } => Some(renewal.link),
+            State::Pending { renewal, .. } => Some(renewal.masters),
             State::Running { stop, done } => {
                 let _ = stop.send(());
                 done.recv_timeout(within).ok().flatten()
@@ -302,7 +302,7 @@ fn spawn(r: Renewal, watch: Watch) -> std::io::Result<State> {
             let name = r.held.keys.name.clone();
             let w = watch.clone();
             let run = std::panic::AssertUnwindSafe(|| {
-                renew_loop(r.link, r.held, r.timing, w, stop_rx, r.log)
+                renew_loop(r.masters, r.held, r.timing, w, stop_rx, r.log)
             });
             let con = std::panic::catch_unwind(run).unwrap_or_else(|payload| {
                 // Nobody renews the lock any more: that is a lost lock, not a silent end.
@@ -318,13 +318,13 @@ fn spawn(r: Renewal, watch: Watch) -> std::io::Result<State> {
 }
 
 fn renew_loop(
-    mut link: Link,
+    mut masters: Masters,
     held: Held,
     timing: Timing,
     watch: Watch,
     stop: mpsc::Receiver<()>,
     log: Log,
-) -> Option<Link> {
+) -> Option<Masters> {
     let retry = (timing.interval / 4).clamp(Duration::from_millis(10), Duration::from_millis(100));
     // A hung Redis must not hold one attempt for long when a retry could still succeed.
     let call_cap = timing.interval.max(Duration::from_millis(200));
@@ -333,7 +333,7 @@ fn renew_loop(
     loop {
         match stop.recv_timeout(next.saturating_duration_since(Instant::now())) {
             Err(RecvTimeoutError::Timeout) => {}
-            _ => return Some(link),
+            _ => return Some(masters),
         }
         #[cfg(debug_assertions)]
         if std::env::var_os("CRONLOCK_DEBUG_PANIC").is_some_and(|v| v == "watchdog") {
@@ -351,13 +351,8 @@ fn renew_loop(
         }
         let budget = (valid_until - now).min(call_cap);
         let sent = Instant::now();
-        let result = lock::renew(&mut link, budget, &held).and_then(|ours| {
-            if ours {
-                // --min-replicas: the renewal counts once the replicas have it too.
-                link.confirm(&held.keys.lock, budget.saturating_sub(sent.elapsed()))?;
-            }
-            Ok(ours)
-        });
+        // With --min-replicas, a renewal counts once the replicas have it too.
+        let result = masters.renew(budget, &held);
         match result {
             Ok(true) => {
                 watch.confirm(sent + timing.ttl);

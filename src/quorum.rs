@@ -1,0 +1,460 @@
+//! The masters a lock lives on: one, or several independent ones (Redlock).
+//!
+//! [`Masters`] is what the lock code talks to, whatever the URLs. One URL is a quorum of one: each
+//! round runs inline on its [`Link`], exactly as a single server always did. With several URLs
+//! (each of any form: plain, TLS, Sentinel, Cluster), each round asks every master at once, one
+//! scoped thread each, every call bounded by a small fraction of the TTL so that a hung master holds
+//! nobody up, and counts the answers against the majority (N/2 + 1):
+//! - acquire: held when a majority granted it and validity is left (TTL minus the time spent minus
+//!   a drift allowance); otherwise it is undone everywhere, and the outcome is "busy" when a
+//!   majority answered "held elsewhere", an error naming the masters when too few answered;
+//! - renew: confirmed when a majority confirmed; "not ours" once a majority can no longer confirm;
+//! - release and force-release: on every master that answers.
+//!
+//! Fencing: each master keeps its own counter. The token is the maximum of the majority's answers,
+//! and before the command starts it is written back (`raise.lua`, only where the lock is still
+//! ours) to every master of that majority. Any two majorities share a master, so the next
+//! acquisition's maximum is larger, whichever masters answer, also after one restarted empty.
+
+use std::time::Duration;
+
+use crate::clock::Instant;
+use crate::duration::Span;
+use crate::lock::{self, Attempt, Held, Holder, Keys, ReleaseOptions, Released, Slot, Snapshot};
+use crate::topology::{Failure, Link, Redis};
+
+/// The masters, each with its own link.
+pub struct Masters {
+    links: Vec<Link>,
+}
+
+/// What an acquisition round came to.
+pub enum Outcome {
+    Held(Box<Held>),
+    /// Held elsewhere: when the holder's lock expires (if known), its value, the instant.
+    Busy(Option<Duration>, String, Option<i64>),
+    AlreadyRan {
+        instant: i64,
+        ran: i64,
+    },
+    /// Not taken: one line, and whether trying again may help.
+    Failed {
+        text: String,
+        transient: bool,
+    },
+}
+
+/// One master's answer to an acquire.
+enum Answer {
+    Held(Box<Held>),
+    Busy(Option<Duration>, String, Option<i64>),
+    Ran {
+        instant: i64,
+        ran: i64,
+    },
+    /// `taken`: the lock may be ours there (a lost reply, or taken but not replicated).
+    Failed {
+        failure: Failure,
+        taken: bool,
+    },
+}
+
+impl Masters {
+    pub fn new(redis: &[Redis]) -> Masters {
+        Masters {
+            links: redis.iter().map(Link::new).collect(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.links.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.links.is_empty()
+    }
+
+    pub fn majority(&self) -> usize {
+        self.links.len() / 2 + 1
+    }
+
+    /// The first master (`--connect-timeout` and such are the same for all).
+    pub fn redis(&self) -> &Redis {
+        self.links[0].redis()
+    }
+
+    /// Each master's URL, redacted, for messages.
+    pub fn shown(&self, i: usize) -> &str {
+        &self.links[i].redis().shown_url
+    }
+
+    /// Run `f` on every link: inline for one, at once (a scoped thread each) for several.
+    fn each<T: Send>(&mut self, f: impl Fn(usize, &mut Link) -> T + Sync) -> Vec<T> {
+        if let [link] = self.links.as_mut_slice() {
+            return vec![f(0, link)];
+        }
+        let f = &f;
+        std::thread::scope(|s| {
+            let running: Vec<_> = self
+                .links
+                .iter_mut()
+                .enumerate()
+                .map(|(i, link)| {
+                    std::thread::Builder::new()
+                        .name("master".into())
+                        .stack_size(512 * 1024)
+                        .spawn_scoped(s, move || f(i, link))
+                })
+                .collect();
+            running
+                .into_iter()
+                .map(|r| match r {
+                    Ok(handle) => handle
+                        .join()
+                        .unwrap_or_else(|p| std::panic::resume_unwind(p)),
+                    Err(e) => panic!("cannot start a thread to ask a master: {e}"),
+                })
+                .collect()
+        })
+    }
+
+    /// The bound on one call: `within` for one master; for several, a thirtieth of the TTL (at
+    /// least 50 ms), so one hung master delays a round by little.
+    fn budget(&self, within: Duration, ttl: Duration) -> Duration {
+        if self.links.len() == 1 {
+            within
+        } else {
+            within.min((ttl / 30).max(Duration::from_millis(50)))
+        }
+    }
+
+    /// One acquisition round (see the module comment).
+    pub fn acquire(
+        &mut self,
+        within: Duration,
+        keys: &Keys,
+        holder: &Holder,
+        ttl: Duration,
+        slot: Option<&Slot>,
+    ) -> Outcome {
+        let budget = self.budget(within, ttl);
+        let sent_at = Instant::now();
+        let answers =
+            self.each(
+                |_, link| match lock::try_acquire(link, budget, keys, holder, ttl, slot) {
+                    Ok(Attempt::Held(held)) => {
+                        let left = budget.saturating_sub(sent_at.elapsed());
+                        match link.confirm(&keys.lock, left) {
+                            Ok(()) => Answer::Held(held),
+                            Err(failure) => Answer::Failed {
+                                failure,
+                                taken: true,
+                            },
+                        }
+                    }
+                    Ok(Attempt::Busy(left, value, instant)) => Answer::Busy(left, value, instant),
+                    Ok(Attempt::AlreadyRan { instant, ran }) => Answer::Ran { instant, ran },
+                    Err(failure) => Answer::Failed {
+                        taken: failure.maybe_ran(),
+                        failure,
+                    },
+                },
+            );
+        let held: Vec<&Held> = answers
+            .iter()
+            .filter_map(|a| match a {
+                Answer::Held(h) => Some(&**h),
+                _ => None,
+            })
+            .collect();
+        // Redlock's drift allowance: the masters' clocks may run a little fast.
+        let drift = ttl / 100 + Duration::from_millis(2);
+        // (One master: a late grant is the caller's to judge, as it always was: "too late", 122.)
+        let valid = self.len() == 1 || sent_at.elapsed() + drift < ttl;
+        if held.len() >= self.majority() && valid {
+            let mut held = held[0].clone();
+            held.fence = answers
+                .iter()
+                .filter_map(|a| match a {
+                    Answer::Held(h) => Some(h.fence),
+                    _ => None,
+                })
+                .max()
+                .unwrap_or(held.fence);
+            held.sent_at = sent_at;
+            if self.len() == 1 || self.raise(&answers, &held, budget) {
+                return Outcome::Held(Box::new(held));
+            }
+        }
+        // Not ours: undo it wherever it may be ours.
+        let undo: Vec<bool> = answers
+            .iter()
+            .map(|a| matches!(a, Answer::Held(_) | Answer::Failed { taken: true, .. }))
+            .collect();
+        let undone =
+            self.each(|i, link| undo[i].then(|| lock::abandon(link, within, keys, holder, ttl)));
+        let majority = self.majority();
+        let count = |f: fn(&Answer) -> bool| answers.iter().filter(|a| f(a)).count();
+        let busy = count(|a| matches!(a, Answer::Busy(..)));
+        let ran = count(|a| matches!(a, Answer::Ran { .. }));
+        if ran >= majority || (ran > 0 && ran + busy >= majority) {
+            if let Some(Answer::Ran { instant, ran }) =
+                answers.iter().find(|a| matches!(a, Answer::Ran { .. }))
+            {
+                return Outcome::AlreadyRan {
+                    instant: *instant,
+                    ran: *ran,
+                };
+            }
+        }
+        if busy + ran >= majority {
+            let mut soonest: Option<Duration> = None;
+            let mut value = String::new();
+            let mut at = None;
+            for a in &answers {
+                if let Answer::Busy(left, v, instant) = a {
+                    if let Some(l) = left {
+                        soonest = Some(soonest.map_or(*l, |s| s.min(*l)));
+                    }
+                    if value.is_empty() {
+                        value = v.clone();
+                    }
+                    at = at.or(*instant);
+                }
+            }
+            return Outcome::Busy(soonest, value, at);
+        }
+        self.failed(&answers, &undone, keys, within, ttl)
+    }
+
+    /// The one line for an acquire that neither got the lock nor found it busy.
+    fn failed(
+        &self,
+        answers: &[Answer],
+        undone: &[Option<Result<bool, Failure>>],
+        keys: &Keys,
+        within: Duration,
+        ttl: Duration,
+    ) -> Outcome {
+        let name = &keys.name;
+        let undo_text = |u: &Option<Result<bool, Failure>>| match u {
+            Some(Ok(true)) => "the lock it took anyway was released".to_string(),
+            Some(Ok(false)) => "it took no lock".into(),
+            _ => format!(
+                "if Redis took the lock anyway, it expires within {}",
+                Span(ttl)
+            ),
+        };
+        if let ([answer], [undone]) = (answers, undone) {
+            return match answer {
+                Answer::Failed {
+                    failure: Failure::Replicas { acked, wanted },
+                    ..
+                } => Outcome::Failed {
+                    text: format!(
+                        "took lock '{name}', but only {acked} of {wanted} replicas confirmed it \
+                         (--min-replicas, within --connect-timeout {}); {}, and the command did \
+                         not run",
+                        Span(within),
+                        match undone {
+                            Some(Ok(true)) => "released it".to_string(),
+                            Some(Ok(false)) => "it was no longer ours".into(),
+                            _ => format!("it expires within {}", Span(ttl)),
+                        }
+                    ),
+                    transient: false,
+                },
+                Answer::Failed { failure, taken } => {
+                    let mut text = match failure {
+                        // "cannot connect to Redis at ...": nothing was sent.
+                        Failure::Connect(_) => failure.to_string(),
+                        _ => format!("cannot acquire lock '{name}': {failure}"),
+                    };
+                    if *taken {
+                        text += &format!(" ({})", undo_text(undone));
+                    }
+                    Outcome::Failed {
+                        text,
+                        transient: failure.transient(),
+                    }
+                }
+                // A single master's lock expired while it was being replicated.
+                _ => Outcome::Failed {
+                    text: format!(
+                        "cannot acquire lock '{name}': it was taken with no validity left \
+                         (--ttl {} is too short for this Redis)",
+                        Span(ttl)
+                    ),
+                    transient: true,
+                },
+            };
+        }
+        let granted = answers
+            .iter()
+            .filter(|a| matches!(a, Answer::Held(_)))
+            .count();
+        let problems: Vec<String> = answers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| match a {
+                Answer::Failed { failure, .. } => Some(format!("{}: {failure}", self.shown(i))),
+                _ => None,
+            })
+            .collect();
+        let what = if problems.is_empty() {
+            format!("the masters that granted it did so too late ({granted})")
+        } else {
+            format!(
+                "{granted} of {} masters granted it, {} needed ({})",
+                answers.len(),
+                self.majority(),
+                problems.join("; ")
+            )
+        };
+        Outcome::Failed {
+            text: format!(
+                "cannot acquire lock '{name}': {what}; it was released where it was taken"
+            ),
+            transient: true,
+        }
+    }
+
+    /// Write the token back to every master of the majority; true when a majority took it.
+    fn raise(&mut self, answers: &[Answer], held: &Held, budget: Duration) -> bool {
+        let ours: Vec<bool> = answers
+            .iter()
+            .map(|a| matches!(a, Answer::Held(_)))
+            .collect();
+        let raised =
+            self.each(|i, link| ours[i] && lock::raise(link, budget, held).is_ok_and(|ours| ours));
+        raised.iter().filter(|r| **r).count() >= self.majority()
+    }
+
+    /// Renew on every master: `Ok(true)` when a majority confirmed (with `--min-replicas`, their
+    /// replicas too), `Ok(false)` once a majority can no longer confirm it (not ours), an error
+    /// when too few answered to tell.
+    pub fn renew(&mut self, within: Duration, held: &Held) -> Result<bool, Failure> {
+        let budget = self.budget(within, held.ttl);
+        let start = Instant::now();
+        let mut answers = self.each(|_, link| {
+            let ours = lock::renew(link, budget, held)?;
+            if ours {
+                link.confirm(&held.keys.lock, budget.saturating_sub(start.elapsed()))?;
+            }
+            Ok(ours)
+        });
+        if answers.len() == 1 {
+            return answers.remove(0);
+        }
+        let ours = answers.iter().filter(|a| matches!(a, Ok(true))).count();
+        let not_ours = answers.iter().filter(|a| matches!(a, Ok(false))).count();
+        if ours >= self.majority() {
+            return Ok(true);
+        }
+        if answers.len() - not_ours < self.majority() {
+            return Ok(false);
+        }
+        let problems: Vec<String> = answers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| a.as_ref().err().map(|e| format!("{}: {e}", self.shown(i))))
+            .collect();
+        Err(Failure::Connect(anyhow::anyhow!(
+            "{ours} of {} masters confirmed it, {} needed ({})",
+            answers.len(),
+            self.majority(),
+            problems.join("; ")
+        )))
+    }
+
+    /// Release on every master: deleted (or kept for `--min-hold`) if it was ours anywhere.
+    pub fn release(
+        &mut self,
+        within: Duration,
+        held: &Held,
+        opts: &ReleaseOptions,
+    ) -> Result<Released, Failure> {
+        let budget = self.budget(within, held.ttl);
+        let mut answers = self.each(|_, link| lock::release(link, budget, held, opts));
+        if answers.len() == 1 {
+            return answers.remove(0);
+        }
+        if answers.iter().any(|a| matches!(a, Ok(Released::Deleted))) {
+            return Ok(Released::Deleted);
+        }
+        if answers.iter().any(|a| matches!(a, Ok(Released::Kept))) {
+            return Ok(Released::Kept);
+        }
+        match answers.iter().position(|a| a.is_ok()) {
+            Some(_) => Ok(Released::NotOurs),
+            None => answers.remove(0),
+        }
+    }
+
+    /// Undo an attempt whose reply was lost, on every master.
+    pub fn abandon(&mut self, within: Duration, keys: &Keys, holder: &Holder, ttl: Duration) {
+        self.each(|_, link| lock::abandon(link, within, keys, holder, ttl));
+    }
+
+    /// Each master's snapshot of a lock.
+    pub fn snapshots(
+        &mut self,
+        within: Duration,
+        keys: &Keys,
+        history: Option<u32>,
+    ) -> Vec<anyhow::Result<Snapshot>> {
+        self.each(|_, link| lock::snapshot(link, within, keys, history))
+    }
+
+    /// Each master's answer to a force-release.
+    pub fn force_release(
+        &mut self,
+        within: Duration,
+        keys: &Keys,
+    ) -> Vec<anyhow::Result<Option<String>>> {
+        self.each(|_, link| lock::force_release(link, within, keys))
+    }
+
+    /// Every lock key under the pattern, on every master (merged).
+    pub fn scan(&mut self, pattern: &str, within: Duration) -> Result<Vec<String>, Failure> {
+        let answers = self.each(|_, link| link.scan(pattern, within));
+        let mut found = Vec::new();
+        let mut failed = None;
+        let mut answered = 0;
+        for (i, a) in answers.into_iter().enumerate() {
+            match a {
+                Ok(keys) => {
+                    answered += 1;
+                    found.extend(keys);
+                }
+                Err(e) if self.len() == 1 => return Err(e),
+                Err(e) => failed = Some(format!("{}: {e}", self.shown(i))),
+            }
+        }
+        if answered < self.majority() {
+            return Err(Failure::Connect(anyhow::anyhow!(
+                "too few masters answered ({})",
+                failed.unwrap_or_default()
+            )));
+        }
+        Ok(found)
+    }
+
+    /// With one master, block on the KEY's notify list for up to `block` (a release wakes us);
+    /// None with several, where waiters poll.
+    pub fn blpop(&mut self, keys: &Keys, block: Duration) -> Option<Result<(), Failure>> {
+        let [link] = self.links.as_mut_slice() else {
+            return None;
+        };
+        let io = link.redis().connect_timeout;
+        // BLPOP takes seconds with millisecond precision (Redis >= 6); 0 would block forever.
+        let secs = (block.as_millis().max(1) as f64) / 1000.0;
+        Some(link.call(block + io, |c| {
+            redis::cmd("BLPOP")
+                .arg(&keys.notify)
+                .arg(secs)
+                .query::<Option<(String, String)>>(c)
+                .map(|_| ())
+        }))
+    }
+}
