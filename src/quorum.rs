@@ -28,35 +28,24 @@ pub struct Masters {
     links: Vec<Link>,
 }
 
-/// What an acquisition round came to.
-pub enum Outcome {
-    Held(Box<Held>),
-    /// Held elsewhere: when the holder's lock expires (if known), its value, the instant.
-    Busy(Option<Duration>, String, Option<i64>),
-    AlreadyRan {
-        instant: i64,
-        ran: i64,
-    },
-    /// Not taken: one line, and whether trying again may help.
-    Failed {
-        text: String,
-        transient: bool,
-    },
+/// What an acquisition round came to: the masters' verdict, or why there is none.
+pub type Outcome = Result<Attempt, Refused>;
+
+/// An acquisition that neither got the lock nor found it busy: one line, and whether trying
+/// again may help.
+pub struct Refused {
+    pub text: String,
+    pub transient: bool,
 }
 
 /// One master's answer to an acquire.
-enum Answer {
-    Held(Box<Held>),
-    Busy(Option<Duration>, String, Option<i64>),
-    Ran {
-        instant: i64,
-        ran: i64,
-    },
-    /// `taken`: the lock may be ours there (a lost reply, or taken but not replicated).
-    Failed {
-        failure: Failure,
-        taken: bool,
-    },
+type Answer = Result<Attempt, Lost>;
+
+/// A master whose acquire failed; `taken`: the lock may be ours there all the same (a lost
+/// reply, or taken but not replicated).
+struct Lost {
+    failure: Failure,
+    taken: bool,
 }
 
 impl Masters {
@@ -139,31 +128,29 @@ impl Masters {
     ) -> Outcome {
         let budget = self.budget(within, ttl);
         let sent_at = Instant::now();
-        let answers =
-            self.each(
-                |_, link| match lock::try_acquire(link, budget, keys, holder, ttl, slot) {
-                    Ok(Attempt::Held(held)) => {
-                        let left = budget.saturating_sub(sent_at.elapsed());
-                        match link.confirm(&keys.lock, left) {
-                            Ok(()) => Answer::Held(held),
-                            Err(failure) => Answer::Failed {
-                                failure,
-                                taken: true,
-                            },
-                        }
+        let answers = self.each(|_, link| -> Answer {
+            match lock::try_acquire(link, budget, keys, holder, ttl, slot) {
+                Ok(Attempt::Held(held)) => {
+                    let left = budget.saturating_sub(sent_at.elapsed());
+                    match link.confirm(&keys.lock, left) {
+                        Ok(()) => Ok(Attempt::Held(held)),
+                        Err(failure) => Err(Lost {
+                            failure,
+                            taken: true,
+                        }),
                     }
-                    Ok(Attempt::Busy(left, value, instant)) => Answer::Busy(left, value, instant),
-                    Ok(Attempt::AlreadyRan { instant, ran }) => Answer::Ran { instant, ran },
-                    Err(failure) => Answer::Failed {
-                        taken: failure.maybe_ran(),
-                        failure,
-                    },
-                },
-            );
+                }
+                Ok(other) => Ok(other),
+                Err(failure) => Err(Lost {
+                    taken: failure.maybe_ran(),
+                    failure,
+                }),
+            }
+        });
         let held: Vec<&Held> = answers
             .iter()
             .filter_map(|a| match a {
-                Answer::Held(h) => Some(&**h),
+                Ok(Attempt::Held(h)) => Some(&**h),
                 _ => None,
             })
             .collect();
@@ -176,35 +163,36 @@ impl Masters {
             held.fence = answers
                 .iter()
                 .filter_map(|a| match a {
-                    Answer::Held(h) => Some(h.fence),
+                    Ok(Attempt::Held(h)) => Some(h.fence),
                     _ => None,
                 })
                 .max()
                 .unwrap_or(held.fence);
             held.sent_at = sent_at;
             if self.len() == 1 || self.raise(&answers, &held, budget) {
-                return Outcome::Held(Box::new(held));
+                return Ok(Attempt::Held(Box::new(held)));
             }
         }
         // Not ours: undo it wherever it may be ours.
         let undo: Vec<bool> = answers
             .iter()
-            .map(|a| matches!(a, Answer::Held(_) | Answer::Failed { taken: true, .. }))
+            .map(|a| matches!(a, Ok(Attempt::Held(_)) | Err(Lost { taken: true, .. })))
             .collect();
         let undone =
             self.each(|i, link| undo[i].then(|| lock::abandon(link, within, keys, holder, ttl)));
         let majority = self.majority();
         let count = |f: fn(&Answer) -> bool| answers.iter().filter(|a| f(a)).count();
-        let busy = count(|a| matches!(a, Answer::Busy(..)));
-        let ran = count(|a| matches!(a, Answer::Ran { .. }));
+        let busy = count(|a| matches!(a, Ok(Attempt::Busy(..))));
+        let ran = count(|a| matches!(a, Ok(Attempt::AlreadyRan { .. })));
         if ran >= majority || (ran > 0 && ran + busy >= majority) {
-            if let Some(Answer::Ran { instant, ran }) =
-                answers.iter().find(|a| matches!(a, Answer::Ran { .. }))
+            if let Some(Ok(Attempt::AlreadyRan { instant, ran })) = answers
+                .iter()
+                .find(|a| matches!(a, Ok(Attempt::AlreadyRan { .. })))
             {
-                return Outcome::AlreadyRan {
+                return Ok(Attempt::AlreadyRan {
                     instant: *instant,
                     ran: *ran,
-                };
+                });
             }
         }
         if busy + ran >= majority {
@@ -212,7 +200,7 @@ impl Masters {
             let mut value = String::new();
             let mut at = None;
             for a in &answers {
-                if let Answer::Busy(left, v, instant) = a {
+                if let Ok(Attempt::Busy(left, v, instant)) = a {
                     if let Some(l) = left {
                         soonest = Some(soonest.map_or(*l, |s| s.min(*l)));
                     }
@@ -222,7 +210,7 @@ impl Masters {
                     at = at.or(*instant);
                 }
             }
-            return Outcome::Busy(soonest, value, at);
+            return Ok(Attempt::Busy(soonest, value, at));
         }
         self.failed(&answers, &undone, keys, within, ttl)
     }
@@ -247,10 +235,10 @@ impl Masters {
         };
         if let ([answer], [undone]) = (answers, undone) {
             return match answer {
-                Answer::Failed {
+                Err(Lost {
                     failure: Failure::Replicas { acked, wanted },
                     ..
-                } => Outcome::Failed {
+                }) => Err(Refused {
                     text: format!(
                         "took lock '{name}', but only {acked} of {wanted} replicas confirmed it \
                          (--min-replicas, within --connect-timeout {}); {}, and the command did \
@@ -263,8 +251,8 @@ impl Masters {
                         }
                     ),
                     transient: false,
-                },
-                Answer::Failed { failure, taken } => {
+                }),
+                Err(Lost { failure, taken }) => {
                     let mut text = match failure {
                         // "cannot connect to Redis at ...": nothing was sent.
                         Failure::Connect(_) => failure.to_string(),
@@ -273,31 +261,31 @@ impl Masters {
                     if *taken {
                         text += &format!(" ({})", undo_text(undone));
                     }
-                    Outcome::Failed {
+                    Err(Refused {
                         text,
                         transient: failure.transient(),
-                    }
+                    })
                 }
                 // A single master's lock expired while it was being replicated.
-                _ => Outcome::Failed {
+                _ => Err(Refused {
                     text: format!(
                         "cannot acquire lock '{name}': it was taken with no validity left \
                          (--ttl {} is too short for this Redis)",
                         Span(ttl)
                     ),
                     transient: true,
-                },
+                }),
             };
         }
         let granted = answers
             .iter()
-            .filter(|a| matches!(a, Answer::Held(_)))
+            .filter(|a| matches!(a, Ok(Attempt::Held(_))))
             .count();
         let problems: Vec<String> = answers
             .iter()
             .enumerate()
             .filter_map(|(i, a)| match a {
-                Answer::Failed { failure, .. } => Some(format!("{}: {failure}", self.shown(i))),
+                Err(Lost { failure, .. }) => Some(format!("{}: {failure}", self.shown(i))),
                 _ => None,
             })
             .collect();
@@ -311,19 +299,19 @@ impl Masters {
                 problems.join("; ")
             )
         };
-        Outcome::Failed {
+        Err(Refused {
             text: format!(
                 "cannot acquire lock '{name}': {what}; it was released where it was taken"
             ),
             transient: true,
-        }
+        })
     }
 
     /// Write the token back to every master of the majority; true when a majority took it.
     fn raise(&mut self, answers: &[Answer], held: &Held, budget: Duration) -> bool {
         let ours: Vec<bool> = answers
             .iter()
-            .map(|a| matches!(a, Answer::Held(_)))
+            .map(|a| matches!(a, Ok(Attempt::Held(_))))
             .collect();
         let raised =
             self.each(|i, link| ours[i] && lock::raise(link, budget, held).is_ok_and(|ours| ours));

@@ -13,9 +13,9 @@ use anyhow::{anyhow, Result};
 
 use crate::clock::Instant;
 use crate::duration::Span;
-use crate::lock::{self, Held, Holder, Keys};
+use crate::lock::{self, Attempt, Held, Holder, Keys};
 use crate::log::Log;
-use crate::quorum::{Masters, Outcome};
+use crate::quorum::{Masters, Refused};
 use crate::signals;
 
 /// The longest a waiter blocks between attempts.
@@ -95,17 +95,17 @@ pub fn acquire(
         let holder = Holder::new(command);
         let (expires_in, busy_with) =
             match masters.acquire(io_timeout, keys, &holder, ttl, slot.as_ref()) {
-                Outcome::Held(held) => return Ok(Acquired::Held(held, masters)),
-                Outcome::AlreadyRan { instant, ran } => {
+                Ok(Attempt::Held(held)) => return Ok(Acquired::Held(held, masters)),
+                Ok(Attempt::AlreadyRan { instant, ran }) => {
                     return Ok(Acquired::AlreadyRan { instant, ran })
                 }
-                Outcome::Busy(expires_in, value, instant) => {
+                Ok(Attempt::Busy(expires_in, value, instant)) => {
                     if let (Some(s), Some(i)) = (slot.as_mut(), instant) {
                         s.candidates = vec![i];
                     }
                     (expires_in, value)
                 }
-                Outcome::Failed { text, transient } => {
+                Err(Refused { text, transient }) => {
                     if !transient {
                         return Err(anyhow!(text));
                     }

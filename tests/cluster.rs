@@ -74,10 +74,7 @@ fn contention_through_different_seeds_runs_once() {
                 .unwrap()
         })
         .collect();
-    let codes: Vec<i32> = children
-        .into_iter()
-        .map(|c| code(&c.wait_with_output().unwrap()))
-        .collect();
+    let codes = exit_codes(children);
     let runs = std::fs::read_to_string(dir.join("runs")).unwrap();
     assert_eq!(runs.lines().count(), 1, "{codes:?}");
     assert_eq!(codes.iter().filter(|c| **c == 0).count(), 1, "{codes:?}");

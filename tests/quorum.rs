@@ -192,10 +192,7 @@ fn ten_contenders_run_once_per_tick() {
                     .unwrap()
             })
             .collect();
-        let codes: Vec<i32> = children
-            .into_iter()
-            .map(|c| code(&c.wait_with_output().unwrap()))
-            .collect();
+        let codes = exit_codes(children);
         let runs = std::fs::read_to_string(dir.join("runs")).unwrap();
         let this_tick = runs.lines().filter(|l| *l == tick.to_string()).count();
         assert_eq!(this_tick, 1, "tick {tick}: {codes:?}");

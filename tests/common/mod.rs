@@ -184,20 +184,8 @@ impl Redis {
             if let Some(pw) = &self.password {
                 cmd.args(["--requirepass", pw]);
             }
-            // SAFETY: only prctl between fork and exec. Even if the test process aborts, the
-            // server must not outlive it.
-            unsafe {
-                cmd.pre_exec(|| {
-                    libc::prctl(
-                        libc::PR_SET_PDEATHSIG,
-                        libc::SIGKILL as libc::c_ulong,
-                        0,
-                        0,
-                        0,
-                    );
-                    Ok(())
-                });
-            }
+            // Even if the test process aborts, the server must not outlive it.
+            tie(&mut cmd);
             let mut child = cmd.spawn().expect(
                 "redis-server is required for the tests and was not found on PATH; \
                  run ./scripts/test.sh, which installs it",
@@ -502,19 +490,7 @@ impl Redis {
 
 /// Spawn `cmd` so that it dies with the thread that spawned it (PR_SET_PDEATHSIG).
 pub fn spawn_tied(cmd: &mut Command) -> Child {
-    // SAFETY: only prctl between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            );
-            Ok(())
-        });
-    }
+    tie(cmd);
     cmd.stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -797,4 +773,29 @@ impl Cluster {
     pub fn node_mut(&mut self, port: u16) -> &mut Redis {
         self.nodes.iter_mut().find(|r| r.port == port).unwrap()
     }
+}
+
+/// Make `cmd`'s process die with the thread that spawns it (PR_SET_PDEATHSIG).
+pub fn tie(cmd: &mut Command) {
+    // SAFETY: only prctl between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            );
+            Ok(())
+        });
+    }
+}
+
+/// Wait for every child; their exit codes.
+pub fn exit_codes(children: Vec<Child>) -> Vec<i32> {
+    children
+        .into_iter()
+        .map(|c| code(&c.wait_with_output().unwrap()))
+        .collect()
 }
