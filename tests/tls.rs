@@ -340,3 +340,35 @@ fn the_system_store_is_used_and_an_empty_one_falls_back_to_bundled_roots() {
     assert_eq!(code(&out), 125);
     assert!(one_line(&out).contains("not trusted"), "{}", stderr(&out));
 }
+
+#[test]
+fn a_run_through_tls_sentinels() {
+    let primary = tls_redis("server.crt", false, None);
+    let c = certs();
+    let path = |f: &str| c.join(f).display().to_string();
+    let lines = format!(
+        "tls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\ntls-auth-clients no\n",
+        path("server.crt"),
+        path("server.key"),
+        path("ca.crt")
+    );
+    let sentinel = Sentinel::start_with(primary.port, 1, Some((&lines, &ca())));
+    assert!(
+        wait_for(Duration::from_secs(10), || sentinel.primary_port()
+            == Some(primary.port)),
+        "the sentinel does not see the primary"
+    );
+    let url = format!("rediss+sentinel://127.0.0.1:{}/{SERVICE}", sentinel.port);
+    let out = run(tls_cronlock(&url)
+        .arg("--tls-ca-cert")
+        .arg(ca())
+        .args(["k", "echo", "ran"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stdout(&out), "ran\n");
+    assert!(primary.exists("cronlock:{k}:last"));
+    // Without our CA, the sentinel's certificate is not trusted: one line, 125.
+    let out = run(tls_cronlock(&url).args(["k", "echo", "ran"]));
+    assert_eq!(code(&out), 125);
+    let line = one_line(&out);
+    assert!(line.contains(SERVICE), "{line}");
+}

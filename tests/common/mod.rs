@@ -500,6 +500,8 @@ pub fn spawn_tied(cmd: &mut Command) -> Child {
 /// A Redis Sentinel process (`redis-server sentinel.conf --sentinel`), killed on drop.
 pub struct Sentinel {
     pub port: u16,
+    /// The port speaks TLS only, with a certificate from this CA (PEM file).
+    tls: Option<PathBuf>,
     dir: Scratch,
     child: Option<Child>,
 }
@@ -510,6 +512,12 @@ pub const SERVICE: &str = "cronlock-test";
 impl Sentinel {
     /// A sentinel watching `primary` (quorum 2, down after 1 s).
     pub fn start(primary_port: u16) -> Sentinel {
+        Sentinel::start_with(primary_port, 2, None)
+    }
+
+    /// A sentinel with `quorum`; with `tls`, its configuration lines for a TLS-only port (the
+    /// port line is written here) and TLS to the servers it watches.
+    pub fn start_with(primary_port: u16, quorum: u32, tls: Option<(&str, &Path)>) -> Sentinel {
         for _ in 0..20 {
             let dir = scratch("sentinel");
             let port = free_port();
@@ -517,11 +525,16 @@ impl Sentinel {
             std::fs::write(
                 &conf,
                 format!(
-                    "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {}\nloglevel warning\n\
-                     sentinel monitor {SERVICE} 127.0.0.1 {primary_port} 2\n\
+                    "{}\nbind 127.0.0.1\nprotected-mode no\ndir {}\nloglevel warning\n\
+                     sentinel monitor {SERVICE} 127.0.0.1 {primary_port} {quorum}\n\
                      sentinel down-after-milliseconds {SERVICE} 1000\n\
                      sentinel failover-timeout {SERVICE} 10000\n\
                      sentinel parallel-syncs {SERVICE} 1\n",
+                    match tls {
+                        Some((lines, _)) =>
+                            format!("port 0\ntls-port {port}\ntls-replication yes\n{lines}"),
+                        None => format!("port {port}"),
+                    },
                     dir.display()
                 ),
             )
@@ -529,6 +542,7 @@ impl Sentinel {
             let mut child = spawn_tied(Command::new("redis-server").arg(&conf).arg("--sentinel"));
             let mut s = Sentinel {
                 port,
+                tls: tls.map(|(_, ca)| ca.to_path_buf()),
                 dir,
                 child: None,
             };
@@ -547,7 +561,16 @@ impl Sentinel {
     }
 
     pub fn try_query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{}", self.port))?;
+        let client = match &self.tls {
+            Some(ca) => redis::Client::build_with_tls(
+                format!("rediss://127.0.0.1:{}", self.port),
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(std::fs::read(ca).unwrap()),
+                },
+            )?,
+            None => redis::Client::open(format!("redis://127.0.0.1:{}", self.port))?,
+        };
         let mut con = client.get_connection_with_timeout(Duration::from_secs(1))?;
         con.set_read_timeout(Some(Duration::from_secs(5)))?;
         cmd.query(&mut con)
