@@ -379,11 +379,6 @@ impl Masters {
         }
     }
 
-    /// Undo an attempt whose reply was lost, on every master.
-    pub fn abandon(&mut self, within: Duration, keys: &Keys, holder: &Holder, ttl: Duration) {
-        self.each(|_, link| lock::abandon(link, within, keys, holder, ttl));
-    }
-
     /// Each master's snapshot of a lock.
     pub fn snapshots(
         &mut self,

@@ -634,12 +634,8 @@ impl Replicated {
 
     /// `redis+sentinel://` naming every sentinel, for `service`.
     pub fn url(&self, service: &str) -> String {
-        let hosts: Vec<String> = self
-            .sentinels
-            .iter()
-            .map(|s| format!("127.0.0.1:{}", s.port))
-            .collect();
-        format!("redis+sentinel://{}/{service}", hosts.join(","))
+        let ports = self.sentinels.iter().map(|s| s.port);
+        format!("{}/{service}", hosts_url("redis+sentinel", ports))
     }
 
     /// The server the sentinels agree is the primary now, if they agree on one.
@@ -732,33 +728,39 @@ impl Cluster {
         );
     }
 
-    /// `redis+cluster://` naming every node (or only `seeds`).
+    /// `redis+cluster://` naming every node.
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port))
-            .collect();
-        format!("redis+cluster://{}", hosts.join(","))
+        hosts_url("redis+cluster", self.nodes.iter().map(|n| n.port))
     }
 
-    /// The ports of the primaries that serve slots, as a live node sees them.
-    pub fn primaries(&self) -> Vec<u16> {
+    /// `CLUSTER SLOTS` as a live node sees it: (first slot, last slot, primary's port).
+    fn slot_ranges(&self) -> Vec<(i64, i64, u16)> {
         let node = self.nodes.iter().find(|n| n.child.is_some()).unwrap();
         let slots: Vec<redis::Value> = node.query(redis::cmd("CLUSTER").arg("SLOTS"));
-        let mut ports: Vec<u16> = slots
+        slots
             .iter()
-            .filter_map(|r| match r {
-                redis::Value::Array(parts) => match parts.get(2) {
-                    Some(redis::Value::Array(n)) => match n.get(1) {
-                        Some(redis::Value::Int(p)) => Some(*p as u16),
+            .filter_map(|r| {
+                let redis::Value::Array(parts) = r else {
+                    return None;
+                };
+                match (parts.first(), parts.get(1), parts.get(2)) {
+                    (
+                        Some(redis::Value::Int(a)),
+                        Some(redis::Value::Int(b)),
+                        Some(redis::Value::Array(n)),
+                    ) => match n.get(1) {
+                        Some(redis::Value::Int(p)) => Some((*a, *b, *p as u16)),
                         _ => None,
                     },
                     _ => None,
-                },
-                _ => None,
+                }
             })
-            .collect();
+            .collect()
+    }
+
+    /// The ports of the primaries that serve slots.
+    pub fn primaries(&self) -> Vec<u16> {
+        let mut ports: Vec<u16> = self.slot_ranges().into_iter().map(|(_, _, p)| p).collect();
         ports.sort();
         ports.dedup();
         ports
@@ -768,25 +770,12 @@ impl Cluster {
     pub fn owner(&self, key: &str) -> &Redis {
         let node = self.nodes.iter().find(|n| n.child.is_some()).unwrap();
         let slot: i64 = node.query(redis::cmd("CLUSTER").arg("KEYSLOT").arg(key));
-        let slots: Vec<redis::Value> = node.query(redis::cmd("CLUSTER").arg("SLOTS"));
-        for r in slots {
-            let redis::Value::Array(parts) = r else {
-                continue;
-            };
-            let (Some(redis::Value::Int(a)), Some(redis::Value::Int(b))) =
-                (parts.first(), parts.get(1))
-            else {
-                continue;
-            };
-            if (*a..=*b).contains(&slot) {
-                if let Some(redis::Value::Array(n)) = parts.get(2) {
-                    if let Some(redis::Value::Int(p)) = n.get(1) {
-                        return self.nodes.iter().find(|r| r.port == *p as u16).unwrap();
-                    }
-                }
-            }
-        }
-        panic!("no owner for slot {slot}");
+        let (_, _, port) = self
+            .slot_ranges()
+            .into_iter()
+            .find(|(a, b, _)| (*a..=*b).contains(&slot))
+            .unwrap_or_else(|| panic!("no owner for slot {slot}"));
+        self.node(port)
     }
 
     pub fn node(&self, port: u16) -> &Redis {
@@ -821,4 +810,10 @@ pub fn exit_codes(children: Vec<Child>) -> Vec<i32> {
         .into_iter()
         .map(|c| code(&c.wait_with_output().unwrap()))
         .collect()
+}
+
+/// `SCHEME://127.0.0.1:P1,127.0.0.1:P2,...`
+pub fn hosts_url(scheme: &str, ports: impl Iterator<Item = u16>) -> String {
+    let hosts: Vec<String> = ports.map(|p| format!("127.0.0.1:{p}")).collect();
+    format!("{scheme}://{}", hosts.join(","))
 }
