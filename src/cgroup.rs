@@ -22,7 +22,6 @@ use crate::guard::CgroupFds;
 pub struct Cgroup {
     pub dir: PathBuf,
     dir_fd: File,
-    procs: File,
     kill: File,
 }
 
@@ -106,14 +105,9 @@ impl Cgroup {
                 .map_err(|e| format!("cannot open {}: {e}", dir.join(name).display()))
         };
         let dir_fd = File::open(&dir).map_err(|e| format!("cannot open {}: {e}", dir.display()));
-        match (dir_fd, open("cgroup.procs"), open("cgroup.kill")) {
-            (Ok(dir_fd), Ok(procs), Ok(kill)) => Ok(Cgroup {
-                dir,
-                dir_fd,
-                procs,
-                kill,
-            }),
-            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+        match (dir_fd, open("cgroup.kill")) {
+            (Ok(dir_fd), Ok(kill)) => Ok(Cgroup { dir, dir_fd, kill }),
+            (Err(e), _) | (_, Err(e)) => {
                 let _ = std::fs::remove_dir(&dir);
                 Err(e)
             }
@@ -124,7 +118,6 @@ impl Cgroup {
     pub fn fds(&self) -> CgroupFds {
         CgroupFds {
             dir: self.dir_fd.as_raw_fd(),
-            procs: self.procs.as_raw_fd(),
             kill: self.kill.as_raw_fd(),
         }
     }

@@ -5,6 +5,7 @@
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io::{self, Read};
+use std::mem::ManuallyDrop;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::time::Duration;
@@ -41,11 +42,13 @@ impl SpawnError {
 }
 
 /// A running command: the pid of its guard, which is also its process group id.
-#[derive(Debug)]
 pub struct Child {
     pub group: libc::pid_t,
     shared: Shared,
     cgroup: Option<Cgroup>,
+    /// What the guard reads while it lives. Freed once it is reaped; leaked if this `Child` is
+    /// dropped before that (a panic), since the guard may still be reading it.
+    prepared: Option<ManuallyDrop<Box<Prepared>>>,
 }
 
 /// Why cronlock stopped the command itself.
@@ -133,30 +136,32 @@ pub fn spawn(
     for (k, v) in extra_env {
         env.push(cstring(OsStr::new(&format!("{k}={v}"))).map_err(fail)?);
     }
+    let (read_end, write_end) = pipe2(OFlag::O_CLOEXEC).map_err(|e| fail(e.into()))?;
     let mut prepared = Prepared::new(
         candidates(&argv[0]).map_err(fail)?,
         args,
         env,
         shared,
         cgroup.as_ref().map(Cgroup::fds),
-    );
+    )
+    .map_err(fail)?;
     prepared.stdio = stdio;
+    prepared.report_fd = write_end.as_raw_fd();
+    // The guard reads it in place until it is reaped: never moved, freed only after that.
+    let prepared = ManuallyDrop::new(Box::new(prepared));
     // Orphans whose guard died (SIGKILLed with the group) come to us, to be killed, not to init.
     // SAFETY: plain prctl on our own process.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
 
-    let (read_end, write_end) = pipe2(OFlag::O_CLOEXEC).map_err(|e| fail(e.into()))?;
-    let write_fd = write_end.as_raw_fd();
-    // SAFETY: the forked process runs only guard::run, which is async-signal-safe.
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
-        // SAFETY: we are the freshly forked child and `prepared` was built before the fork.
-        unsafe { guard::run(&prepared, write_fd) };
-    }
+    // SAFETY: `prepared` stays where it is until the guard has been reaped (see `Child::reaped`).
+    let pid = unsafe { guard::start(&prepared) };
     drop(write_end);
     if pid < 0 {
-        return Err(fail(io::Error::last_os_error()));
+        // No guard: nothing reads `prepared`.
+        drop(ManuallyDrop::into_inner(prepared));
+        return Err(fail(io::Error::from_raw_os_error(-pid as i32)));
     }
+    let pid = pid as libc::pid_t;
     // Also from the parent, so the group exists before we could signal it.
     // SAFETY: plain system call on our child.
     unsafe { libc::setpgid(pid, pid) };
@@ -168,6 +173,8 @@ pub fn spawn(
         let mut status = 0;
         // SAFETY: reaping our own child.
         unsafe { libc::waitpid(pid, &mut status, 0) };
+        // The guard is gone: nothing reads `prepared` any more.
+        drop(ManuallyDrop::into_inner(prepared));
         if let Some(cg) = cgroup {
             cg.remove(Duration::from_secs(1));
         }
@@ -185,6 +192,7 @@ pub fn spawn(
         group: pid,
         shared,
         cgroup,
+        prepared: Some(prepared),
     })
 }
 
@@ -245,16 +253,25 @@ impl Child {
             }
             let mut status = 0;
             if pid == self.group {
-                // The guard is a zombie: the group id cannot be reused yet.
-                self.kill_all();
+                // The guard hands over the command's status once it has killed what the command
+                // left behind. Without it (the guard was killed, or ended the job itself), kill
+                // the job here, while the guard is a zombie and the group id cannot be reused.
+                let ended = self.shared.status();
+                if ended.is_none() {
+                    self.kill_all();
+                }
                 // SAFETY: reaping our own child.
                 unsafe { libc::waitpid(pid, &mut status, 0) };
-                // SAFETY: no child's status matters any more; this reaps the orphans it kills.
-                unsafe { guard::kill_descendants(self.cgroup.as_ref().map(Cgroup::fds)) };
+                if let Some(p) = self.prepared.take() {
+                    // The guard is gone: nothing reads it any more.
+                    drop(ManuallyDrop::into_inner(p));
+                }
+                // Orphans that reached us because the guard died; no child's status matters now.
+                guard::kill_descendants(self.cgroup.as_ref().map(Cgroup::fds));
                 if let Some(cg) = self.cgroup.take() {
                     cg.remove(Duration::from_secs(1));
                 }
-                return Some(status);
+                return Some(ended.unwrap_or(status));
             }
             // SAFETY: reaping an orphan that is ready.
             unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };

@@ -26,6 +26,7 @@ pub mod schedule;
 pub mod sentinel;
 pub mod shared;
 pub mod signals;
+pub mod sys;
 pub mod tls;
 pub mod topology;
 pub mod wait;

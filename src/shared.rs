@@ -5,12 +5,13 @@
 //! command must be gone (the lock's validity deadline minus the safety margin), moving it on with
 //! every confirmed renewal. The guard kills the command by itself when that moment passes, and the
 //! command's process checks it right before `execve`. The page is an anonymous shared mapping made
-//! before the guard is forked, so both processes see the same atomics.
+//! before the guard starts, so both processes see the same atomics whether the guard shares
+//! cronlock's memory (`CLONE_VM`) or has a copy of it (`fork`).
 
 use std::io;
 use std::num::NonZeroUsize;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use nix::sys::mman::{mmap_anonymous, MapFlags, ProtFlags};
@@ -23,6 +24,8 @@ pub const GUARD_ENFORCED: u32 = 1;
 pub const CGROUP_JOINED: u32 = 2;
 /// The command's process found the kill-by time passed and did not `execve`.
 pub const TOO_LATE: u32 = 4;
+/// The guard reaped the command and killed whatever it left behind; `status` is its wait status.
+pub const ENDED: u32 = 8;
 
 #[repr(C)]
 #[derive(Debug)]
@@ -30,6 +33,8 @@ struct Page {
     /// Nanoseconds on `CLOCK_BOOTTIME`.
     kill_by_ns: AtomicU64,
     flags: AtomicU32,
+    /// The command's wait status, once [`ENDED`] is set.
+    status: AtomicI32,
 }
 
 /// A handle on the shared page. The mapping lives as long as the process (it is never unmapped:
@@ -87,6 +92,18 @@ impl Shared {
     pub fn has(&self, flag: u32) -> bool {
         self.page().flags.load(Ordering::SeqCst) & flag != 0
     }
+
+    /// The guard's last word: the command ended with `status`, and nothing of the job is left.
+    pub fn end(&self, status: i32) {
+        self.page().status.store(status, Ordering::SeqCst);
+        self.set(ENDED);
+    }
+
+    /// The command's wait status, if the guard handed it over.
+    pub fn status(&self) -> Option<i32> {
+        self.has(ENDED)
+            .then(|| self.page().status.load(Ordering::SeqCst))
+    }
 }
 
 #[cfg(test)]
@@ -102,6 +119,7 @@ mod tests {
         if pid == 0 {
             s.set_kill_by(t);
             s.set(GUARD_ENFORCED);
+            s.end(9);
             // SAFETY: leaving the forked child without running the parent's destructors.
             unsafe { libc::_exit(0) };
         }
@@ -111,5 +129,6 @@ mod tests {
         assert_eq!(s.kill_by(), t);
         assert!(s.has(GUARD_ENFORCED));
         assert!(!s.has(CGROUP_JOINED));
+        assert_eq!(s.status(), Some(9));
     }
 }
