@@ -128,9 +128,15 @@ impl Cgroup {
         let _ = (&self.kill).write_all(b"1");
     }
 
-    /// Kill what is left and remove the cgroup, waiting at most `within` for it to empty.
-    pub fn remove(self, within: Duration) {
-        remove_dir(&self.dir, &self, within);
+    /// Kill what is left and remove the cgroup (see the `Drop` impl).
+    pub fn remove(self) {}
+}
+
+impl Drop for Cgroup {
+    /// Whoever drops the cgroup removes it, killing what is left in it and waiting at most a
+    /// second for it to empty: after the job, and also when an internal error unwinds past it.
+    fn drop(&mut self) {
+        remove_dir(&self.dir, self, Duration::from_secs(1));
     }
 }
 

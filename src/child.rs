@@ -146,6 +146,9 @@ pub fn spawn(
     )
     .map_err(fail)?;
     prepared.stdio = stdio;
+    prepared.cgroup_path = cgroup
+        .as_ref()
+        .and_then(|cg| CString::new(cg.dir.as_os_str().as_bytes()).ok());
     prepared.report_fd = write_end.as_raw_fd();
     // The guard reads it in place until it is reaped: never moved, freed only after that.
     let prepared = ManuallyDrop::new(Box::new(prepared));
@@ -176,7 +179,7 @@ pub fn spawn(
         // The guard is gone: nothing reads `prepared` any more.
         drop(ManuallyDrop::into_inner(prepared));
         if let Some(cg) = cgroup {
-            cg.remove(Duration::from_secs(1));
+            cg.remove();
         }
         let code = i32::from_ne_bytes(bytes);
         if code == guard::REPORT_TOO_LATE {
@@ -269,7 +272,7 @@ impl Child {
                 // Orphans that reached us because the guard died; no child's status matters now.
                 guard::kill_descendants(self.cgroup.as_ref().map(Cgroup::fds));
                 if let Some(cg) = self.cgroup.take() {
-                    cg.remove(Duration::from_secs(1));
+                    cg.remove();
                 }
                 return Some(ended.unwrap_or(status));
             }

@@ -67,6 +67,8 @@ pub struct Prepared {
     pub parent: libc::pid_t,
     pub shared: Shared,
     pub cgroup: Option<CgroupFds>,
+    /// The cgroup's path, for the guard to remove it when cronlock cannot any more.
+    pub cgroup_path: Option<CString>,
     /// With `--ping-body`: the pipes that replace the command's stdout and stderr.
     pub stdio: Option<[RawFd; 2]>,
     /// The write end of a close-on-exec pipe on which exec failures are reported as an errno.
@@ -119,6 +121,7 @@ impl Prepared {
             parent: sys::getpid(),
             shared,
             cgroup,
+            cgroup_path: None,
             stdio: None,
             report_fd: -1,
             #[cfg(target_arch = "x86_64")]
@@ -324,6 +327,17 @@ unsafe extern "C" fn exec_entry(arg: *const libc::c_void) -> ! {
 /// Kill the whole job and exit: the lock can no longer protect it.
 fn end_everything(p: &Prepared) -> ! {
     kill_descendants(p.cgroup);
+    // cronlock may be gone for good: leave no empty cgroup behind (if it is only frozen, it
+    // finds the cgroup removed when it wakes up).
+    if let Some(path) = &p.cgroup_path {
+        for _ in 0..100 {
+            if sys::rmdir(path) != -(libc::EBUSY as isize) {
+                break;
+            }
+            // Killed processes still on their way out.
+            sys::nanosleep(1_000_000);
+        }
+    }
     // Whatever is left of our group (only the guard itself, normally).
     sys::kill(0, libc::SIGKILL);
     sys::exit(crate::exit::LOCK_LOST as libc::c_int);

@@ -160,6 +160,20 @@ pub fn openat(dir: libc::c_int, path: &CStr, flags: libc::c_int) -> isize {
     unsafe { syscall(libc::SYS_openat, a) }
 }
 
+/// `rmdir(path)`, as `unlinkat(AT_FDCWD, path, AT_REMOVEDIR)`.
+pub fn rmdir(path: &CStr) -> isize {
+    let a = [
+        libc::AT_FDCWD as usize,
+        path.as_ptr() as usize,
+        libc::AT_REMOVEDIR as usize,
+        0,
+        0,
+        0,
+    ];
+    // SAFETY: a valid NUL-terminated path.
+    unsafe { syscall(libc::SYS_unlinkat, a) }
+}
+
 /// `wait4(pid, status, options, NULL)`; `status` may be left out.
 pub fn wait4(pid: libc::pid_t, status: Option<&mut libc::c_int>, options: libc::c_int) -> isize {
     let status = status.map_or(0, |s| s as *mut libc::c_int as usize);

@@ -6,7 +6,7 @@ mod common;
 use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -403,6 +403,12 @@ fn escapees(wrap: impl Fn(&mut Command) -> &mut Command, mechanism: &str) {
     let mut err = String::new();
     c.stderr.take().unwrap().read_to_string(&mut err).unwrap();
     assert!(err.contains(mechanism), "{err}");
+    // With a cgroup: where cronlock made it, and that it removed it.
+    let cgroups = err.split_once("its own cgroup ").map(|(_, rest)| {
+        let dir = PathBuf::from(rest.split(" (").next().unwrap());
+        assert!(!dir.exists(), "{} left behind", dir.display());
+        dir.parent().unwrap().to_path_buf()
+    });
 
     // After SIGKILL of cronlock.
     let dir = scratch("escape-killed");
@@ -417,6 +423,15 @@ fn escapees(wrap: impl Fn(&mut Command) -> &mut Command, mechanism: &str) {
     signal(c.id() as i32, libc::SIGKILL);
     c.wait().unwrap();
     assert_all_gone(&dir, "after SIGKILL of cronlock");
+    // Nobody is left to remove the cgroup but the guard: it does, once the job is gone.
+    if let Some(parent) = cgroups {
+        let dir = parent.join(format!("cronlock-{}", c.id()));
+        assert!(
+            wait_for(Duration::from_secs(3), || !dir.exists()),
+            "{} left behind after SIGKILL of cronlock",
+            dir.display()
+        );
+    }
 }
 
 /// Case 8: descendants that leave the process group die with the job (cgroup v2 here).
@@ -529,11 +544,24 @@ fn injected(r: &Redis, injected: &str, args: &[&str]) -> (std::process::Output, 
         .env("CRONLOCK_DEBUG_PANIC", injected)
         .args(args)
         .args(["k", "-c"])
-        .arg(sh(&dir, "echo $$ > pid; exec sleep 60"))
+        .arg(sh(
+            &dir,
+            "echo $$ > pid; grep ^0:: /proc/$$/cgroup > cgroup; exec sleep 60",
+        ))
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let out = c.wait_with_output().unwrap();
+    // Its cgroup, if it had one of its own, went with it.
+    if let Ok(line) = std::fs::read_to_string(dir.join("cgroup")) {
+        let rel = line.trim().trim_start_matches("0::/");
+        if rel.contains("cronlock-") {
+            for mount in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
+                let left = Path::new(mount).join(rel);
+                assert!(!left.exists(), "{} left behind", left.display());
+            }
+        }
+    }
     let cmd = std::fs::read_to_string(dir.join("pid"))
         .ok()
         .and_then(|p| p.trim().parse().ok());
