@@ -186,7 +186,8 @@ unsafe extern "C" fn guard_entry(arg: *const libc::c_void) -> ! {
 /// # Safety
 /// Call only in the guard's own process, started by [`start`].
 unsafe fn run(p: &Prepared) -> ! {
-    // Rust's handlers for stack overflows use cronlock's thread-local storage: not here.
+    // A fault handler (cronlock installs none, a library might) would run on cronlock's
+    // thread-local storage: a fault here must simply end the guard.
     for sig in [libc::SIGSEGV, libc::SIGBUS] {
         sys::default_action(sig);
     }
@@ -453,8 +454,8 @@ unsafe fn exec_command(p: &Prepared) -> ! {
         sys::dup2(out, libc::STDOUT_FILENO);
         sys::dup2(err, libc::STDERR_FILENO);
     }
-    // Rust's runtime ignores SIGPIPE; commands expect the default. Its SIGSEGV/SIGBUS
-    // handlers must not run here either, on memory shared with cronlock, before `execve`.
+    // cronlock ignores SIGPIPE (see `start`); commands expect the default. No fault handler
+    // may run here either, on memory shared with cronlock, before `execve`.
     for sig in [libc::SIGPIPE, libc::SIGSEGV, libc::SIGBUS] {
         sys::default_action(sig);
     }

@@ -26,6 +26,7 @@ pub mod schedule;
 pub mod sentinel;
 pub mod shared;
 pub mod signals;
+pub mod start;
 pub mod sys;
 pub mod tls;
 pub mod topology;
@@ -33,7 +34,6 @@ pub mod wait;
 pub mod watchdog;
 
 use std::ffi::OsString;
-use std::process::ExitCode;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
@@ -58,14 +58,21 @@ use crate::watchdog::{LockState, Timing, Watch, Watchdog};
 static RUNNING_GROUP: AtomicI32 = AtomicI32::new(0);
 
 /// The program: returns the exit status; never exits while the lock is held.
-pub fn run() -> ExitCode {
+pub fn run() -> u8 {
+    start::prepare();
+    let exit = run_guarded();
+    start::finish();
+    exit.code()
+}
+
+fn run_guarded() -> Exit {
     // Before any thread exists, so every thread inherits the mask (see `signals`).
     signals::block();
     // A panic is reported once, as our own line, by whoever catches it; never as Rust's text,
     // and never as status 101.
     std::panic::set_hook(Box::new(|_| {}));
     match std::panic::catch_unwind(run_parsed) {
-        Ok(exit) => exit.into(),
+        Ok(exit) => exit,
         Err(payload) => {
             let group = RUNNING_GROUP.swap(0, Ordering::SeqCst);
             let msg = watchdog::panic_message(&*payload);
@@ -84,7 +91,7 @@ pub fn run() -> ExitCode {
                 Exit::Failure
             };
             log.flush(FLUSH_WAIT);
-            exit.into()
+            exit
         }
     }
 }

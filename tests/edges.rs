@@ -393,3 +393,30 @@ fn the_readme_acl_is_enough_for_everything() {
     assert_eq!(code(&out), 125);
     assert!(one_line(&out).contains("NOPERM"), "{}", stderr(&out));
 }
+
+/// Started with its standard descriptors closed (a careless supervisor), cronlock opens them on
+/// /dev/null first: the Redis socket must never become its "stderr" or "stdout", or its own
+/// messages would be sent to Redis as commands.
+#[test]
+fn closed_standard_descriptors_never_become_the_redis_connection() {
+    let r = Redis::start();
+    let url = r.url();
+    for closed in ["<&- >&- 2>&-", "2>&-", ">&-"] {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                r#""$0" -v -u "$1" k -- sh -c 'echo out; echo err >&2' {closed}; echo "exit=$?""#
+            ))
+            .arg(bin())
+            .arg(&url)
+            .output()
+            .unwrap();
+        assert!(
+            stdout(&out).ends_with("exit=0\n"),
+            "{closed}: {}{}",
+            stdout(&out),
+            stderr(&out)
+        );
+        assert!(!r.exists(LOCK), "{closed}: the lock was not released");
+    }
+}
