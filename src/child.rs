@@ -156,7 +156,8 @@ pub fn spawn(
     // SAFETY: plain prctl on our own process.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
 
-    // SAFETY: `prepared` stays where it is until the guard has been reaped (see `Child::reaped`).
+    // SAFETY: `prepared` stays where it is until the guard has been reaped (`Child::try_finish`,
+    // or below on an exec failure), and is leaked rather than freed on any other path.
     let pid = unsafe { guard::start(&prepared) };
     drop(write_end);
     if pid < 0 {
