@@ -5,24 +5,29 @@
 //! Where no cgroup can be made (a container with a read-only `/sys/fs/cgroup`, an unprivileged
 //! user), the [guard](crate::guard)'s subreaper and its process group do the same job, one
 //! process at a time.
+//!
+//! cronlock only plans where the cgroup goes; the guard makes it, right before it starts the
+//! command, and removes it if cronlock dies. So a cgroup never exists without a guard to remove it,
+//! even when cronlock is SIGKILLed between taking the lock and starting the guard.
 
 use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::clock::Instant;
-use crate::guard::CgroupFds;
 
-/// A cgroup made for one run; removed by [`Cgroup::remove`].
+/// The job's cgroup, made by the guard before it starts the command (so that it exists only while
+/// a guard is there to remove it, even if cronlock is SIGKILLed a moment after making its plan):
+/// cronlock's handle on it, to kill what is in it and to remove it.
 #[derive(Debug)]
 pub struct Cgroup {
     pub dir: PathBuf,
-    dir_fd: File,
-    kill: File,
+    /// `cgroup.kill`, opened once the command runs (None: it could not be opened).
+    kill: Option<File>,
 }
 
 /// Undo `/proc/self/mountinfo`'s octal escapes (`\040` for a space).
@@ -85,47 +90,33 @@ fn own_dir() -> Result<PathBuf, String> {
     Err("no cgroup2 file system mounted".into())
 }
 
+/// Where this run's cgroup goes: `cronlock-PID` under our own cgroup (the guard makes it). The
+/// error says why there is none, for `-v`.
+pub fn plan() -> Result<PathBuf, String> {
+    Ok(own_dir()?.join(format!("cronlock-{}", std::process::id())))
+}
+
 impl Cgroup {
-    /// Make `cronlock-PID` under our own cgroup. The error says why not, for `-v`.
-    pub fn create() -> Result<Cgroup, String> {
-        let parent = own_dir()?;
-        let dir = parent.join(format!("cronlock-{}", std::process::id()));
-        if let Err(e) = std::fs::create_dir(&dir) {
-            // A stale one from a cronlock that died with our pid: removable only when empty.
-            if e.kind() != io::ErrorKind::AlreadyExists || std::fs::remove_dir(&dir).is_err() {
-                return Err(format!("cannot create {}: {e}", dir.display()));
-            }
-            std::fs::create_dir(&dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        }
-        let open = |name: &str| {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(dir.join(name))
-                .map_err(|e| format!("cannot open {}: {e}", dir.join(name).display()))
-        };
-        let dir_fd = File::open(&dir).map_err(|e| format!("cannot open {}: {e}", dir.display()));
-        match (dir_fd, open("cgroup.kill")) {
-            (Ok(dir_fd), Ok(kill)) => Ok(Cgroup { dir, dir_fd, kill }),
-            (Err(e), _) | (_, Err(e)) => {
-                let _ = std::fs::remove_dir(&dir);
-                Err(e)
-            }
-        }
+    /// Take charge of the cgroup the guard made at `dir`.
+    pub fn adopt(dir: PathBuf) -> Cgroup {
+        let kill = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join("cgroup.kill"))
+            .ok();
+        Cgroup { dir, kill }
     }
 
-    /// The descriptors the guard and the command use after `fork()`.
-    pub fn fds(&self) -> CgroupFds {
-        CgroupFds {
-            dir: self.dir_fd.as_raw_fd(),
-            kill: self.kill.as_raw_fd(),
-        }
+    /// `cgroup.kill`, for [`crate::guard::kill_descendants`].
+    pub fn kill_fd(&self) -> Option<RawFd> {
+        self.kill.as_ref().map(AsRawFd::as_raw_fd)
     }
 
     /// Kill everything in the cgroup.
     pub fn kill(&self) {
         use std::io::Write;
-        let _ = (&self.kill).write_all(b"1");
+        if let Some(mut kill) = self.kill.as_ref() {
+            let _ = kill.write_all(b"1");
+        }
     }
 
     /// Kill what is left and remove the cgroup (see the `Drop` impl).

@@ -8,6 +8,7 @@ use std::io::{self, Read};
 use std::mem::ManuallyDrop;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use nix::fcntl::OFlag;
@@ -101,13 +102,14 @@ fn candidates(program: &OsStr) -> io::Result<Vec<CString>> {
         .collect()
 }
 
-/// Start `argv` with `extra_env` added, behind a guard, in a new process group (and `cgroup`).
+/// Start `argv` with `extra_env` added, behind a guard, in a new process group (and in a cgroup
+/// the guard makes at `cgroup`, when it can).
 /// The guard and the command read the kill-by time from `shared`.
 pub fn spawn(
     argv: &[OsString],
     extra_env: &[(&str, String)],
     shared: Shared,
-    cgroup: Option<Cgroup>,
+    cgroup: Option<PathBuf>,
     stdio: Option<[RawFd; 2]>,
 ) -> Result<Child, SpawnError> {
     let program = argv[0].to_string_lossy().into_owned();
@@ -142,13 +144,12 @@ pub fn spawn(
         args,
         env,
         shared,
-        cgroup.as_ref().map(Cgroup::fds),
+        cgroup
+            .as_ref()
+            .and_then(|dir| CString::new(dir.as_os_str().as_bytes()).ok()),
     )
     .map_err(fail)?;
     prepared.stdio = stdio;
-    prepared.cgroup_path = cgroup
-        .as_ref()
-        .and_then(|cg| CString::new(cg.dir.as_os_str().as_bytes()).ok());
     prepared.report_fd = write_end.as_raw_fd();
     // The guard reads it in place until it is reaped: never moved, freed only after that.
     let prepared = ManuallyDrop::new(Box::new(prepared));
@@ -173,6 +174,11 @@ pub fn spawn(
     // The pipe closes on a successful exec; an exec failure sends its errno first.
     let mut report = Vec::with_capacity(4);
     let _ = std::fs::File::from(read_end).read_to_end(&mut report);
+    // The guard has made the cgroup by now (or said why not): from here on it is ours to remove,
+    // whatever happens.
+    let cgroup = cgroup
+        .filter(|_| shared.cgroup_error().is_none())
+        .map(Cgroup::adopt);
     if let Ok(bytes) = <[u8; 4]>::try_from(report.as_slice()) {
         let mut status = 0;
         // SAFETY: reaping our own child.
@@ -271,7 +277,7 @@ impl Child {
                     drop(ManuallyDrop::into_inner(p));
                 }
                 // Orphans that reached us because the guard died; no child's status matters now.
-                guard::kill_descendants(self.cgroup.as_ref().map(Cgroup::fds));
+                guard::kill_descendants(self.cgroup.as_ref().and_then(Cgroup::kill_fd));
                 if let Some(cg) = self.cgroup.take() {
                     cg.remove();
                 }

@@ -37,14 +37,14 @@ pub const DEATH_SIGNAL: libc::c_int = libc::SIGPWR;
 /// How the guard reports an exec failure on the report pipe when the deadline had passed.
 pub const REPORT_TOO_LATE: i32 = -1;
 
-/// The job's cgroup, as file descriptors opened before the guard starts.
+/// The job's cgroup, as the guard made and opened it (see [`make_cgroup`]).
 #[derive(Debug, Clone, Copy)]
-pub struct CgroupFds {
+struct CgroupFds {
     /// The cgroup's directory: the command is created inside it (`clone3(CLONE_INTO_CGROUP)`);
     /// where `clone3` cannot do that, the command's process joins through its `cgroup.procs`.
-    pub dir: RawFd,
+    dir: RawFd,
     /// `cgroup.kill`: writing `1` kills every process in the cgroup.
-    pub kill: RawFd,
+    kill: RawFd,
 }
 
 /// Everything the guard and the command need, computed before the guard starts. It must outlive
@@ -66,8 +66,7 @@ pub struct Prepared {
     /// cronlock's pid; when the guard's parent changes, cronlock is gone.
     pub parent: libc::pid_t,
     pub shared: Shared,
-    pub cgroup: Option<CgroupFds>,
-    /// The cgroup's path, for the guard to remove it when cronlock cannot any more.
+    /// Where the guard makes the job's cgroup, if cgroup v2 is there (see [`make_cgroup`]).
     pub cgroup_path: Option<CString>,
     /// With `--ping-body`: the pipes that replace the command's stdout and stderr.
     pub stdio: Option<[RawFd; 2]>,
@@ -93,7 +92,7 @@ impl Prepared {
         argv: Vec<CString>,
         envp: Vec<CString>,
         shared: Shared,
-        cgroup: Option<CgroupFds>,
+        cgroup_path: Option<CString>,
     ) -> std::io::Result<Prepared> {
         let ptrs = |v: &[CString]| {
             v.iter()
@@ -120,8 +119,7 @@ impl Prepared {
             guard_set: SigSet::of(&guarded),
             parent: sys::getpid(),
             shared,
-            cgroup,
-            cgroup_path: None,
+            cgroup_path,
             stdio: None,
             report_fd: -1,
             #[cfg(target_arch = "x86_64")]
@@ -202,8 +200,12 @@ unsafe fn run(p: &Prepared) -> ! {
         // cronlock died before the death signal was armed: run nothing.
         sys::exit(crate::exit::FAILURE as libc::c_int);
     }
+    let cgroup = p
+        .cgroup_path
+        .as_deref()
+        .and_then(|path| make_cgroup(p, path));
     // SAFETY: we are the guard, and `p` outlives us.
-    let pid = unsafe { start_command(p) };
+    let pid = unsafe { start_command(p, cgroup) };
     if pid < 0 {
         report(p.report_fd, -pid as i32);
         sys::exit(crate::exit::CANNOT_EXECUTE as libc::c_int);
@@ -222,12 +224,12 @@ unsafe fn run(p: &Prepared) -> ! {
         if now >= kill_by {
             // cronlock did not move the deadline on in time: frozen, starved or stuck.
             p.shared.set(shared::GUARD_ENFORCED);
-            end_everything(p);
+            end_everything(p, cgroup);
         }
         let sig = sys::sigtimedwait(&p.guard_set, kill_by - now);
         if sys::getppid() != p.parent {
             // cronlock is gone: nothing renews the lock any more. Stop the whole job now.
-            end_everything(p);
+            end_everything(p, cgroup);
         }
         if sig == libc::SIGCHLD as isize {
             let mut status = 0;
@@ -235,7 +237,7 @@ unsafe fn run(p: &Prepared) -> ! {
                 let r = sys::wait4(-1, Some(&mut status), libc::WNOHANG);
                 if r == pid as isize {
                     // Nothing of the job may outlive the command: the lock is released next.
-                    kill_descendants(p.cgroup);
+                    kill_descendants(cgroup.map(|cg| cg.kill));
                     p.shared.end(status);
                     sys::exit(0);
                 }
@@ -263,10 +265,14 @@ unsafe fn run(p: &Prepared) -> ! {
 ///
 /// # Safety
 /// Call only in the guard; `p` outlives the command's use of it (the guard sleeps until exec).
-unsafe fn start_command(p: &Prepared) -> isize {
+unsafe fn start_command(p: &Prepared, cgroup: Option<CgroupFds>) -> isize {
     #[cfg(target_arch = "x86_64")]
     {
-        let mut job = Exec { p, joined: false };
+        let mut job = Exec {
+            p,
+            cgroup,
+            joined: false,
+        };
         let (stack, stack_size) = p.command_stack.region();
         let mut args = sys::CloneArgs {
             flags: sys::CLONE_VM | sys::CLONE_VFORK,
@@ -275,7 +281,7 @@ unsafe fn start_command(p: &Prepared) -> isize {
             stack_size,
             ..sys::CloneArgs::default()
         };
-        if let Some(cg) = p.cgroup {
+        if let Some(cg) = cgroup {
             args.flags |= sys::CLONE_INTO_CGROUP;
             args.cgroup = cg.dir as u64;
             job.joined = true;
@@ -299,7 +305,7 @@ unsafe fn start_command(p: &Prepared) -> isize {
     let pid = sys::fork();
     if pid == 0 {
         // SAFETY: we are the command's process, a copy of the guard.
-        unsafe { exec_command(p) };
+        unsafe { exec_command(p, cgroup, false) };
     }
     pid
 }
@@ -308,6 +314,7 @@ unsafe fn start_command(p: &Prepared) -> isize {
 #[cfg(target_arch = "x86_64")]
 struct Exec<'a> {
     p: &'a Prepared,
+    cgroup: Option<CgroupFds>,
     /// Created inside the cgroup already.
     joined: bool,
 }
@@ -318,19 +325,50 @@ unsafe extern "C" fn exec_entry(arg: *const libc::c_void) -> ! {
     // SAFETY: `arg` is the `Exec` that start_command keeps alive until we exec or exit.
     unsafe {
         let job = &*(arg as *const Exec);
-        if job.joined {
-            job.p.shared.set(shared::CGROUP_JOINED);
-        }
-        exec_command(job.p)
+        exec_command(job.p, job.cgroup, job.joined)
     }
 }
 
+/// Make the job's cgroup at `path` and open it; on failure, say why in the shared page (for `-v`)
+/// and leave nothing behind. The guard makes it, not cronlock, so that it only ever exists while a
+/// guard is there to remove it: cronlock may be SIGKILLed at any moment.
+fn make_cgroup(p: &Prepared, path: &CStr) -> Option<CgroupFds> {
+    let mut made = sys::mkdir(path);
+    if made == -(libc::EEXIST as isize) {
+        // A stale one from a cronlock that died with our pid: removable only when empty.
+        sys::rmdir(path);
+        made = sys::mkdir(path);
+    }
+    if made < 0 {
+        p.shared.cgroup_failed(-made as i32);
+        return None;
+    }
+    let dir = sys::openat(libc::AT_FDCWD, path, libc::O_RDONLY | libc::O_DIRECTORY);
+    let kill = if dir < 0 {
+        dir
+    } else {
+        sys::openat(dir as libc::c_int, c"cgroup.kill", libc::O_WRONLY)
+    };
+    if kill < 0 {
+        if dir >= 0 {
+            sys::close(dir as libc::c_int);
+        }
+        sys::rmdir(path);
+        p.shared.cgroup_failed(-kill as i32);
+        return None;
+    }
+    Some(CgroupFds {
+        dir: dir as libc::c_int,
+        kill: kill as libc::c_int,
+    })
+}
+
 /// Kill the whole job and exit: the lock can no longer protect it.
-fn end_everything(p: &Prepared) -> ! {
-    kill_descendants(p.cgroup);
+fn end_everything(p: &Prepared, cgroup: Option<CgroupFds>) -> ! {
+    kill_descendants(cgroup.map(|cg| cg.kill));
     // cronlock may be gone for good: leave no empty cgroup behind (if it is only frozen, it
     // finds the cgroup removed when it wakes up).
-    if let Some(path) = &p.cgroup_path {
+    if let Some(path) = p.cgroup_path.as_deref().filter(|_| cgroup.is_some()) {
         for _ in 0..100 {
             if sys::rmdir(path) != -(libc::EBUSY as isize) {
                 break;
@@ -384,14 +422,15 @@ fn for_each_child(mut f: impl FnMut(libc::pid_t)) -> Option<usize> {
     Some(n)
 }
 
-/// Kill every descendant of the calling thread: the job's cgroup at once when there is one, then
+/// Kill every descendant of the calling thread: the job's cgroup at once when there is one (its
+/// `cgroup.kill`), then
 /// children one by one; as a subreaper, their orphaned children come back to us and are killed in
 /// the next round. Bounded: a process stuck in the kernel cannot keep us here.
 ///
 /// Raw system calls only, so the guard may call it; cronlock's main thread uses it too, for
 /// orphans that reached it after the guard died. It reaps any child of the caller
 /// (`wait4(-1)`): call it only when no child's status matters any more.
-pub fn kill_descendants(cgroup: Option<CgroupFds>) {
+pub fn kill_descendants(cgroup_kill: Option<RawFd>) {
     let mut cgroup_killed = false;
     for _ in 0..2000 {
         // Reap what has ended. No child at all (ECHILD) means no descendant either: orphans are
@@ -403,8 +442,8 @@ pub fn kill_descendants(cgroup: Option<CgroupFds>) {
                 _ => break,
             }
         }
-        if let Some(cg) = cgroup.filter(|_| !cgroup_killed) {
-            sys::write(cg.kill, b"1");
+        if let Some(kill) = cgroup_kill.filter(|_| !cgroup_killed) {
+            sys::write(kill, b"1");
             cgroup_killed = true;
         }
         match for_each_child(|pid| {
@@ -436,11 +475,13 @@ fn relay_to_escaped_children(sig: libc::c_int) {
 ///
 /// # Safety
 /// Call only in the command's process, started by [`start_command`].
-unsafe fn exec_command(p: &Prepared) -> ! {
+unsafe fn exec_command(p: &Prepared, cgroup: Option<CgroupFds>, joined: bool) -> ! {
     // If the guard is killed alone, the command must not run on without it.
     sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
-    if let Some(cg) = p.cgroup {
-        if !p.shared.has(shared::CGROUP_JOINED) {
+    if let Some(cg) = cgroup {
+        if joined {
+            p.shared.set(shared::CGROUP_JOINED);
+        } else {
             let procs = sys::openat(cg.dir, c"cgroup.procs", libc::O_WRONLY);
             if procs >= 0 {
                 if sys::write(procs as libc::c_int, b"0") == 1 {

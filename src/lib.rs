@@ -525,11 +525,12 @@ fn run_child(
         ("CRONLOCK_TOKEN", held.holder.token.clone()),
         ("CRONLOCK_FENCING_TOKEN", held.fence.to_string()),
     ];
-    // Contained in a cgroup of its own where one can be made; the error says why not, for -v.
-    let (cgroup, no_cgroup) = match cgroup::Cgroup::create() {
-        Ok(cg) => (Some(cg), None),
+    // Contained in a cgroup of its own where one can be made (the guard makes it); why not, for -v.
+    let (cgroup, no_cgroup) = match cgroup::plan() {
+        Ok(dir) => (Some(dir), None),
         Err(why) => (None, Some(why)),
     };
+    let planned = cgroup.clone();
     let mut capture = match report.capture.then(capture::Capture::start).transpose() {
         Ok(c) => c,
         Err(e) => {
@@ -561,6 +562,12 @@ fn run_child(
     if let Some(p) = report.pinger.as_mut() {
         p.started();
     }
+    let no_cgroup = no_cgroup.or_else(|| {
+        let errno = watch.shared().cgroup_error()?;
+        let dir = planned.as_deref()?.display();
+        let text = crate::log::io_text(&std::io::Error::from_raw_os_error(errno));
+        Some(format!("cannot make {dir}: {text}"))
+    });
     let (mechanism, how) = match (child.cgroup(), no_cgroup) {
         (Some(cg), _) => (
             "cgroup",

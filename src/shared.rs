@@ -35,6 +35,8 @@ struct Page {
     flags: AtomicU32,
     /// The command's wait status, once [`ENDED`] is set.
     status: AtomicI32,
+    /// Why the guard could not make the job's cgroup (an errno; 0: it did, or did not try).
+    cgroup_errno: AtomicI32,
 }
 
 /// A handle on the shared page. The mapping lives as long as the process (it is never unmapped:
@@ -97,6 +99,16 @@ impl Shared {
     pub fn end(&self, status: i32) {
         self.page().status.store(status, Ordering::SeqCst);
         self.set(ENDED);
+    }
+
+    /// The guard could not make the job's cgroup: `errno` says why.
+    pub fn cgroup_failed(&self, errno: i32) {
+        self.page().cgroup_errno.store(errno, Ordering::SeqCst);
+    }
+
+    /// Why the guard could not make the job's cgroup, if it could not.
+    pub fn cgroup_error(&self) -> Option<i32> {
+        Some(self.page().cgroup_errno.load(Ordering::SeqCst)).filter(|&e| e != 0)
     }
 
     /// The command's wait status, if the guard handed it over.

@@ -160,6 +160,20 @@ pub fn openat(dir: libc::c_int, path: &CStr, flags: libc::c_int) -> isize {
     unsafe { syscall(libc::SYS_openat, a) }
 }
 
+/// `mkdir(path, 0777)` (less the umask), as `mkdirat(AT_FDCWD, ...)`.
+pub fn mkdir(path: &CStr) -> isize {
+    let a = [
+        libc::AT_FDCWD as usize,
+        path.as_ptr() as usize,
+        0o777,
+        0,
+        0,
+        0,
+    ];
+    // SAFETY: a valid NUL-terminated path.
+    unsafe { syscall(libc::SYS_mkdirat, a) }
+}
+
 /// `rmdir(path)`, as `unlinkat(AT_FDCWD, path, AT_REMOVEDIR)`.
 pub fn rmdir(path: &CStr) -> isize {
     let a = [
