@@ -118,9 +118,6 @@ impl Cgroup {
             let _ = kill.write_all(b"1");
         }
     }
-
-    /// Kill what is left and remove the cgroup (see the `Drop` impl).
-    pub fn remove(self) {}
 }
 
 impl Drop for Cgroup {

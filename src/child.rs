@@ -185,9 +185,8 @@ pub fn spawn(
         unsafe { libc::waitpid(pid, &mut status, 0) };
         // The guard is gone: nothing reads `prepared` any more.
         drop(ManuallyDrop::into_inner(prepared));
-        if let Some(cg) = cgroup {
-            cg.remove();
-        }
+        // Dropping it kills what is left in it and removes it.
+        drop(cgroup);
         let code = i32::from_ne_bytes(bytes);
         if code == guard::REPORT_TOO_LATE {
             return Err(SpawnError {
@@ -278,9 +277,8 @@ impl Child {
                 }
                 // Orphans that reached us because the guard died; no child's status matters now.
                 guard::kill_descendants(self.cgroup.as_ref().and_then(Cgroup::kill_fd));
-                if let Some(cg) = self.cgroup.take() {
-                    cg.remove();
-                }
+                // Dropping it kills what is left in it and removes it.
+                drop(self.cgroup.take());
                 return Some(ended.unwrap_or(status));
             }
             // SAFETY: reaping an orphan that is ready.

@@ -3,8 +3,6 @@
 //! The codes follow `timeout(1)` and `env(1)`: 125 is our own failure, 126/127 are exec failures,
 //! 128+N is death by signal N. A missing status never becomes 0.
 
-use std::process::ExitCode;
-
 /// Why cronlock exits, mapped to the documented status by [`Exit::code`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exit {
@@ -62,12 +60,6 @@ impl Exit {
         } else {
             Exit::Failure
         }
-    }
-}
-
-impl From<Exit> for ExitCode {
-    fn from(e: Exit) -> ExitCode {
-        ExitCode::from(e.code())
     }
 }
 
