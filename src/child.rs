@@ -3,9 +3,9 @@
 //! SIGTERM, grace, SIGKILL — when the lock is lost or `--max-runtime` passes. cronlock is a child
 //! subreaper and reaps orphans, which matters when it is PID 1 and when the guard dies.
 
+use std::cell::Cell;
 use std::ffi::{CString, OsStr, OsString};
 use std::io::{self, Read};
-use std::mem::ManuallyDrop;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
@@ -47,9 +47,8 @@ pub struct Child {
     pub group: libc::pid_t,
     shared: Shared,
     cgroup: Option<Cgroup>,
-    /// What the guard reads while it lives. Freed once it is reaped; leaked if this `Child` is
-    /// dropped before that (a panic), since the guard may still be reading it.
-    prepared: Option<ManuallyDrop<Box<Prepared>>>,
+    /// cronlock SIGKILLed the group, the guard (its leader) included.
+    killed: Cell<bool>,
 }
 
 /// Why cronlock stopped the command itself.
@@ -151,19 +150,15 @@ pub fn spawn(
     .map_err(fail)?;
     prepared.stdio = stdio;
     prepared.report_fd = write_end.as_raw_fd();
-    // The guard reads it in place until it is reaped: never moved, freed only after that.
-    let prepared = ManuallyDrop::new(Box::new(prepared));
     // Orphans whose guard died (SIGKILLed with the group) come to us, to be killed, not to init.
     // SAFETY: plain prctl on our own process.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
 
-    // SAFETY: `prepared` stays where it is until the guard has been reaped (`Child::try_finish`,
-    // or below on an exec failure), and is leaked rather than freed on any other path.
+    // SAFETY: we are cronlock's main thread; the guard works on its own copy of `prepared`.
     let pid = unsafe { guard::start(&prepared) };
     drop(write_end);
+    drop(prepared);
     if pid < 0 {
-        // No guard: nothing reads `prepared`.
-        drop(ManuallyDrop::into_inner(prepared));
         return Err(fail(io::Error::from_raw_os_error(-pid as i32)));
     }
     let pid = pid as libc::pid_t;
@@ -175,16 +170,14 @@ pub fn spawn(
     let mut report = Vec::with_capacity(4);
     let _ = std::fs::File::from(read_end).read_to_end(&mut report);
     // The guard has made the cgroup by now (or said why not): from here on it is ours to remove,
-    // whatever happens.
+    // whatever happens. Only one the guard made: never another run's.
     let cgroup = cgroup
-        .filter(|_| shared.cgroup_error().is_none())
+        .filter(|_| shared.has(shared::CGROUP_MADE))
         .map(Cgroup::adopt);
     if let Ok(bytes) = <[u8; 4]>::try_from(report.as_slice()) {
         let mut status = 0;
         // SAFETY: reaping our own child.
         unsafe { libc::waitpid(pid, &mut status, 0) };
-        // The guard is gone: nothing reads `prepared` any more.
-        drop(ManuallyDrop::into_inner(prepared));
         // Dropping it kills what is left in it and removes it.
         drop(cgroup);
         let code = i32::from_ne_bytes(bytes);
@@ -201,7 +194,7 @@ pub fn spawn(
         group: pid,
         shared,
         cgroup,
-        prepared: Some(prepared),
+        killed: Cell::new(false),
     })
 }
 
@@ -221,6 +214,7 @@ impl Child {
 
     /// SIGKILL the whole job: its cgroup when there is one, and its process group.
     fn kill_all(&self) {
+        self.killed.set(true);
         if let Some(cg) = &self.cgroup {
             cg.kill();
         }
@@ -239,10 +233,10 @@ impl Child {
             .filter(|_| self.shared.has(shared::CGROUP_JOINED))
     }
 
-    /// Reap whatever has exited. Returns the guard's wait status once it has ended, after killing
-    /// anything the command left running (the lock is about to be released): its group, its
-    /// cgroup, and orphans that reached us because the guard died.
-    fn try_finish(&mut self) -> Option<libc::c_int> {
+    /// Reap whatever has exited. Returns the command's wait status once the guard has ended, after
+    /// killing anything the command left running (the lock is about to be released): its group,
+    /// its cgroup, and orphans that reached us because the guard died.
+    fn try_finish(&mut self) -> Option<Finished> {
         loop {
             // SAFETY: zeroed siginfo_t is a valid out-parameter for waitid.
             let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
@@ -266,25 +260,47 @@ impl Child {
                 // left behind. Without it (the guard was killed, or ended the job itself), kill
                 // the job here, while the guard is a zombie and the group id cannot be reused.
                 let ended = self.shared.status();
+                // Neither handed over a status nor ended the job itself, and not killed by us:
+                // something else killed it.
+                let unexpected = !self.guard_enforced() && !self.killed.get();
                 if ended.is_none() {
                     self.kill_all();
                 }
                 // SAFETY: reaping our own child.
                 unsafe { libc::waitpid(pid, &mut status, 0) };
-                if let Some(p) = self.prepared.take() {
-                    // The guard is gone: nothing reads it any more.
-                    drop(ManuallyDrop::into_inner(p));
-                }
                 // Orphans that reached us because the guard died; no child's status matters now.
                 guard::kill_descendants(self.cgroup.as_ref().and_then(Cgroup::kill_fd));
                 // Dropping it kills what is left in it and removes it.
                 drop(self.cgroup.take());
-                return Some(ended.unwrap_or(status));
+                let guard_died = (ended.is_none() && unexpected).then_some(status);
+                return Some(Finished {
+                    status: ended.unwrap_or(status),
+                    guard_died,
+                });
             }
             // SAFETY: reaping an orphan that is ready.
             unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
         }
     }
+}
+
+/// What [`Child::try_finish`] found once the guard had ended.
+struct Finished {
+    /// The command's wait status (the guard's own when the guard died first).
+    status: libc::c_int,
+    /// The guard's wait status, when it died without ending the job by itself.
+    guard_died: Option<libc::c_int>,
+}
+
+/// The line that says the guard died: the job was stopped with it.
+fn guard_died_message(group: libc::pid_t, status: libc::c_int) -> String {
+    let how = match Exit::from_wait_status(status) {
+        Exit::Signal(n) => format!("killed by {}", signals::name(n)),
+        e => format!("exited with status {}", e.code()),
+    };
+    format!(
+        "the guard process ({group}) died unexpectedly ({how}); the command was stopped with it"
+    )
 }
 
 /// The reason given when the guard ended the job by itself.
@@ -313,7 +329,15 @@ pub fn supervise(mut child: Child, watchdog: &mut Watchdog, limits: Limits, log:
     let mut killed = false;
     let mut forwarded_once = false;
     loop {
-        if let Some(status) = child.try_finish() {
+        if let Some(Finished { status, guard_died }) = child.try_finish() {
+            if let Some(guard) = guard_died {
+                log.event(
+                    Level::Error,
+                    "guard_died",
+                    &guard_died_message(child.group, guard),
+                    &[],
+                );
+            }
             if stopped.is_some() && !killed && child.guard_enforced() {
                 log.event(
                     Level::Warn,

@@ -14,14 +14,13 @@
 //! command directly), relays them to children that left the group, and once the command has ended
 //! and whatever it left behind is killed, hands its wait status to cronlock in the shared page.
 //!
-//! It is started without `exec` and without copying cronlock's address space: `clone3(CLONE_VM)`
-//! on a stack of its own ([`start`]), the way `posix_spawn` starts a child, so no page tables are
-//! copied and neither side takes copy-on-write faults afterwards. (Where that is not available it
-//! is a plain `fork()`.) It therefore shares cronlock's memory, allocator and thread-local storage
-//! (`errno`) while cronlock goes on running, and everything it does uses only raw system calls
-//! ([`crate::sys`]) on data prepared beforehand, which cronlock frees only once the guard has been
-//! reaped: no libc, no allocation, no locks, no panics. The command's process is started from the
-//! guard the same way, sharing that memory until `execve` ([`start_command`]).
+//! It is a `fork()` of cronlock ([`start`]) with an address space of its own, never a process
+//! that shares cronlock's memory: the kernel's OOM killer SIGKILLs its victim together with every
+//! process sharing the victim's memory, and the guard must outlive exactly that. It does nothing
+//! but raw system calls ([`crate::sys`]) on its copy of data prepared beforehand, so no lock that
+//! another thread of cronlock held at the fork can stop it. The command's process is started from
+//! the guard the way `posix_spawn` starts one, sharing the guard's memory until `execve`
+//! ([`start_command`]): that process is short-lived and execs at once.
 
 use std::cell::Cell;
 use std::ffi::{CStr, CString};
@@ -47,8 +46,8 @@ struct CgroupFds {
     kill: RawFd,
 }
 
-/// Everything the guard and the command need, computed before the guard starts. It must outlive
-/// the guard: cronlock drops it only after reaping the guard.
+/// Everything the guard and the command need, computed before the guard starts. The guard works
+/// on its own copy (it is a fork), so cronlock may drop this once the guard has started.
 pub struct Prepared {
     /// Paths to try with `execve`, in `PATH` order (one when COMMAND contains a `/`).
     pub candidates: Vec<CString>,
@@ -72,9 +71,6 @@ pub struct Prepared {
     pub stdio: Option<[RawFd; 2]>,
     /// The write end of a close-on-exec pipe on which exec failures are reported as an errno.
     pub report_fd: RawFd,
-    /// The guard runs on this (see [`start`]).
-    #[cfg(target_arch = "x86_64")]
-    guard_stack: sys::Stack,
     /// The command's process runs on this until it calls `execve` (see [`start_command`]).
     #[cfg(target_arch = "x86_64")]
     command_stack: sys::Stack,
@@ -82,7 +78,7 @@ pub struct Prepared {
 
 const SH: &CStr = c"/bin/sh";
 
-/// Enough for the guard's loop and for `exec_command`: a few system calls, no allocation.
+/// Enough for `exec_command`: a few system calls, no allocation.
 #[cfg(target_arch = "x86_64")]
 const STACK: usize = 64 * 1024;
 
@@ -123,8 +119,6 @@ impl Prepared {
             stdio: None,
             report_fd: -1,
             #[cfg(target_arch = "x86_64")]
-            guard_stack: sys::Stack::new(STACK)?,
-            #[cfg(target_arch = "x86_64")]
             command_stack: sys::Stack::new(STACK)?,
         })
     }
@@ -136,47 +130,24 @@ fn kill_by_ns(p: &Prepared) -> u64 {
 
 /// Start the guard: returns its pid, or `-errno`.
 ///
+/// The guard is a `fork()` (the raw system call: no atfork handlers run, no lock is taken), so it
+/// has an address space of its own: the kernel's OOM killer, which SIGKILLs the process it picks
+/// *and every process sharing that process's memory*, cannot take the guard along with cronlock.
+/// The copy costs little: cronlock's anonymous memory is small, and file-backed pages are not
+/// copied at all (measured in the README's "where the time goes").
+///
 /// # Safety
-/// `p` must stay valid, unmoved and unchanged until the guard has been reaped: the guard reads it
-/// (with `CLONE_VM`, in place) for its whole life.
+/// Call from cronlock's main thread, which lives as long as cronlock (`PR_SET_PDEATHSIG` fires
+/// when the thread that forked ends). The guard runs on its own copy of `p`, so cronlock may drop
+/// `p` as soon as this returns.
 pub unsafe fn start(p: &Prepared) -> isize {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let (stack, stack_size) = p.guard_stack.region();
-        let args = sys::CloneArgs {
-            flags: sys::CLONE_VM,
-            exit_signal: libc::SIGCHLD as u64,
-            stack,
-            stack_size,
-            ..sys::CloneArgs::default()
-        };
-        // SAFETY: the guard runs on a stack of its own, `guard_entry` never returns, and the
-        // caller keeps `p` alive until the guard is reaped.
-        let pid = unsafe { sys::clone3_run(&args, guard_entry, (p as *const Prepared).cast()) };
-        if pid != -(libc::ENOSYS as isize) {
-            return pid;
-        }
+    let pid = sys::fork();
+    if pid == 0 {
+        // SAFETY: we are the new guard, a single-threaded copy of cronlock; `run` makes raw
+        // system calls only, so no lock another thread of cronlock held at the fork matters.
+        unsafe { run(p) }
     }
-    // SAFETY: the forked process runs only `run`, which makes raw system calls only.
-    unsafe {
-        let pid = libc::fork();
-        if pid == 0 {
-            run(p);
-        }
-        if pid < 0 {
-            -(std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EAGAIN) as isize)
-        } else {
-            pid as isize
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-unsafe extern "C" fn guard_entry(arg: *const libc::c_void) -> ! {
-    // SAFETY: `arg` is the `Prepared` that `start`'s caller keeps alive until we are reaped.
-    unsafe { run(&*(arg as *const Prepared)) }
+    pid
 }
 
 /// The guard's body. Never returns.
@@ -331,14 +302,10 @@ unsafe extern "C" fn exec_entry(arg: *const libc::c_void) -> ! {
 
 /// Make the job's cgroup at `path` and open it; on failure, say why in the shared page (for `-v`)
 /// and leave nothing behind. The guard makes it, not cronlock, so that it only ever exists while a
-/// guard is there to remove it: cronlock may be SIGKILLed at any moment.
+/// guard is there to remove it: cronlock may be SIGKILLed at any moment. One that exists already
+/// is not ours (the name is unique to this run), so it is never taken over: no cgroup.
 fn make_cgroup(p: &Prepared, path: &CStr) -> Option<CgroupFds> {
-    let mut made = sys::mkdir(path);
-    if made == -(libc::EEXIST as isize) {
-        // A stale one from a cronlock that died with our pid: removable only when empty.
-        sys::rmdir(path);
-        made = sys::mkdir(path);
-    }
+    let made = sys::mkdir(path);
     if made < 0 {
         p.shared.cgroup_failed(-made as i32);
         return None;
@@ -357,6 +324,7 @@ fn make_cgroup(p: &Prepared, path: &CStr) -> Option<CgroupFds> {
         p.shared.cgroup_failed(-kill as i32);
         return None;
     }
+    p.shared.set(shared::CGROUP_MADE);
     Some(CgroupFds {
         dir: dir as libc::c_int,
         kill: kill as libc::c_int,

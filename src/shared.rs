@@ -5,8 +5,8 @@
 //! command must be gone (the lock's validity deadline minus the safety margin), moving it on with
 //! every confirmed renewal. The guard kills the command by itself when that moment passes, and the
 //! command's process checks it right before `execve`. The page is an anonymous shared mapping made
-//! before the guard starts, so both processes see the same atomics whether the guard shares
-//! cronlock's memory (`CLONE_VM`) or has a copy of it (`fork`).
+//! before the guard starts: the guard is a `fork()` with a copy of everything else, but this page
+//! is the same memory in both processes, so both see the same atomics.
 
 use std::io;
 use std::num::NonZeroUsize;
@@ -26,6 +26,8 @@ pub const CGROUP_JOINED: u32 = 2;
 pub const TOO_LATE: u32 = 4;
 /// The guard reaped the command and killed whatever it left behind; `status` is its wait status.
 pub const ENDED: u32 = 8;
+/// The guard made the job's cgroup (only then is it this run's to kill and remove).
+pub const CGROUP_MADE: u32 = 16;
 
 #[repr(C)]
 #[derive(Debug)]
