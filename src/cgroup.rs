@@ -6,7 +6,7 @@
 //! user), the [guard](crate::guard)'s subreaper and its process group do the same job, one
 //! process at a time.
 //!
-//! cronlock only plans where the cgroup goes; the guard makes it, right before it starts the
+//! cronlock only plans where the cgroup goes (a name no other run can have); the guard makes it, right before it starts the
 //! command, and removes it if cronlock dies. So a cgroup never exists without a guard to remove it,
 //! even when cronlock is SIGKILLed between taking the lock and starting the guard.
 
@@ -90,10 +90,12 @@ fn own_dir() -> Result<PathBuf, String> {
     Err("no cgroup2 file system mounted".into())
 }
 
-/// Where this run's cgroup goes: `cronlock-PID` under our own cgroup (the guard makes it). The
-/// error says why there is none, for `-v`.
-pub fn plan() -> Result<PathBuf, String> {
-    Ok(own_dir()?.join(format!("cronlock-{}", std::process::id())))
+/// Where this run's cgroup goes: `cronlock-TOKEN` under our own cgroup, named after the run's
+/// lock token (a random uuid), so that it is unique on the machine whatever PID namespace cronlock
+/// runs in: every cronlock that is PID 1 in a container has the same pid. The guard makes it and
+/// never takes over one that exists already. The error says why there is none, for `-v`.
+pub fn plan(token: &str) -> Result<PathBuf, String> {
+    Ok(own_dir()?.join(format!("cronlock-{token}")))
 }
 
 impl Cgroup {

@@ -526,7 +526,7 @@ fn run_child(
         ("CRONLOCK_FENCING_TOKEN", held.fence.to_string()),
     ];
     // Contained in a cgroup of its own where one can be made (the guard makes it); why not, for -v.
-    let (cgroup, no_cgroup) = match cgroup::plan() {
+    let (cgroup, no_cgroup) = match cgroup::plan(&held.holder.token) {
         Ok(dir) => (Some(dir), None),
         Err(why) => (None, Some(why)),
     };
