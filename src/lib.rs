@@ -26,7 +26,6 @@ pub mod schedule;
 pub mod sentinel;
 pub mod shared;
 pub mod signals;
-pub mod start;
 pub mod sys;
 pub mod tls;
 pub mod topology;
@@ -58,11 +57,13 @@ use crate::watchdog::{LockState, Timing, Watch, Watchdog};
 static RUNNING_GROUP: AtomicI32 = AtomicI32::new(0);
 
 /// The program: returns the exit status; never exits while the lock is held.
+///
+/// Rust's own start-up is kept: it opens closed descriptors 0–2 on `/dev/null` (otherwise the first
+/// socket would become "stderr" and our messages would go to Redis), ignores SIGPIPE (a reader of
+/// our output that went away must not kill cronlock while it holds a lock; the command gets the
+/// default back before `execve`) and flushes stdout at the end.
 pub fn run() -> u8 {
-    start::prepare();
-    let exit = run_guarded();
-    start::finish();
-    exit.code()
+    run_guarded().code()
 }
 
 fn run_guarded() -> Exit {
