@@ -370,7 +370,7 @@ fn descendants_script(dir: &Path) -> String {
         dir,
         "setsid sh -c 'echo $$ > setsid.pid; exec sleep 60' & \
          timeout 100 sh -c 'echo $$ > timeout.pid; exec sleep 60' & \
-         echo $$ > pid; wait",
+         grep ^0:: /proc/$$/cgroup > cgroup; echo $$ > pid; wait",
     )
 }
 
@@ -424,8 +424,9 @@ fn escapees(wrap: impl Fn(&mut Command) -> &mut Command, mechanism: &str) {
     c.wait().unwrap();
     assert_all_gone(&dir, "after SIGKILL of cronlock");
     // Nobody is left to remove the cgroup but the guard: it does, once the job is gone.
-    if let Some(parent) = cgroups {
-        let dir = parent.join(format!("cronlock-{}", c.id()));
+    let dir_killed = job_cgroup(&dir);
+    assert_eq!(cgroups.is_some(), dir_killed.is_some(), "{dir_killed:?}");
+    if let Some(dir) = dir_killed {
         assert!(
             wait_for(Duration::from_secs(3), || !dir.exists()),
             "{} left behind after SIGKILL of cronlock",
@@ -553,14 +554,8 @@ fn injected(r: &Redis, injected: &str, args: &[&str]) -> (std::process::Output, 
         .unwrap();
     let out = c.wait_with_output().unwrap();
     // Its cgroup, if it had one of its own, went with it.
-    if let Ok(line) = std::fs::read_to_string(dir.join("cgroup")) {
-        let rel = line.trim().trim_start_matches("0::/");
-        if rel.contains("cronlock-") {
-            for mount in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
-                let left = Path::new(mount).join(rel);
-                assert!(!left.exists(), "{} left behind", left.display());
-            }
-        }
+    if let Some(left) = job_cgroup(&dir) {
+        assert!(!left.exists(), "{} left behind", left.display());
     }
     let cmd = std::fs::read_to_string(dir.join("pid"))
         .ok()

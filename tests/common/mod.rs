@@ -445,6 +445,22 @@ pub fn read_pid(path: &Path) -> i32 {
     pid
 }
 
+/// The job's own cgroup directory, from the `cgroup` file a job script wrote into `dir` with
+/// `grep ^0:: /proc/$$/cgroup > cgroup`; None when the job had none of its own (no file, or a
+/// cgroup that is not a `cronlock-` one). Read it once the script has gone past writing it.
+pub fn job_cgroup(dir: &Path) -> Option<PathBuf> {
+    let line = std::fs::read_to_string(dir.join("cgroup")).ok()?;
+    let rel = line.trim().trim_start_matches("0::/");
+    let name = rel.rsplit('/').next()?;
+    if !name.starts_with("cronlock-") {
+        return None;
+    }
+    ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+        .iter()
+        .map(|m| Path::new(m).join(rel))
+        .find(|p| p.parent().is_some_and(Path::is_dir))
+}
+
 /// cronlock's stderr, asserted to be exactly one `cronlock: ` line.
 pub fn one_line(out: &Output) -> String {
     let err = stderr(out);
@@ -817,3 +833,4 @@ pub fn hosts_url(scheme: &str, ports: impl Iterator<Item = u16>) -> String {
     let hosts: Vec<String> = ports.map(|p| format!("127.0.0.1:{p}")).collect();
     format!("{scheme}://{}", hosts.join(","))
 }
+
