@@ -1,32 +1,40 @@
 //! Redis Cluster: `redis+cluster://` and `rediss+cluster://`.
 //!
-//! Routing is redis-rs' cluster client: it reads the slot map from any reachable seed node, sends
-//! each script to the node that serves its first key's slot, and follows `MOVED`/`ASK`. All of a
-//! KEY's Redis keys share one hash tag (see `lock::Keys`), so every script stays on one node. Its
-//! own retries are kept few and short: the caller's deadline rules, and a call that fails drops
-//! the connection, so the next one starts from a fresh slot map (that is how a renewal finds the
-//! replica promoted after its primary died).
+//! The slot map comes from `CLUSTER SLOTS`, asked of the first seed node that answers. Each call
+//! goes to the primary that serves its KEY's slot (CRC16 of the hash tag, as Redis computes it);
+//! a `MOVED` reply reads the map again from the node that sent it and tries there, an `ASK` reply
+//! is followed once with `ASKING`. All of a KEY's Redis keys share one hash tag (see `lock::Keys`),
+//! so every script stays on one node. Every exchange is bounded by the caller's deadline
+//! ([`crate::wire`]); a call that fails drops the whole connection, so the next one starts from a
+//! fresh slot map (that is how a renewal finds the replica promoted after its primary died).
 
-use std::time::Duration;
+use std::collections::HashMap;
 
-use anyhow::{anyhow, bail, Result};
-use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig, ClusterConnection};
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{Cmd, ConnectionAddr, IntoConnectionInfo, RedisResult, TlsMode, Value};
+use anyhow::{anyhow, Result};
+use redis::Value;
 
-use crate::connect::{first_line, HostsUrl, Node};
+use crate::clock::Instant;
+use crate::connect::{explain, HostsUrl};
+use crate::resp::{Bad, Reply};
 use crate::tls::TlsOptions;
+use crate::wire::{Addr, Session, Wire, WireError};
 
 /// A cluster, known by its seed nodes.
 pub struct Cluster {
-    client: ClusterClient,
-    /// The seed nodes as single servers, to explain a seed that is no cluster node.
-    seeds: Vec<Node>,
+    seeds: Vec<Addr>,
+    session: Session,
 }
 
-/// SCAN one node to the end, given a way to send it a command.
-pub type ScanNode =
-    fn(&mut dyn FnMut(&Cmd) -> RedisResult<Value>, &str) -> RedisResult<Vec<String>>;
+/// An open connection to a cluster: its slot map and a connection per node used so far.
+pub struct ClusterCon {
+    /// (first slot, last slot, primary).
+    slots: Vec<(u16, u16, Addr)>,
+    nodes: HashMap<Addr, Wire>,
+    session: Session,
+}
+
+/// How many redirections one call follows.
+const REDIRECTS: usize = 3;
 
 impl Cluster {
     /// Parse `redis+cluster://[user][:password@]host:port[,host:port...]`.
@@ -42,141 +50,238 @@ impl Cluster {
         if let Some((k, _)) = u.query.first() {
             return Err(invalid(&format!("unknown parameter '{k}'")));
         }
-        let nodes: Vec<ConnectionAddr> = u
-            .hosts
-            .into_iter()
-            .map(|(host, port)| match u.tls {
-                true => ConnectionAddr::TcpTls {
-                    host,
-                    port,
-                    insecure: false,
-                    tls_params: None,
-                },
-                false => ConnectionAddr::Tcp(host, port),
-            })
-            .collect();
-        let certs = if u.tls {
-            Some(tls.certificates()?)
-        } else {
-            None
+        let session = Session {
+            tls: if u.tls {
+                Some(tls.client_config()?)
+            } else if tls.any() {
+                anyhow::bail!(
+                    "--tls-ca-cert, --tls-cert and --tls-key are for rediss+cluster:// URLs, and \
+                     {source} is '{shown}'"
+                );
+            } else {
+                None
+            },
+            user: u.user,
+            password: u.password,
+            db: 0,
         };
-        let mut seeds = Vec::new();
-        for addr in &nodes {
-            let mut settings = redis::RedisConnectionInfo::default();
-            if let Some(user) = &u.user {
-                settings = settings.set_username(user);
-            }
-            if let Some(pw) = &u.password {
-                settings = settings.set_password(pw);
-            }
-            let info = addr
-                .clone()
-                .into_connection_info()
-                .map_err(|e| invalid(&first_line(&e)))?;
-            let node = Node::open(info.set_redis_settings(settings), certs.clone())
-                .map_err(|e| invalid(&first_line(&e)))?;
-            seeds.push(node);
-        }
-        let mut b = ClusterClientBuilder::new(nodes)
-            // A few quick retries for redirections; longer outages are the caller's to retry.
-            .retries(2)
-            .min_retry_wait(10)
-            .max_retry_wait(100);
-        if let Some(user) = u.user {
-            b = b.username(user);
-        }
-        if let Some(pw) = u.password {
-            b = b.password(pw);
-        }
-        if let Some(certs) = certs {
-            b = b.tls(TlsMode::Secure).certs(certs);
-        } else if tls.any() {
-            bail!(
-                "--tls-ca-cert, --tls-cert and --tls-key are for rediss+cluster:// URLs, and \
-                 {source} is '{shown}'"
-            );
-        }
-        let client = b.build().map_err(|e| invalid(&first_line(&e)))?;
-        Ok(Cluster { client, seeds })
+        let seeds = u.hosts.into_iter().map(|(h, p)| Addr::Tcp(h, p)).collect();
+        Ok(Cluster { seeds, session })
     }
 
-    /// Connect to a seed node and read the slot map, within `within`.
-    pub fn connect(&self, within: Duration) -> Result<ClusterConnection> {
-        let within = within.max(Duration::from_millis(1));
-        let config = ClusterConfig::new()
-            .set_connection_timeout(within)
-            .set_response_timeout(within);
-        self.client
-            .get_connection_with_config(config)
-            .map_err(|e| anyhow!("{}", first_line(&e)))
-    }
-
-    /// Why the cluster client found no node for a KEY (redis-rs reads a non-cluster server's
-    /// refusal of `CLUSTER SLOTS` as an empty slot map): ask the seeds themselves.
-    pub fn explain(&self, within: Duration) -> String {
+    /// Connect to a seed node and read the slot map, by `deadline`.
+    pub fn connect(&self, deadline: Instant) -> Result<ClusterCon> {
+        let mut last = None;
         for seed in &self.seeds {
-            let Ok(mut con) = seed.connect(within) else {
-                continue;
+            let mut con = ClusterCon {
+                slots: Vec::new(),
+                nodes: HashMap::new(),
+                session: self.session.clone(),
             };
-            let _ = crate::connect::set_io_timeout(&con, within);
-            let info: redis::RedisResult<String> =
-                redis::cmd("INFO").arg("cluster").query(&mut con);
-            if info.is_ok_and(|i| i.contains("cluster_enabled:0")) {
-                return "a seed node is not a Redis Cluster node (cluster support is off): \
-                        use redis:// for a single server"
-                    .into();
+            match con.refresh(seed, deadline) {
+                Ok(()) => return Ok(con),
+                Err(e @ WireError::Timeout) => return Err(anyhow!("{seed}: {}", explain(&e))),
+                Err(e) => last = Some((seed, e)),
             }
         }
-        "no node of the cluster serves this KEY's slot (is the cluster down?)".into()
-    }
-
-    /// SCAN every primary (the slot map's, read now) with `scan`, and merge what they hold.
-    pub fn scan_primaries(
-        con: &mut ClusterConnection,
-        pattern: &str,
-        scan: ScanNode,
-    ) -> RedisResult<Vec<String>> {
-        let mut slots = redis::cmd("CLUSTER");
-        slots.arg("SLOTS");
-        let map = con.route_command(
-            &slots,
-            RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
-        )?;
-        let mut found = Vec::new();
-        for (host, port) in primaries(map) {
-            let at = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
-            found.extend(scan(
-                &mut |cmd| con.route_command(cmd, at.clone()),
-                pattern,
-            )?);
+        let (seed, e) = last.expect("a cluster URL has a host");
+        if matches!(&e, WireError::Server(t) if t.contains("cluster support disabled")) {
+            return Err(anyhow!(
+                "a seed node is not a Redis Cluster node (cluster support is off): use redis:// \
+                 for a single server"
+            ));
         }
-        Ok(found)
+        Err(anyhow!("{seed}: {}", explain(&e)))
     }
 }
 
-/// The primaries in a `CLUSTER SLOTS` reply: each range's first node, once each.
-fn primaries(map: Value) -> Vec<(String, u16)> {
-    let mut out: Vec<(String, u16)> = Vec::new();
+impl ClusterCon {
+    /// The connection to `addr`, made if there is none.
+    fn node(&mut self, addr: &Addr, deadline: Instant) -> Result<&mut Wire, WireError> {
+        if !self.nodes.contains_key(addr) {
+            let wire = Wire::connect(addr, &self.session, deadline)?;
+            self.nodes.insert(addr.clone(), wire);
+        }
+        Ok(self.nodes.get_mut(addr).expect("just made"))
+    }
+
+    /// Read the slot map from `addr`.
+    fn refresh(&mut self, addr: &Addr, deadline: Instant) -> Result<(), WireError> {
+        let map = self
+            .node(addr, deadline)?
+            .call(&[b"CLUSTER", b"SLOTS"], deadline)?
+            .ok()?;
+        self.slots = slot_map(&map)?;
+        Ok(())
+    }
+
+    fn owner(&self, slot: u16) -> Option<&Addr> {
+        self.slots
+            .iter()
+            .find(|(a, b, _)| (*a..=*b).contains(&slot))
+            .map(|(_, _, addr)| addr)
+    }
+
+    /// Run `args` on the primary that serves `key`'s slot, following redirections.
+    pub fn call(
+        &mut self,
+        key: &str,
+        args: &[&[u8]],
+        deadline: Instant,
+    ) -> Result<Reply, WireError> {
+        let slot = key_slot(key.as_bytes());
+        let mut asking: Option<Addr> = None;
+        for _ in 0..REDIRECTS {
+            let (addr, ask) =
+                match asking.take() {
+                    Some(a) => (a, true),
+                    None => match self.owner(slot) {
+                        Some(a) => (a.clone(), false),
+                        None => return Err(WireError::Io(
+                            "no node of the cluster serves this KEY's slot (is the cluster down?)"
+                                .into(),
+                        )),
+                    },
+                };
+            let wire = self.node(&addr, deadline)?;
+            if ask {
+                wire.call(&[b"ASKING"], deadline)?.ok()?;
+            }
+            let reply = match wire.call(args, deadline) {
+                Ok(r) => r,
+                Err(e) => {
+                    self.nodes.remove(&addr);
+                    return Err(e);
+                }
+            };
+            let Reply::Error(text) = &reply else {
+                return Ok(reply);
+            };
+            let mut words = text.split_whitespace();
+            match (words.next(), words.nth(1)) {
+                (Some("MOVED"), Some(to)) => {
+                    let to = parse_addr(to).ok_or(WireError::Bad(Bad::Protocol("a bad MOVED")))?;
+                    self.refresh(&to, deadline)?;
+                }
+                (Some("ASK"), Some(to)) => {
+                    asking =
+                        Some(parse_addr(to).ok_or(WireError::Bad(Bad::Protocol("a bad ASK")))?);
+                }
+                _ => return Ok(reply),
+            }
+        }
+        Err(WireError::Io(
+            "the cluster kept redirecting the call (resharding?)".into(),
+        ))
+    }
+
+    /// Every primary in the slot map, once each.
+    pub fn primaries(&self) -> Vec<Addr> {
+        let mut out: Vec<Addr> = Vec::new();
+        for (_, _, addr) in &self.slots {
+            if !out.contains(addr) {
+                out.push(addr.clone());
+            }
+        }
+        out
+    }
+
+    /// Run `args` on the primary `addr`.
+    pub fn call_at(
+        &mut self,
+        addr: &Addr,
+        args: &[&[u8]],
+        deadline: Instant,
+    ) -> Result<Reply, WireError> {
+        self.node(addr, deadline)?.call(args, deadline)
+    }
+}
+
+/// `host:port` as Redis writes it in a redirection.
+fn parse_addr(text: &str) -> Option<Addr> {
+    let (host, port) = text.rsplit_once(':')?;
+    Some(Addr::Tcp(
+        host.trim_matches(['[', ']']).to_string(),
+        port.parse().ok()?,
+    ))
+}
+
+/// The ranges of a `CLUSTER SLOTS` reply: (first, last, primary).
+fn slot_map(map: &Value) -> Result<Vec<(u16, u16, Addr)>, WireError> {
+    let bad = || WireError::Bad(Bad::Protocol("a CLUSTER SLOTS reply of the wrong shape"));
     let Value::Array(ranges) = map else {
-        return out;
+        return Err(bad());
     };
+    let mut out = Vec::new();
     for range in ranges {
-        let Value::Array(parts) = range else { continue };
-        let Some(Value::Array(node)) = parts.get(2) else {
-            continue;
+        let Value::Array(parts) = range else {
+            return Err(bad());
+        };
+        let (Some(Value::Int(a)), Some(Value::Int(b)), Some(Value::Array(node))) =
+            (parts.first(), parts.get(1), parts.get(2))
+        else {
+            return Err(bad());
         };
         let host = match node.first() {
             Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-            Some(Value::SimpleString(s)) => s.clone(),
-            _ => continue,
+            _ => return Err(bad()),
         };
         let Some(Value::Int(port)) = node.get(1) else {
-            continue;
+            return Err(bad());
         };
-        let entry = (host, *port as u16);
-        if !entry.0.is_empty() && !out.contains(&entry) {
-            out.push(entry);
+        let (Ok(a), Ok(b), Ok(port)) = (u16::try_from(*a), u16::try_from(*b), u16::try_from(*port))
+        else {
+            return Err(bad());
+        };
+        if !host.is_empty() {
+            out.push((a, b, Addr::Tcp(host, port)));
         }
     }
-    out
+    if out.is_empty() {
+        return Err(WireError::Io(
+            "no node of the cluster serves any slot (is the cluster down?)".into(),
+        ));
+    }
+    Ok(out)
+}
+
+/// The slot of `key`: CRC16 (XMODEM) of its hash tag (the part between the first `{` and the
+/// next `}`, when not empty), modulo 16384.
+pub fn key_slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16(tagged.unwrap_or(key)) % 16384
+}
+
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in data {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_redis_slots() {
+        // From the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(key_slot(b"123456789"), 0x31C3);
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        assert_eq!(key_slot(b"foo{}{bar}"), key_slot(b"foo{}{bar}"));
+        assert_ne!(key_slot(b"foo{}{bar}"), key_slot(b"bar"));
+    }
 }

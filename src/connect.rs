@@ -1,19 +1,20 @@
-//! Connecting to Redis: URL parsing, TLS, timeouts, and keeping the password out of every message.
+//! Connecting to Redis: URL parsing, the session a URL asks for (TLS, credentials, database), and
+//! keeping the password out of every message.
 
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use redis::{Client, Connection, ConnectionAddr, IntoConnectionInfo};
+use redis::{ConnectionAddr, IntoConnectionInfo};
 
-use crate::tls::{self, TlsOptions};
+use crate::clock::Instant;
+use crate::tls::TlsOptions;
+use crate::wire::{Addr, Session, Wire, WireError};
 
-/// One Redis server: a client for it, and how to open a bounded connection to it.
+/// One Redis server: where it is and how to open a session on it.
 #[derive(Clone)]
 pub struct Node {
-    client: Client,
-    /// `rediss://` without a password: the TLS handshake is forced at connect time (with a
-    /// `PING`), so it is bounded by the connect timeout and its failure is a connect error.
-    handshake_ping: bool,
+    pub addr: Addr,
+    pub session: Session,
 }
 
 impl Node {
@@ -31,63 +32,35 @@ impl Node {
             anyhow::anyhow!("invalid {source} '{shown_url}': {}", url_problem(&e))
         };
         let info = url.into_connection_info().map_err(invalid)?;
-        let is_tls = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
+        let (addr, is_tls) = match info.addr() {
+            ConnectionAddr::Tcp(h, p) => (Addr::Tcp(h.clone(), *p), false),
+            ConnectionAddr::TcpTls { host, port, .. } => (Addr::Tcp(host.clone(), *port), true),
+            ConnectionAddr::Unix(path) => (Addr::Unix(path.clone()), false),
+            _ => bail!("invalid {source} '{shown_url}': an address cronlock cannot use"),
+        };
         if !is_tls && tls.any() {
             bail!(
                 "--tls-ca-cert, --tls-cert and --tls-key are for rediss:// URLs, and \
                  {source} is '{shown_url}'"
             );
         }
-        let certificates = if is_tls {
-            Some(tls.certificates()?)
-        } else {
-            None
+        let settings = info.redis_settings();
+        let session = Session {
+            tls: if is_tls {
+                Some(tls.client_config()?)
+            } else {
+                None
+            },
+            user: settings.username().map(str::to_string),
+            password: settings.password().map(str::to_string),
+            db: settings.db(),
         };
-        Node::open(info, certificates).map_err(invalid)
+        Ok(Node { addr, session })
     }
 
-    /// A node from its connection info (with the certificates for a TLS address).
-    pub fn open(
-        info: redis::ConnectionInfo,
-        certificates: Option<redis::TlsCertificates>,
-    ) -> redis::RedisResult<Node> {
-        // One round trip fewer per run: skip CLIENT SETINFO.
-        let settings = info.redis_settings().clone().set_skip_set_lib_name();
-        let no_password = settings.password().is_none();
-        let info = info.set_redis_settings(settings);
-        let is_tls = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
-        let client = match certificates {
-            Some(certs) if is_tls => Client::build_with_tls(info, certs)?,
-            _ => Client::open(info)?,
-        };
-        Ok(Node {
-            client,
-            handshake_ping: is_tls && no_password,
-        })
-    }
-
-    /// Connect within `timeout`, TLS handshake included. The error is one line without the URL.
-    pub fn connect(&self, timeout: Duration) -> Result<Connection> {
-        let timeout = timeout.max(Duration::from_millis(1));
-        let start = crate::clock::Instant::now();
-        let mut con = self
-            .client
-            .get_connection_with_timeout(timeout)
-            .map_err(|e| anyhow::anyhow!("{}", first_line(&e)))?;
-        if self.handshake_ping {
-            set_io_timeout(&con, timeout.saturating_sub(start.elapsed()))?;
-            redis::cmd("PING").query::<()>(&mut con).map_err(|e| {
-                if e.is_timeout() {
-                    // A plain Redis reads a ClientHello as the start of a command and waits.
-                    anyhow::anyhow!(
-                        "no TLS answer in time: is it a plain port? use redis:// for it"
-                    )
-                } else {
-                    anyhow::anyhow!("{}", first_line(&e))
-                }
-            })?;
-        }
-        Ok(con)
+    /// Connect and open the session within `timeout`, TLS handshake and `AUTH` included.
+    pub fn connect(&self, timeout: Duration) -> Result<Wire, WireError> {
+        Wire::connect(&self.addr, &self.session, Instant::now() + timeout)
     }
 }
 
@@ -211,29 +184,18 @@ fn url_problem(e: &redis::RedisError) -> String {
     }
 }
 
-/// Bound every read and write on `con`.
-pub fn set_io_timeout(con: &Connection, timeout: Duration) -> Result<()> {
-    let timeout = Some(timeout.max(Duration::from_millis(1)));
-    con.set_read_timeout(timeout)?;
-    con.set_write_timeout(timeout)?;
-    Ok(())
-}
-
-/// A Redis error as one readable line: `WRONGTYPE Operation against ...`, without the script
-/// location Redis appends, and never echoing a command's arguments (they hold the lock value).
-pub fn first_line(e: &redis::RedisError) -> String {
-    if e.is_timeout() {
-        return "Redis did not answer in time".into();
-    }
-    if let Some(tls) = tls::explain(&e.to_string()) {
-        return tls;
-    }
-    match e.kind() {
-        redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType => {
-            return "the server did not answer like a Redis server".into()
+/// A failed exchange as one readable line: `WRONGPASS invalid username-password pair`, with a
+/// hint where one helps, without the script location Redis appends, and never echoing a
+/// command's arguments (they hold the lock value).
+pub fn explain(e: &WireError) -> String {
+    let text = match e {
+        WireError::Server(text) => text,
+        WireError::Io(io) if io.to_lowercase().contains("reset by peer") => {
+            // A TLS-only port drops a client that speaks plain RESP.
+            return "the server closed the connection (a TLS port? use rediss:// for it)".into();
         }
-        _ => {}
-    }
+        _ => return e.to_string(),
+    };
     match e.code() {
         Some("NOAUTH") => {
             return "the server wants a password: give it in the URL \
@@ -246,26 +208,14 @@ pub fn first_line(e: &redis::RedisError) -> String {
                 .into()
         }
         Some("NOPERM") => {
+            let detail = text.split_once(' ').map_or("", |(_, d)| d);
             return format!(
                 "NOPERM the Redis user may not run this (see the README for the ACL cronlock needs): {}",
-                e.detail().unwrap_or_default().split(',').next().unwrap_or_default()
-            )
+                detail.split(',').next().unwrap_or_default()
+            );
         }
         _ => {}
     }
-    let text = match (e.code(), e.detail()) {
-        (Some(code), Some(detail)) => format!("{code} {detail}"),
-        // redis-rs appends its error kind: "Password authentication failed - AuthenticationFailed".
-        _ => {
-            let t = e.to_string();
-            match t.rsplit_once(" - ") {
-                Some((msg, kind)) if kind.chars().all(|c| c.is_ascii_alphanumeric()) => {
-                    msg.to_string()
-                }
-                _ => t,
-            }
-        }
-    };
     let text = text.lines().next().unwrap_or_default();
     let text = text.split(" script: ").next().unwrap_or(text);
     // "unknown command 'EVALSHA', with args beginning with: 'sha' '1' 'cronlock:{k}' '{...}'"
@@ -274,10 +224,6 @@ pub fn first_line(e: &redis::RedisError) -> String {
         .next()
         .unwrap_or(text);
     let mut text = text.trim().to_string();
-    if text.contains("Connection reset by peer") {
-        // A TLS-only port drops a client that speaks plain RESP.
-        text = "the server closed the connection (a TLS port? use rediss:// for it)".into();
-    }
     if text.contains("unknown command") {
         text += " (not a Redis server that runs scripts: a Sentinel? use redis+sentinel://)";
     }

@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod ping;
 pub mod quorum;
 pub mod record;
+pub mod resp;
 pub mod schedule;
 pub mod sentinel;
 pub mod shared;
@@ -31,6 +32,7 @@ pub mod tls;
 pub mod topology;
 pub mod wait;
 pub mod watchdog;
+pub mod wire;
 
 use std::ffi::OsString;
 use std::sync::atomic::{AtomicI32, Ordering};

@@ -19,7 +19,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
-use redis::{FromRedisValue, Script};
+use redis::{Script, Value};
 use serde_json::json;
 
 use crate::clock::Instant;
@@ -247,28 +247,50 @@ fn ms(d: Duration) -> u64 {
     d.as_millis().max(1) as u64
 }
 
-/// Run `script` with `keys` and `args` on the node that serves `keys[0]`, within `within`: by
-/// SHA1 (`EVALSHA`), and with its text when the server does not have it yet (a new server, a
+/// Run `script` with `keys` and `args` on the node that serves `keys[0]`, within `within` in all:
+/// by SHA1 (`EVALSHA`), and with its text when the server does not have it yet (a new server, a
 /// restart, a promoted replica: the script cache is not replicated).
-fn eval<T: FromRedisValue>(
+fn eval(
     link: &mut Link,
     within: Duration,
     script: &Script,
     text: &str,
     keys: &[&str],
     args: &[String],
-) -> Result<T, Failure> {
-    link.call(within, |con| {
-        let call = |verb: &str, body: &str| {
-            let mut c = redis::cmd(verb);
-            c.arg(body).arg(keys.len()).arg(keys).arg(args);
-            c
-        };
-        match call("EVALSHA", script.get_hash()).query(con) {
-            Err(e) if e.code() == Some("NOSCRIPT") => call("EVAL", text).query(con),
-            r => r,
-        }
-    })
+) -> Result<Value, Failure> {
+    let deadline = Instant::now() + within;
+    let n = keys.len().to_string();
+    let call = |link: &mut Link, verb: &str, body: &str| {
+        let mut all: Vec<&[u8]> = vec![verb.as_bytes(), body.as_bytes(), n.as_bytes()];
+        all.extend(keys.iter().map(|k| k.as_bytes()));
+        all.extend(args.iter().map(|a| a.as_bytes()));
+        link.call(
+            deadline.saturating_duration_since(Instant::now()),
+            keys[0],
+            &all,
+        )
+    };
+    match call(link, "EVALSHA", script.get_hash()) {
+        Err(Failure::Call(e)) if e.code() == Some("NOSCRIPT") => call(link, "EVAL", text),
+        r => r,
+    }
+}
+
+/// The integer a script returns; anything else is a failure of the call, never an answer.
+fn int(v: &Value, what: &'static str) -> Result<i64, Failure> {
+    match v {
+        Value::Int(n) => Ok(*n),
+        _ => Err(Failure::shape(what)),
+    }
+}
+
+/// A string or nothing (Lua's `false`).
+fn text_or_nil(v: &Value, what: &'static str) -> Result<Option<String>, Failure> {
+    match v {
+        Value::Nil => Ok(None),
+        Value::BulkString(b) => Ok(Some(String::from_utf8_lossy(b).into_owned())),
+        _ => Err(Failure::shape(what)),
+    }
 }
 
 /// One acquisition attempt, within `within` (connecting included). An error whose
@@ -293,7 +315,7 @@ pub fn try_acquire(
             .iter()
             .map(i64::to_string),
     );
-    let (fence, pttl, value, instant, ran): (i64, i64, Option<String>, i64, i64) = eval(
+    let reply = eval(
         link,
         within,
         &ACQUIRE,
@@ -301,6 +323,20 @@ pub fn try_acquire(
         &[&keys.lock, &keys.fence, &abandoned, &keys.schedule],
         &args,
     )?;
+    const SHAPE: &str = "an acquire reply that is not {fence, pttl, holder, instant, ran}";
+    let Value::Array(parts) = &reply else {
+        return Err(Failure::shape(SHAPE));
+    };
+    let [fence, pttl, value, instant, ran] = parts.as_slice() else {
+        return Err(Failure::shape(SHAPE));
+    };
+    let (fence, pttl, value, instant, ran) = (
+        int(fence, SHAPE)?,
+        int(pttl, SHAPE)?,
+        text_or_nil(value, SHAPE)?,
+        int(instant, SHAPE)?,
+        int(ran, SHAPE)?,
+    );
     let instant = (instant != 0).then_some(instant);
     if ran != 0 {
         return Ok(Attempt::AlreadyRan {
@@ -334,34 +370,45 @@ pub fn abandon(
     ttl: Duration,
 ) -> Result<bool, Failure> {
     let abandoned = keys.abandoned(&holder.token);
-    link.call(within, |con| {
-        redis::cmd("EVAL")
-            .arg(ABANDON_LUA)
-            .arg(2)
-            .arg(&keys.lock)
-            .arg(&abandoned)
-            .arg(&holder.value)
-            .arg(ms(ttl))
-            .query(con)
-    })
+    let ttl = ms(ttl).to_string();
+    let reply = link.call(
+        within,
+        &keys.lock,
+        &[
+            b"EVAL",
+            ABANDON_LUA.as_bytes(),
+            b"2",
+            keys.lock.as_bytes(),
+            abandoned.as_bytes(),
+            holder.value.as_bytes(),
+            ttl.as_bytes(),
+        ],
+    )?;
+    Ok(int(&reply, "an undo reply that is not 0 or 1")? == 1)
 }
 
 /// Extend our lock to `ttl` from now if it is still ours: `Ok(true)` ours, `Ok(false)` not ours.
+/// Any other reply (`+OK`, RESP3 `#t`, a string) is a failure: the renewal is not confirmed.
 pub fn renew(link: &mut Link, within: Duration, held: &Held) -> Result<bool, Failure> {
-    eval(
+    let reply = eval(
         link,
         within,
         &RENEW,
         RENEW_LUA,
         &[&held.keys.lock],
         &[held.holder.value.clone(), ms(held.ttl).to_string()],
-    )
+    )?;
+    match int(&reply, "a renewal reply that is not 0 or 1")? {
+        1 => Ok(true),
+        0 => Ok(false),
+        _ => Err(Failure::shape("a renewal reply that is not 0 or 1")),
+    }
 }
 
 /// Several masters: raise the fencing counter to `held.fence` while the lock is ours there
 /// (`Ok(false)`: not ours).
 pub fn raise(link: &mut Link, within: Duration, held: &Held) -> Result<bool, Failure> {
-    let n: i64 = eval(
+    let reply = eval(
         link,
         within,
         &RAISE,
@@ -369,7 +416,7 @@ pub fn raise(link: &mut Link, within: Duration, held: &Held) -> Result<bool, Fai
         &[&held.keys.lock, &held.keys.fence],
         &[held.holder.value.clone(), held.fence.to_string()],
     )?;
-    Ok(n == 1)
+    Ok(int(&reply, "a fencing reply that is not 0 or 1")? == 1)
 }
 
 /// Delete (or, for `--min-hold`, shorten) our lock if it is still ours, and record the run.
@@ -385,7 +432,7 @@ pub fn release(
     } else {
         ms(opts.hold)
     };
-    let n: i64 = eval(
+    let reply = eval(
         link,
         within,
         &RELEASE,
@@ -400,11 +447,14 @@ pub fn release(
             ms(NOTIFY_TTL).to_string(),
         ],
     )?;
-    Ok(match n {
-        1 => Released::Deleted,
-        2 => Released::Kept,
-        _ => Released::NotOurs,
-    })
+    Ok(
+        match int(&reply, "a release reply that is not 0, 1 or 2")? {
+            1 => Released::Deleted,
+            2 => Released::Kept,
+            0 => Released::NotOurs,
+            _ => return Err(Failure::shape("a release reply that is not 0, 1 or 2")),
+        },
+    )
 }
 
 /// Delete the lock whoever holds it; returns the holder value, or None if it was free.
@@ -417,6 +467,7 @@ pub fn force_release(link: &mut Link, within: Duration, keys: &Keys) -> Result<O
         &[&keys.lock, &keys.notify],
         &[ms(NOTIFY_TTL).to_string()],
     )
+    .and_then(|v| text_or_nil(&v, "a force-release reply that is not the holder"))
     .map_err(|e| anyhow!("cannot release lock '{}': {e}", keys.name))
 }
 
@@ -464,6 +515,9 @@ pub fn snapshot(
         ],
         &[history.map_or(0, i64::from).to_string()],
     )
+    .and_then(|v| {
+        redis::from_redis_value(v).map_err(|_| Failure::shape("a status reply of the wrong shape"))
+    })
     .map_err(|e| anyhow!("cannot read lock '{}': {e}", keys.name))?;
     Ok(Snapshot {
         holder,

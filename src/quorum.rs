@@ -255,7 +255,7 @@ impl Masters {
                 Err(Lost { failure, taken }) => {
                     let mut text = match failure {
                         // "cannot connect to Redis at ...": nothing was sent.
-                        Failure::Connect(_) => failure.to_string(),
+                        Failure::Connect(_) | Failure::Refused(_) => failure.to_string(),
                         _ => format!("cannot acquire lock '{name}': {failure}"),
                     };
                     if *taken {
@@ -299,11 +299,15 @@ impl Masters {
                 problems.join("; ")
             )
         };
+        // Asking again cannot help only when every master refused for good.
+        let transient = !answers
+            .iter()
+            .all(|a| matches!(a, Err(Lost { failure, .. }) if !failure.transient()));
         Err(Refused {
             text: format!(
                 "cannot acquire lock '{name}': {what}; it was released where it was taken"
             ),
-            transient: true,
+            transient,
         })
     }
 
@@ -432,12 +436,18 @@ impl Masters {
         let io = link.redis().connect_timeout;
         // BLPOP takes seconds with millisecond precision (Redis >= 6); 0 would block forever.
         let secs = (block.as_millis().max(1) as f64) / 1000.0;
-        Some(link.call(block + io, |c| {
-            redis::cmd("BLPOP")
-                .arg(&keys.notify)
-                .arg(secs)
-                .query::<Option<(String, String)>>(c)
-                .map(|_| ())
-        }))
+        let secs = secs.to_string();
+        let reply = link.call(
+            block + io,
+            &keys.notify,
+            &[b"BLPOP", keys.notify.as_bytes(), secs.as_bytes()],
+        );
+        Some(match reply {
+            Ok(redis::Value::Nil | redis::Value::Array(_)) => Ok(()),
+            Ok(_) => Err(Failure::shape(
+                "a BLPOP reply that is neither nil nor an element",
+            )),
+            Err(e) => Err(e),
+        })
     }
 }

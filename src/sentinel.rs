@@ -1,23 +1,20 @@
 //! Finding the primary through Redis Sentinel: `redis+sentinel://` and `rediss+sentinel://`.
 //!
-//! The lookup itself is redis-rs' Sentinel client (it asks `SENTINEL MASTERS`, skips a primary
-//! flagged down, and checks with `ROLE` that the node it names really is a primary). That client
-//! has no timeouts of its own, and a frozen sentinel would hold it forever, so each sentinel is
-//! asked from a short-lived thread of its own and we take the first good answer within the time
-//! we have. A sentinel whose last lookup is still stuck is not asked again until it answers, so
-//! a hung sentinel costs one thread, not one per retry.
+//! Every sentinel is asked at once (`SENTINEL GET-MASTER-ADDR-BY-NAME`), each from a short-lived
+//! thread, every exchange bounded by the time we have ([`crate::wire`]); the first primary a
+//! sentinel names is connected to and must say with `ROLE` that it is a primary. A hung sentinel
+//! costs one thread until the deadline, never the lookup.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
-use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
-use redis::{Connection, ConnectionAddr, ErrorKind, RedisError, TlsCertificates, TlsMode};
+use redis::Value;
 
 use crate::clock::Instant;
-use crate::connect::{first_line, HostsUrl, Node};
+use crate::connect::{explain, HostsUrl};
 use crate::tls::TlsOptions;
+use crate::wire::{Addr, Session, Wire, WireError};
 
 /// Sentinel's default port.
 const PORT: u16 = 26379;
@@ -26,17 +23,17 @@ const PORT: u16 = 26379;
 pub struct Service {
     name: String,
     sentinels: Vec<(String, u16)>,
-    tls: bool,
-    certs: Option<TlsCertificates>,
-    /// For the data nodes (the URL's userinfo).
-    user: Option<String>,
-    password: Option<String>,
-    db: i64,
-    /// For the sentinels (`?sentinel_username=...&sentinel_password=...`).
-    sentinel_user: Option<String>,
-    sentinel_password: Option<String>,
-    /// Per sentinel: a lookup is still running (its thread waits on a hung server).
-    busy: Vec<Arc<AtomicBool>>,
+    /// For the data nodes (the URL's userinfo, TLS, db).
+    data: Session,
+    /// For the sentinels (`?sentinel_username=...&sentinel_password=...`, TLS).
+    sentinel: Session,
+}
+
+/// What one sentinel said.
+enum Named {
+    Primary(String, u16),
+    /// It knows no primary of that name.
+    Unknown,
 }
 
 impl Service {
@@ -61,22 +58,34 @@ impl Service {
                 ))
             }
         };
+        let tls_config = if u.tls {
+            Some(tls.client_config()?)
+        } else if tls.any() {
+            bail!(
+                "--tls-ca-cert, --tls-cert and --tls-key are for rediss+sentinel:// URLs, and \
+                 {source} is '{shown}'"
+            );
+        } else {
+            None
+        };
         let mut service = Service {
             name,
-            busy: u.hosts.iter().map(|_| Arc::default()).collect(),
             sentinels: u.hosts,
-            tls: u.tls,
-            certs: None,
-            user: u.user,
-            password: u.password,
-            db,
-            sentinel_user: None,
-            sentinel_password: None,
+            data: Session {
+                tls: tls_config.clone(),
+                user: u.user,
+                password: u.password,
+                db,
+            },
+            sentinel: Session {
+                tls: tls_config,
+                ..Session::default()
+            },
         };
         for (k, v) in u.query {
             match k.as_str() {
-                "sentinel_username" => service.sentinel_user = Some(v),
-                "sentinel_password" => service.sentinel_password = Some(v),
+                "sentinel_username" => service.sentinel.user = Some(v),
+                "sentinel_password" => service.sentinel.password = Some(v),
                 _ => {
                     return Err(invalid(&format!(
                         "unknown parameter '{k}' (known: sentinel_username, sentinel_password)"
@@ -84,85 +93,72 @@ impl Service {
                 }
             }
         }
-        if u.tls {
-            service.certs = Some(tls.certificates()?);
-        } else if tls.any() {
-            bail!(
-                "--tls-ca-cert, --tls-cert and --tls-key are for rediss+sentinel:// URLs, and \
-                 {source} is '{shown}'"
-            );
-        }
         Ok(service)
     }
 
     /// Connect to the service's primary within `within`, lookup included.
-    pub fn connect(&self, within: Duration) -> Result<Connection> {
-        let start = Instant::now();
-        let primary = self.primary(within)?;
-        let node = Node::open(primary.get_connection_info().clone(), None)
-            .map_err(|e| anyhow!("{}", first_line(&e)))?;
-        node.connect(within.saturating_sub(start.elapsed()))
-            .map_err(|e| anyhow!("the primary of service '{}': {e:#}", self.name))
+    pub fn connect(&self, within: Duration) -> Result<Wire> {
+        let deadline = Instant::now() + within;
+        let (host, port) = self.primary(deadline)?;
+        let addr = Addr::Tcp(host, port);
+        let named = |e: &WireError| {
+            anyhow!(
+                "the primary of service '{}' ({addr}): {}",
+                self.name,
+                explain(e)
+            )
+        };
+        let mut wire = Wire::connect(&addr, &self.data, deadline).map_err(|e| named(&e))?;
+        // The sentinels may name a node that is not (or no longer) a primary: never use one.
+        let role = wire
+            .call(&[b"ROLE"], deadline)
+            .and_then(|r| r.ok())
+            .map_err(|e| named(&e))?;
+        match role {
+            Value::Array(parts) if matches!(parts.first(), Some(Value::BulkString(r)) if r == b"master") => {
+                Ok(wire)
+            }
+            _ => bail!(
+                "the node the sentinels name for service '{}' ({addr}) is not a primary (a \
+                 failover under way?)",
+                self.name
+            ),
+        }
     }
 
-    /// Ask every sentinel at once; the first primary one of them names (and `ROLE` confirms)
-    /// wins.
-    fn primary(&self, within: Duration) -> Result<redis::Client> {
-        let deadline = Instant::now() + within;
+    /// Ask every sentinel at once; the first that names a primary wins.
+    fn primary(&self, deadline: Instant) -> Result<(String, u16)> {
         let (tx, rx) = mpsc::channel();
-        let mut errors: Vec<(usize, RedisError)> = Vec::new();
-        for (i, busy) in self.busy.iter().enumerate() {
-            if busy.swap(true, Ordering::SeqCst) {
-                continue;
-            }
-            let builder = match self.builder(i) {
-                Ok(b) => b,
-                Err(e) => {
-                    busy.store(false, Ordering::SeqCst);
-                    errors.push((i, e));
-                    continue;
-                }
-            };
-            let (tx, done) = (tx.clone(), Arc::clone(busy));
+        let name = Arc::new(self.name.clone());
+        for (i, (host, port)) in self.sentinels.iter().enumerate() {
+            let (tx, name, session) = (tx.clone(), Arc::clone(&name), self.sentinel.clone());
+            let addr = Addr::Tcp(host.clone(), *port);
             let spawned = std::thread::Builder::new()
                 .name("sentinel".into())
-                .stack_size(512 * 1024)
+                .stack_size(256 * 1024)
                 .spawn(move || {
-                    let found = builder.build().and_then(|mut c| c.get_client());
-                    done.store(false, Ordering::SeqCst);
-                    let _ = tx.send((i, found));
+                    let _ = tx.send((i, ask(&addr, &session, &name, deadline)));
                 });
             if let Err(e) = spawned {
-                busy.store(false, Ordering::SeqCst);
                 bail!("cannot start a thread to ask the sentinels: {e}");
             }
         }
         drop(tx);
+        let mut errors: Vec<(usize, Result<Named, WireError>)> = Vec::new();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
-                Ok((_, Ok(client))) => return Ok(client),
-                Ok((i, Err(e))) => errors.push((i, e)),
+                Ok((_, Ok(Named::Primary(host, port)))) => return Ok((host, port)),
+                Ok(answer) => errors.push(answer),
                 Err(mpsc::RecvTimeoutError::Timeout) => bail!(
-                    "no sentinel named a primary for service '{}' within {}{}",
+                    "no sentinel named a primary for service '{}' in time{}",
                     self.name,
-                    crate::duration::Span(within),
                     self.list(&errors)
                 ),
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
             }
         }
-        if errors.is_empty() {
-            bail!(
-                "no sentinel named a primary for service '{}': every sentinel is still busy \
-                 with an earlier lookup (hung?)",
-                self.name
-            );
-        }
-        if errors
-            .iter()
-            .all(|(_, e)| e.kind() == ErrorKind::MasterNameNotFoundBySentinel)
-        {
+        if errors.iter().all(|(_, a)| matches!(a, Ok(Named::Unknown))) {
             bail!(
                 "the sentinels know no working primary for service '{}' (is the name right? \
                  is a failover under way?)",
@@ -177,63 +173,58 @@ impl Service {
     }
 
     /// ` (host:port: what went wrong; ...)` for the sentinels that failed.
-    fn list(&self, errors: &[(usize, RedisError)]) -> String {
+    fn list(&self, errors: &[(usize, Result<Named, WireError>)]) -> String {
         if errors.is_empty() {
             return String::new();
         }
         let parts: Vec<String> = errors
             .iter()
-            .map(|(i, e)| {
+            .map(|(i, a)| {
                 let (host, port) = &self.sentinels[*i];
-                let text = match e.kind() {
-                    ErrorKind::MasterNameNotFoundBySentinel => {
-                        "knows no working primary of that name".to_string()
+                let text = match a {
+                    Ok(_) => "knows no working primary of that name".to_string(),
+                    Err(WireError::Server(t))
+                        if t.contains("unknown command") || t.contains("Unknown sentinel") =>
+                    {
+                        "is not a sentinel (a plain Redis server?)".into()
                     }
-                    _ => first_line(e).to_lowercase(),
+                    Err(e) => explain(e).to_lowercase(),
                 };
                 format!("{host}:{port}: {text}")
             })
             .collect();
         format!(" ({})", parts.join("; "))
     }
+}
 
-    /// redis-rs' Sentinel client for sentinel `i` alone, with our credentials and TLS.
-    fn builder(&self, i: usize) -> redis::RedisResult<SentinelClientBuilder> {
-        let (host, port) = self.sentinels[i].clone();
-        let addr = if self.tls {
-            ConnectionAddr::TcpTls {
-                host,
-                port,
-                insecure: false,
-                tls_params: None,
+/// Ask one sentinel which primary it names for `name`.
+fn ask(addr: &Addr, session: &Session, name: &str, deadline: Instant) -> Result<Named, WireError> {
+    let mut wire = Wire::connect(addr, session, deadline)?;
+    let reply = wire
+        .call(
+            &[b"SENTINEL", b"GET-MASTER-ADDR-BY-NAME", name.as_bytes()],
+            deadline,
+        )?
+        .ok()?;
+    match reply {
+        Value::Nil => Ok(Named::Unknown),
+        Value::Array(parts) => match parts.as_slice() {
+            [Value::BulkString(host), Value::BulkString(port)] => {
+                let host = String::from_utf8_lossy(host).into_owned();
+                let port = std::str::from_utf8(port).ok().and_then(|p| p.parse().ok());
+                match port {
+                    Some(port) if !host.is_empty() => Ok(Named::Primary(host, port)),
+                    _ => Err(WireError::Bad(crate::resp::Bad::Protocol(
+                        "a primary address that is not host and port",
+                    ))),
+                }
             }
-        } else {
-            ConnectionAddr::Tcp(host, port)
-        };
-        let mut b = SentinelClientBuilder::new([addr], &self.name, SentinelServerType::Master)?
-            .set_client_to_redis_db(self.db);
-        if let Some(u) = &self.user {
-            b = b.set_client_to_redis_username(u);
-        }
-        if let Some(p) = &self.password {
-            b = b.set_client_to_redis_password(p);
-        }
-        if let Some(u) = &self.sentinel_user {
-            b = b.set_client_to_sentinel_username(u);
-        }
-        if let Some(p) = &self.sentinel_password {
-            b = b.set_client_to_sentinel_password(p);
-        }
-        if self.tls {
-            b = b
-                .set_client_to_redis_tls_mode(TlsMode::Secure)
-                .set_client_to_sentinel_tls_mode(TlsMode::Secure);
-            if let Some(c) = &self.certs {
-                b = b
-                    .set_client_to_redis_certificates(c.clone())
-                    .set_client_to_sentinel_certificates(c.clone());
-            }
-        }
-        Ok(b)
+            _ => Err(WireError::Bad(crate::resp::Bad::Protocol(
+                "a primary address that is not host and port",
+            ))),
+        },
+        _ => Err(WireError::Bad(crate::resp::Bad::Protocol(
+            "a primary address that is not host and port",
+        ))),
     }
 }

@@ -1,9 +1,10 @@
-//! TLS for `rediss://`: which CAs to trust and which client certificate to show, read once and
-//! handed to redis-rs' own rustls support (pure Rust, so the static binary stays static).
+//! TLS for `rediss://`: which CAs to trust and which client certificate to show, read once into a
+//! rustls client configuration (pure Rust, so the static binary stays static) that every
+//! connection of the run shares ([`crate::wire`]).
 //!
 //! Trust: the CA file given with `--tls-ca-cert`, else the system's store, else (a `FROM scratch`
-//! image has no store at all) the Mozilla roots bundled in the binary (`webpki-roots`, through
-//! redis-rs' `tls-rustls-webpki-roots`). Mutual TLS: `--tls-cert` with `--tls-key`.
+//! image has no store at all) the Mozilla roots bundled in the binary (`webpki-roots`).
+//! Mutual TLS: `--tls-cert` with `--tls-key`.
 //!
 //! Errors name the file or the flag at fault, and TLS failures from rustls are turned into one
 //! line that says what to do ([`explain`]).
@@ -11,7 +12,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Result};
-use redis::{ClientTlsConfig, TlsCertificates};
+use std::sync::Arc;
+
+use rustls::{ClientConfig, RootCertStore};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -38,24 +41,38 @@ impl TlsOptions {
     }
 
     /// Read and check the files into what redis-rs takes.
-    pub fn certificates(&self) -> Result<TlsCertificates> {
-        let root_cert = match &self.ca_cert {
+    /// The rustls client configuration: the CA (`--tls-ca-cert`, else the system's store, else
+    /// the bundled web roots) and the client certificate, checked to belong to its key.
+    pub fn client_config(&self) -> Result<Arc<ClientConfig>> {
+        let mut roots = RootCertStore::empty();
+        match &self.ca_cert {
             Some(path) => {
                 let pem = read(path, "--tls-ca-cert")?;
-                let n = CertificateDer::pem_slice_iter(&pem)
-                    .filter_map(Result::ok)
-                    .count();
-                if n == 0 {
+                for cert in CertificateDer::pem_slice_iter(&pem).filter_map(Result::ok) {
+                    let _ = roots.add(cert);
+                }
+                if roots.is_empty() {
                     bail!(
                         "--tls-ca-cert '{}' holds no PEM certificate",
                         path.display()
                     );
                 }
-                Some(pem)
             }
-            None => system_roots(),
-        };
-        let client_tls = match (&self.cert, &self.key) {
+            None => {
+                for cert in rustls_native_certs::load_native_certs().certs {
+                    let _ = roots.add(cert);
+                }
+                if roots.is_empty() {
+                    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+                }
+            }
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| anyhow!("TLS: {e}"))?
+            .with_root_certificates(roots);
+        let config = match (&self.cert, &self.key) {
             (Some(cert), Some(key)) => {
                 let client_cert = read(cert, "--tls-cert")?;
                 let chain: Vec<CertificateDer> = CertificateDer::pem_slice_iter(&client_cert)
@@ -68,18 +85,14 @@ impl TlsOptions {
                 let der = PrivateKeyDer::from_pem_slice(&client_key).map_err(|_| {
                     anyhow!("--tls-key '{}' holds no PEM private key", key.display())
                 })?;
-                check_pair(&chain, der, cert, key)?;
-                Some(ClientTlsConfig {
-                    client_cert,
-                    client_key,
-                })
+                check_pair(&chain, der.clone_key(), cert, key)?;
+                builder
+                    .with_client_auth_cert(chain, der)
+                    .map_err(|e| anyhow!("--tls-cert or --tls-key cannot be used: {e}"))?
             }
-            _ => None,
+            _ => builder.with_no_client_auth(),
         };
-        Ok(TlsCertificates {
-            client_tls,
-            root_cert,
-        })
+        Ok(Arc::new(config))
     }
 }
 
@@ -115,48 +128,7 @@ fn check_pair(
     }
 }
 
-/// The system's CA certificates as PEM, or `None` when it has none (then redis-rs uses the
-/// bundled Mozilla roots).
-fn system_roots() -> Option<Vec<u8>> {
-    let found = rustls_native_certs::load_native_certs();
-    if found.certs.is_empty() {
-        return None;
-    }
-    let mut pem = Vec::new();
-    for cert in &found.certs {
-        pem.extend_from_slice(b"-----BEGIN CERTIFICATE-----\n");
-        for line in base64(cert.as_ref()).as_bytes().chunks(64) {
-            pem.extend_from_slice(line);
-            pem.push(b'\n');
-        }
-        pem.extend_from_slice(b"-----END CERTIFICATE-----\n");
-    }
-    Some(pem)
-}
-
-/// Standard base64 with padding (for PEM).
-fn base64(data: &[u8]) -> String {
-    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ABC[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
-/// A TLS failure in words a user can act on, or `None` when `text` is not about TLS.
+/// A TLS failure (rustls' words) as one line that says what to do, if it is one.
 pub fn explain(text: &str) -> Option<String> {
     let t = text.to_ascii_lowercase();
     let what = if t.contains("unknownissuer") || t.contains("unknown issuer") {
@@ -193,15 +165,6 @@ pub fn explain(text: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn base64_matches_the_standard() {
-        assert_eq!(base64(b""), "");
-        assert_eq!(base64(b"f"), "Zg==");
-        assert_eq!(base64(b"fo"), "Zm8=");
-        assert_eq!(base64(b"foo"), "Zm9v");
-        assert_eq!(base64(b"foobar"), "Zm9vYmFy");
-    }
 
     #[test]
     fn cert_without_key_is_refused() {

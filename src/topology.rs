@@ -3,9 +3,9 @@
 //! The URL resolves once into a [`Redis`] value: one server (`redis://`, `rediss://`,
 //! `redis+unix://`), a primary found through Sentinel (`redis+sentinel://`), or a Redis Cluster
 //! (`redis+cluster://`). The lock code then asks a [`Link`] one thing: run this call for KEY within
-//! this much time. The link connects when it has no connection, asking the sentinels again or
-//! letting the cluster client (redis-rs) find the KEY's slot owner; a failed call drops the
-//! connection, so the next call starts from a fresh lookup. That is how a renewal follows a
+//! this much time, whole reply included ([`crate::wire`]). The link connects when it has no
+//! connection, asking the sentinels again or reading the cluster's slot map ([`crate::cluster`]);
+//! a failed call drops the connection, so the next call starts from a fresh lookup. That is how a renewal follows a
 //! failover: the watchdog simply retries within the lock's deadline, as for any failed call.
 //!
 //! With `--min-replicas N`, every write (acquire, renewal) counts only once `WAIT` says N replicas
@@ -16,14 +16,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
-use redis::cluster::ClusterConnection;
-use redis::{Connection, ConnectionLike, RedisError, RedisResult};
+use redis::Value;
 
 use crate::clock::Instant;
-use crate::cluster::Cluster;
-use crate::connect::{first_line, redact_url, Node};
+use crate::cluster::{Cluster, ClusterCon};
+use crate::connect::{explain, redact_url, Node};
+use crate::resp::{Bad, Reply};
 use crate::sentinel::Service;
 use crate::tls::TlsOptions;
+use crate::wire::{Wire, WireError};
 
 /// Where the locks live, resolved from the URL. Cheap to clone: the watchdog thread has a copy.
 #[derive(Clone)]
@@ -71,44 +72,51 @@ impl Redis {
         })
     }
 
-    /// Open a connection within `within`: to the server, to the primary the sentinels name, or to
-    /// the cluster (its slot map).
-    fn connect(&self, within: Duration) -> Result<Con> {
-        let con = match &*self.target {
-            Target::Node(node) => node.connect(within).map(Con::Node),
-            Target::Sentinel(service) => service.connect(within).map(Con::Node),
-            Target::Cluster(cluster) => cluster.connect(within).map(|c| Con::Cluster(Box::new(c))),
+    /// Open a connection by `deadline`: to the server, to the primary the sentinels name, or to
+    /// the cluster (its slot map). A refusal that asking again cannot mend (a wrong password, an
+    /// ACL, a database that does not exist) is [`Failure::Refused`].
+    fn connect(&self, deadline: Instant) -> Result<Con, Failure> {
+        let within = deadline.saturating_duration_since(Instant::now());
+        let failed = |e: anyhow::Error| {
+            Failure::Connect(anyhow!(
+                "cannot connect to Redis at {}: {e:#}",
+                self.shown_url
+            ))
         };
-        con.map_err(|e| anyhow!("cannot connect to Redis at {}: {e:#}", self.shown_url))
+        match &*self.target {
+            Target::Node(node) => node.connect(within).map(Con::Node).map_err(|e| {
+                let text = anyhow!(
+                    "cannot connect to Redis at {}: {}",
+                    self.shown_url,
+                    explain(&e)
+                );
+                if e.transient() {
+                    Failure::Connect(text)
+                } else {
+                    Failure::Refused(text)
+                }
+            }),
+            Target::Sentinel(service) => service.connect(within).map(Con::Node).map_err(failed),
+            Target::Cluster(cluster) => cluster
+                .connect(deadline)
+                .map(|c| Con::Cluster(Box::new(c)))
+                .map_err(failed),
+        }
     }
 }
 
-/// An open connection of either shape. Both speak redis-rs' `ConnectionLike`, so a script call
-/// is written once; a cluster connection routes it by its first key.
+/// An open connection of either shape.
 enum Con {
-    Node(Connection),
-    Cluster(Box<ClusterConnection>),
+    Node(Wire),
+    Cluster(Box<ClusterCon>),
 }
 
 impl Con {
-    fn set_timeout(&self, d: Duration) -> RedisResult<()> {
-        let d = Some(d.max(Duration::from_millis(1)));
+    /// Run `args` for `key` by `deadline` (on a cluster, on the node that serves `key`).
+    fn call(&mut self, key: &str, args: &[&[u8]], deadline: Instant) -> Result<Reply, WireError> {
         match self {
-            Con::Node(c) => {
-                c.set_read_timeout(d)?;
-                c.set_write_timeout(d)
-            }
-            Con::Cluster(c) => {
-                c.set_read_timeout(d)?;
-                c.set_write_timeout(d)
-            }
-        }
-    }
-
-    fn like(&mut self) -> &mut dyn ConnectionLike {
-        match self {
-            Con::Node(c) => c,
-            Con::Cluster(c) => c,
+            Con::Node(w) => w.call(args, deadline),
+            Con::Cluster(c) => c.call(key, args, deadline),
         }
     }
 }
@@ -118,50 +126,42 @@ impl Con {
 pub enum Failure {
     /// No connection could be made: nothing was sent.
     Connect(anyhow::Error),
-    /// The call was sent and failed: Redis's error, or no (readable) reply.
-    Call(RedisError),
+    /// The server refused the connection for good (credentials, ACL, database): asking again
+    /// cannot help.
+    Refused(anyhow::Error),
+    /// The call was sent and failed: Redis's error, no whole reply in time, or a reply of the
+    /// wrong shape.
+    Call(WireError),
     /// `--min-replicas`: fewer replicas than asked acknowledged the write in time.
     Replicas { acked: u32, wanted: u32 },
 }
 
 impl Failure {
-    /// Redis may have run the call even though we got no reply we could read.
+    /// Redis may have run the call even though we got no reply we could use.
     pub fn maybe_ran(&self) -> bool {
-        match self {
-            Failure::Call(e) => {
-                e.is_timeout()
-                    || e.is_io_error()
-                    || e.is_connection_dropped()
-                    || matches!(
-                        e.kind(),
-                        redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType
-                    )
-            }
-            _ => false,
-        }
+        matches!(self, Failure::Call(e) if e.maybe_ran())
     }
 
     /// Worth another try on a new connection: the server or the network, not the request.
     pub fn transient(&self) -> bool {
         match self {
             Failure::Connect(_) | Failure::Replicas { .. } => true,
-            Failure::Call(e) => {
-                self.maybe_ran()
-                    || matches!(
-                        e.code(),
-                        Some("LOADING" | "BUSY" | "READONLY" | "MASTERDOWN" | "TRYAGAIN")
-                    )
-                    || e.is_cluster_error()
-            }
+            Failure::Refused(_) => false,
+            Failure::Call(e) => e.transient(),
         }
+    }
+
+    /// A reply of the wrong type or shape for `what`.
+    pub fn shape(what: &'static str) -> Failure {
+        Failure::Call(WireError::Bad(Bad::Protocol(what)))
     }
 }
 
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Failure::Connect(e) => write!(f, "{e:#}"),
-            Failure::Call(e) => f.write_str(&first_line(e)),
+            Failure::Connect(e) | Failure::Refused(e) => write!(f, "{e:#}"),
+            Failure::Call(e) => f.write_str(&explain(e)),
             Failure::Replicas { acked, wanted } => write!(
                 f,
                 "only {acked} of the {wanted} replicas asked for (--min-replicas) confirmed it in time"
@@ -191,91 +191,88 @@ impl Link {
         &self.redis
     }
 
-    /// The connection, made within `within` if there is none, with its timeouts set to what is
-    /// left of `within`. The caller puts it back after a successful call.
-    fn take(&mut self, within: Duration) -> Result<Con, Failure> {
-        let start = Instant::now();
-        let con = match self.con.take() {
+    /// Run `args` for `key` within `within`, connecting first if needed (that counts against
+    /// `within`), the whole reply included. A refusal by the server is an error; any failure but
+    /// `NOSCRIPT` drops the connection: the next call looks the server up again.
+    pub fn call(&mut self, within: Duration, key: &str, args: &[&[u8]]) -> Result<Value, Failure> {
+        let deadline = Instant::now() + within;
+        let mut con = match self.con.take() {
             Some(c) => c,
-            None => self.redis.connect(within).map_err(Failure::Connect)?,
+            None => self.redis.connect(deadline)?,
         };
-        con.set_timeout(within.saturating_sub(start.elapsed()))
-            .map_err(Failure::Call)?;
-        Ok(con)
-    }
-
-    /// Run `call` within `within`, connecting first if needed (that counts against `within`).
-    /// Any failure drops the connection: the next call looks the server up again.
-    pub fn call<T>(
-        &mut self,
-        within: Duration,
-        call: impl FnOnce(&mut dyn ConnectionLike) -> RedisResult<T>,
-    ) -> Result<T, Failure> {
-        let start = Instant::now();
-        let mut con = self.take(within)?;
-        match call(con.like()) {
-            Ok(value) => {
+        match con.call(key, args, deadline) {
+            Ok(Reply::Value(v)) => {
                 self.con = Some(con);
-                Ok(value)
+                Ok(v)
             }
-            Err(e) => match &*self.redis.target {
-                Target::Cluster(c) if e.kind() == redis::ErrorKind::ClusterConnectionNotFound => {
-                    let left = within.saturating_sub(start.elapsed());
-                    Err(Failure::Connect(anyhow!(
-                        "cannot use Redis at {}: {}",
-                        self.redis.shown_url,
-                        c.explain(left)
-                    )))
+            Ok(Reply::Error(e)) => {
+                let e = WireError::Server(e);
+                if e.code() == Some("NOSCRIPT") {
+                    self.con = Some(con);
                 }
-                _ => Err(Failure::Call(e)),
-            },
+                Err(Failure::Call(e))
+            }
+            Err(e) => Err(Failure::Call(e)),
         }
     }
 
     /// With `--min-replicas N`: wait (within `within`) until N replicas acknowledged every write
-    /// made on this connection, on the node that serves `key`. Nothing to do without it.
+    /// made on this connection, on the node that serves `key`. Nothing to do without it. Falling
+    /// short drops the connection, so the next try looks the primary up again (a failover may
+    /// have left it on a node whose replicas are gone).
     pub fn confirm(&mut self, key: &str, within: Duration) -> Result<(), Failure> {
         let wanted = self.redis.min_replicas;
         if wanted == 0 {
             return Ok(());
         }
-        let Some(con) = self.con.as_mut() else {
+        let Some(mut con) = self.con.take() else {
             // The write's connection is gone: its replication cannot be confirmed.
             return Err(Failure::Replicas { acked: 0, wanted });
         };
-        // WAIT's own timeout ends before our read timeout, so its count is what we read.
-        let wait_ms = (within.as_millis() as u64 * 3 / 4).max(1);
-        let mut cmd = redis::cmd("WAIT");
-        cmd.arg(wanted).arg(wait_ms);
-        let acked = con.set_timeout(within).and_then(|()| match con {
-            Con::Node(c) => cmd.query::<i64>(c),
-            Con::Cluster(c) => {
-                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-                let route = Route::with_key(key.as_bytes(), SlotAddr::Master);
-                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
-                c.route_command(&cmd, routing)
-                    .and_then(|v| redis::from_redis_value::<i64>(v).map_err(Into::into))
-            }
-        });
+        // WAIT's own timeout ends before our deadline, so its count is what we read.
+        let wait_ms = (within.as_millis() as u64 * 3 / 4).max(1).to_string();
+        let wanted_s = wanted.to_string();
+        let deadline = Instant::now() + within;
+        let acked = con
+            .call(
+                key,
+                &[b"WAIT", wanted_s.as_bytes(), wait_ms.as_bytes()],
+                deadline,
+            )
+            .and_then(Reply::ok);
         match acked {
-            Ok(n) if n >= i64::from(wanted) => Ok(()),
-            Ok(n) => Err(Failure::Replicas {
+            Ok(Value::Int(n)) if n >= i64::from(wanted) => {
+                self.con = Some(con);
+                Ok(())
+            }
+            Ok(Value::Int(n)) => Err(Failure::Replicas {
                 acked: n.max(0) as u32,
                 wanted,
             }),
-            Err(e) => {
-                self.con = None;
-                Err(Failure::Call(e))
-            }
+            Ok(_) => Err(Failure::shape("a WAIT reply that is not a count")),
+            Err(e) => Err(Failure::Call(e)),
         }
     }
 
     /// Every key matching `pattern`, with SCAN (never KEYS): on every primary of a cluster.
     pub fn scan(&mut self, pattern: &str, within: Duration) -> Result<Vec<String>, Failure> {
-        let mut con = self.take(within)?;
+        let deadline = Instant::now() + within;
+        let mut con = match self.con.take() {
+            Some(c) => c,
+            None => self.redis.connect(deadline)?,
+        };
         let found = match &mut con {
-            Con::Node(c) => scan_node(&mut |cmd| cmd.query(c), pattern),
-            Con::Cluster(c) => Cluster::scan_primaries(c, pattern, scan_node),
+            Con::Node(w) => scan_node(&mut |args| w.call(args, deadline), pattern),
+            Con::Cluster(c) => c
+                .primaries()
+                .iter()
+                .try_fold(Vec::new(), |mut found, addr| {
+                    found.extend(scan_node(
+                        &mut |args| c.call_at(addr, args, deadline),
+                        pattern,
+                    )?);
+                    Ok(found)
+                }),
         }
         .map_err(Failure::Call)?;
         self.con = Some(con);
@@ -283,24 +280,41 @@ impl Link {
     }
 }
 
+/// Runs one command on one server.
+type Send<'a> = dyn FnMut(&[&[u8]]) -> Result<Reply, WireError> + 'a;
+
 /// SCAN one server to the end; `send` runs a command on it.
 fn scan_node(
-    send: &mut dyn FnMut(&redis::Cmd) -> RedisResult<redis::Value>,
+    send: &mut Send,
     pattern: &str,
-) -> RedisResult<Vec<String>> {
+) -> Result<Vec<String>, WireError> {
+    let bad = || WireError::Bad(Bad::Protocol("a SCAN reply of the wrong shape"));
     let mut found = Vec::new();
-    let mut cursor: u64 = 0;
+    let mut cursor = "0".to_string();
     loop {
-        let mut cmd = redis::cmd("SCAN");
-        cmd.arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(1000);
-        let (next, batch): (u64, Vec<String>) = redis::from_redis_value(send(&cmd)?)?;
-        found.extend(batch);
-        cursor = next;
-        if cursor == 0 {
+        let reply = send(&[
+            b"SCAN",
+            cursor.as_bytes(),
+            b"MATCH",
+            pattern.as_bytes(),
+            b"COUNT",
+            b"1000",
+        ])?
+        .ok()?;
+        let Value::Array(parts) = reply else {
+            return Err(bad());
+        };
+        let [Value::BulkString(next), Value::Array(batch)] = parts.as_slice() else {
+            return Err(bad());
+        };
+        for key in batch {
+            let Value::BulkString(k) = key else {
+                return Err(bad());
+            };
+            found.push(String::from_utf8_lossy(k).into_owned());
+        }
+        cursor = String::from_utf8_lossy(next).into_owned();
+        if cursor == "0" {
             return Ok(found);
         }
     }

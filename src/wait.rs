@@ -144,6 +144,10 @@ pub fn acquire(
                 }
             }
             Some(Ok(())) => {}
+            // Refused for good (an ACL without BLPOP, say): waiting longer cannot help.
+            Some(Err(e)) if !e.transient() => {
+                return Err(anyhow!("cannot wait for lock '{}': {e}", keys.name))
+            }
             // The connection is gone or out of step: the next round makes a new one.
             Some(Err(e)) => {
                 let e = anyhow!("cannot wait for lock '{}': {e}", keys.name);

@@ -1,0 +1,334 @@
+//! One connection to one Redis server, where every exchange has a deadline for the whole of it.
+//!
+//! It exists because a socket timeout bounds each read, not a command: a server that drips one
+//! byte every 0.3 s never lets a read time out, and a general client would wait for as long as the
+//! server likes. Here the connect, the TLS handshake, `AUTH`, `SELECT` and every command finish by
+//! the deadline given or fail as a timeout: before each read or write the socket's timeout is set
+//! to what is left. Replies are read with [`crate::resp`]'s bound on their size.
+
+use std::io::{self, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::Value;
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, ClientConnection, StreamOwned};
+
+use crate::clock::Instant;
+use crate::resp::{self, Bad, Reply};
+
+/// Where a server listens.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Addr {
+    Tcp(String, u16),
+    Unix(PathBuf),
+}
+
+impl std::fmt::Display for Addr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Addr::Tcp(h, p) if h.contains(':') => write!(f, "[{h}]:{p}"),
+            Addr::Tcp(h, p) => write!(f, "{h}:{p}"),
+            Addr::Unix(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+/// How to open a session on a server: TLS, credentials, database.
+#[derive(Clone, Default)]
+pub struct Session {
+    pub tls: Option<Arc<ClientConfig>>,
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub db: i64,
+}
+
+/// Why an exchange failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WireError {
+    /// The deadline passed before the whole reply was there.
+    Timeout,
+    /// The connection could not be made, or broke (refused, reset, closed): what happened.
+    Io(String),
+    /// The server sent something that is not a Redis reply, or one larger than cronlock reads.
+    Bad(Bad),
+    /// The server refused the command: `CODE detail`.
+    Server(String),
+    /// The TLS layer refused: what rustls said.
+    Tls(String),
+}
+
+impl WireError {
+    /// The server's error code (`WRONGPASS`, `NOSCRIPT`, ...), if it refused.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            WireError::Server(text) => text.split_whitespace().next(),
+            _ => None,
+        }
+    }
+
+    /// The server may have run the command even though no reply was read.
+    pub fn maybe_ran(&self) -> bool {
+        matches!(
+            self,
+            WireError::Timeout | WireError::Io(_) | WireError::Bad(_)
+        )
+    }
+
+    /// Asking again (on a new connection) may work: the network or a server in transition, not
+    /// the request, the credentials or the configuration.
+    pub fn transient(&self) -> bool {
+        match self {
+            WireError::Server(_) => matches!(
+                self.code(),
+                Some(
+                    "LOADING"
+                        | "BUSY"
+                        | "READONLY"
+                        | "MASTERDOWN"
+                        | "TRYAGAIN"
+                        | "CLUSTERDOWN"
+                        | "MOVED"
+                        | "ASK"
+                        | "NOREPLICAS"
+                )
+            ),
+            WireError::Tls(_) => false,
+            _ => true,
+        }
+    }
+}
+
+impl std::fmt::Display for WireError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WireError::Timeout => f.write_str("Redis did not answer in time"),
+            WireError::Io(e) => f.write_str(e),
+            WireError::Bad(Bad::TooLarge) => write!(
+                f,
+                "the server sent a reply larger than {} KiB, which no lock reply is",
+                resp::MAX_REPLY / 1024
+            ),
+            WireError::Bad(Bad::Protocol(what)) => {
+                write!(f, "the server did not answer like a Redis server ({what})")
+            }
+            WireError::Server(text) => f.write_str(text),
+            WireError::Tls(e) => f.write_str(e),
+        }
+    }
+}
+
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+    Tls(Box<StreamOwned<ClientConnection, TcpStream>>),
+}
+
+impl Stream {
+    fn set_timeout(&self, d: Duration) -> io::Result<()> {
+        let d = Some(d.max(Duration::from_micros(100)));
+        match self {
+            Stream::Tcp(s) => s.set_read_timeout(d).and(s.set_write_timeout(d)),
+            Stream::Unix(s) => s.set_read_timeout(d).and(s.set_write_timeout(d)),
+            Stream::Tls(s) => s.sock.set_read_timeout(d).and(s.sock.set_write_timeout(d)),
+        }
+    }
+}
+
+/// An open connection; the caller drops it after any failure (see [`crate::topology`]).
+pub struct Wire {
+    stream: Stream,
+    /// Bytes read past the last reply.
+    buf: Vec<u8>,
+}
+
+/// What is left until `deadline`, or a timeout.
+fn left(deadline: Instant) -> Result<Duration, WireError> {
+    let d = deadline.saturating_duration_since(Instant::now());
+    if d.is_zero() {
+        Err(WireError::Timeout)
+    } else {
+        Ok(d)
+    }
+}
+
+fn io_error(e: io::Error) -> WireError {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => WireError::Timeout,
+        _ => {
+            // rustls errors come wrapped in io::Error.
+            if let Some(tls) = e
+                .get_ref()
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            {
+                return WireError::Tls(tls_text(tls));
+            }
+            WireError::Io(crate::log::io_text(&e))
+        }
+    }
+}
+
+fn tls_text(e: &rustls::Error) -> String {
+    let raw = format!("{e:?} {e}");
+    crate::tls::explain(&raw).unwrap_or_else(|| format!("TLS: {e}"))
+}
+
+impl Wire {
+    /// Connect to `addr` and open a session, all by `deadline`.
+    pub fn connect(addr: &Addr, session: &Session, deadline: Instant) -> Result<Wire, WireError> {
+        let stream = match addr {
+            Addr::Unix(path) => {
+                let s = UnixStream::connect(path).map_err(io_error)?;
+                Stream::Unix(s)
+            }
+            Addr::Tcp(host, port) => {
+                let tcp = tcp_connect(host, *port, deadline)?;
+                match &session.tls {
+                    None => Stream::Tcp(tcp),
+                    Some(config) => Stream::Tls(Box::new(handshake(host, tcp, config, deadline)?)),
+                }
+            }
+        };
+        let mut wire = Wire {
+            stream,
+            buf: Vec::new(),
+        };
+        if let Some(pw) = &session.password {
+            let mut args: Vec<&[u8]> = vec![b"AUTH"];
+            if let Some(u) = &session.user {
+                args.push(u.as_bytes());
+            }
+            args.push(pw.as_bytes());
+            wire.call(&args, deadline)?.ok()?;
+        }
+        if session.db != 0 {
+            let db = session.db.to_string();
+            wire.call(&[b"SELECT", db.as_bytes()], deadline)?.ok()?;
+        }
+        Ok(wire)
+    }
+
+    /// Send one command and read its reply, all by `deadline`. A server's refusal is a reply
+    /// (`Reply::Error`): the connection is still good.
+    pub fn call(&mut self, args: &[&[u8]], deadline: Instant) -> Result<Reply, WireError> {
+        self.send(&resp::encode(args), deadline)?;
+        self.read(deadline)
+    }
+
+    fn send(&mut self, bytes: &[u8], deadline: Instant) -> Result<(), WireError> {
+        let mut sent = 0;
+        while sent < bytes.len() {
+            self.stream.set_timeout(left(deadline)?).map_err(io_error)?;
+            let n = match &mut self.stream {
+                Stream::Tcp(s) => s.write(&bytes[sent..]),
+                Stream::Unix(s) => s.write(&bytes[sent..]),
+                Stream::Tls(s) => s.write(&bytes[sent..]),
+            };
+            match n {
+                Ok(0) => return Err(WireError::Io("the connection was closed".into())),
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_error(e)),
+            }
+        }
+        if let Stream::Tls(s) = &mut self.stream {
+            s.flush().map_err(io_error)?;
+        }
+        Ok(())
+    }
+
+    fn read(&mut self, deadline: Instant) -> Result<Reply, WireError> {
+        let mut chunk = [0u8; 16 * 1024];
+        loop {
+            if let Some((reply, used)) = resp::parse(&self.buf).map_err(WireError::Bad)? {
+                self.buf.drain(..used);
+                return Ok(reply);
+            }
+            self.stream.set_timeout(left(deadline)?).map_err(io_error)?;
+            let n = match &mut self.stream {
+                Stream::Tcp(s) => s.read(&mut chunk),
+                Stream::Unix(s) => s.read(&mut chunk),
+                Stream::Tls(s) => s.read(&mut chunk),
+            };
+            match n {
+                Ok(0) => return Err(WireError::Io("the server closed the connection".into())),
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_error(e)),
+            }
+        }
+    }
+}
+
+impl Reply {
+    /// The value, or the server's refusal as an error.
+    pub fn ok(self) -> Result<Value, WireError> {
+        match self {
+            Reply::Value(v) => Ok(v),
+            Reply::Error(e) => Err(WireError::Server(e)),
+        }
+    }
+}
+
+fn tcp_connect(host: &str, port: u16, deadline: Instant) -> Result<TcpStream, WireError> {
+    let addrs = (host, port).to_socket_addrs().map_err(|e| {
+        WireError::Io(format!(
+            "cannot resolve '{host}': {}",
+            crate::log::io_text(&e)
+        ))
+    })?;
+    let mut last = WireError::Io(format!("'{host}' resolves to no address"));
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, left(deadline)?) {
+            Ok(s) => {
+                let _ = s.set_nodelay(true);
+                return Ok(s);
+            }
+            Err(e) => last = io_error(e),
+        }
+    }
+    Err(last)
+}
+
+fn handshake(
+    host: &str,
+    mut tcp: TcpStream,
+    config: &Arc<ClientConfig>,
+    deadline: Instant,
+) -> Result<StreamOwned<ClientConnection, TcpStream>, WireError> {
+    let name = ServerName::try_from(host.to_string())
+        .map_err(|_| WireError::Tls(format!("'{host}' is not a valid TLS server name")))?;
+    let mut tls = ClientConnection::new(Arc::clone(config), name)
+        .map_err(|e| WireError::Tls(tls_text(&e)))?;
+    while tls.is_handshaking() {
+        let d = left(deadline).map_err(|_| {
+            // A plain Redis reads a ClientHello as the start of a command and waits.
+            WireError::Io("no TLS answer in time: is it a plain port? use redis:// for it".into())
+        })?;
+        tcp.set_read_timeout(Some(d)).map_err(io_error)?;
+        tcp.set_write_timeout(Some(d)).map_err(io_error)?;
+        match tls.complete_io(&mut tcp) {
+            Ok((0, 0)) if tls.is_handshaking() => {
+                return Err(WireError::Io(
+                    "the server closed the connection during the TLS handshake".into(),
+                ))
+            }
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(WireError::Io(
+                    "no TLS answer in time: is it a plain port? use redis:// for it".into(),
+                ))
+            }
+            Err(e) => return Err(io_error(e)),
+        }
+    }
+    Ok(StreamOwned::new(tls, tcp))
+}
