@@ -834,3 +834,157 @@ pub fn hosts_url(scheme: &str, ports: impl Iterator<Item = u16>) -> String {
     format!("{scheme}://{}", hosts.join(","))
 }
 
+/// What a [`Hostile`] proxy does to the replies it relays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mischief {
+    /// Relay replies as they are.
+    Pass,
+    /// Relay each reply one byte every 300 ms: no single read ever times out.
+    Drip,
+    /// Answer every command with a bulk string declared 1 GB long, and stream it.
+    Huge,
+    /// Answer every command with `+OK` without asking Redis.
+    Ok,
+    /// Answer every command with RESP3's `#t` without asking Redis.
+    True,
+}
+
+/// A loopback proxy in front of a real Redis that turns hostile on demand ([`Hostile::set`]):
+/// each connection relays commands to the server and replies back through the current mischief.
+pub struct Hostile {
+    pub port: u16,
+    mode: std::sync::Arc<std::sync::Mutex<Mischief>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Hostile {
+    /// A proxy in front of `upstream`'s TCP port.
+    pub fn start(upstream: u16) -> Hostile {
+        use std::io::{Read, Write};
+        use std::net::TcpStream;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mode = std::sync::Arc::new(std::sync::Mutex::new(Mischief::Pass));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (m, st) = (mode.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !st.load(Ordering::SeqCst) {
+                let Ok((mut client, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                let (m, st) = (m.clone(), st.clone());
+                std::thread::spawn(move || {
+                    client.set_nonblocking(false).unwrap();
+                    let _ = client.set_read_timeout(Some(Duration::from_millis(100)));
+                    let Ok(mut server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                        return;
+                    };
+                    let _ = server.set_read_timeout(Some(Duration::from_secs(5)));
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while !st.load(Ordering::SeqCst) {
+                        let n = match client.read(&mut buf) {
+                            Ok(0) => return,
+                            Ok(n) => n,
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                            Err(_) => return,
+                        };
+                        let mode = *m.lock().unwrap();
+                        let reply = match mode {
+                            Mischief::Ok => b"+OK\r\n".to_vec(),
+                            Mischief::True => b"#t\r\n".to_vec(),
+                            Mischief::Huge => {
+                                if client.write_all(b"$1000000000\r\n").is_err() {
+                                    return;
+                                }
+                                let chunk = vec![b'x'; 64 * 1024];
+                                // At most the declared gigabyte, for at most 60 s.
+                                let end = Instant::now() + Duration::from_secs(60);
+                                for _ in 0..(1_000_000_000 / chunk.len()) {
+                                    if Instant::now() > end || client.write_all(&chunk).is_err() {
+                                        return;
+                                    }
+                                }
+                                return;
+                            }
+                            Mischief::Pass | Mischief::Drip => {
+                                if server.write_all(&buf[..n]).is_err() {
+                                    return;
+                                }
+                                let Ok(got) = server.read(&mut buf) else {
+                                    return;
+                                };
+                                buf[..got].to_vec()
+                            }
+                        };
+                        if mode == Mischief::Drip {
+                            for b in reply {
+                                if st.load(Ordering::SeqCst) || client.write_all(&[b]).is_err() {
+                                    return;
+                                }
+                                std::thread::sleep(Duration::from_millis(300));
+                            }
+                        } else if client.write_all(&reply).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Hostile { port, mode, stop }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn set(&self, mischief: Mischief) {
+        *self.mode.lock().unwrap() = mischief;
+    }
+}
+
+impl Drop for Hostile {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Run `cmd` to its end, as `wait4` reports it: its output, exit code and peak RSS in KiB.
+// The child is reaped with wait4 (for its rusage), which clippy does not see.
+#[allow(clippy::zombie_processes)]
+pub fn run_measured(cmd: &mut Command) -> (Output, i32, i64) {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let mut stdout = Vec::new();
+    let _ = out.read_to_end(&mut stdout);
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid out-parameter.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waiting for our own child, with valid out-pointers.
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(pid, child.id() as i32);
+    let stderr = reader.join().unwrap();
+    let status = std::process::ExitStatus::from_raw(status);
+    let code = status.code().unwrap_or(-1);
+    (
+        Output {
+            status,
+            stdout,
+            stderr,
+        },
+        code,
+        usage.ru_maxrss,
+    )
+}
