@@ -1,9 +1,14 @@
 //! Finding the primary through Redis Sentinel: `redis+sentinel://` and `rediss+sentinel://`.
 //!
-//! Every sentinel is asked at once (`SENTINEL GET-MASTER-ADDR-BY-NAME`), each from a short-lived
-//! thread, every exchange bounded by the time we have ([`crate::wire`]); the first primary a
-//! sentinel names is connected to and must say with `ROLE` that it is a primary. A hung sentinel
-//! costs one thread until the deadline, never the lookup.
+//! Every sentinel is asked at once (`SENTINEL MASTER`), each from a short-lived thread, every
+//! exchange bounded by the time we have ([`crate::wire`]). Once a majority has answered, the
+//! primary named with the highest configuration epoch wins (after a failover, the new
+//! configuration's epoch is higher); that node must say with `ROLE` that it is a primary. A hung
+//! sentinel costs one thread until the deadline, never the lookup.
+//!
+//! The primary is the node the sentinels name *now*: a connection to it is used again only after
+//! the sentinels have named it once more ([`Service::still_primary`]), so a holder moves to the
+//! new primary at its next renewal after a failover, and never renews on a demoted node.
 
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
@@ -13,8 +18,12 @@ use redis::Value;
 
 use crate::clock::Instant;
 use crate::connect::{explain, HostsUrl};
+use crate::resp::{Bad, Reply};
 use crate::tls::TlsOptions;
 use crate::wire::{Addr, Session, Wire, WireError};
+
+/// A connection that took longer than this to make is checked against the sentinels again.
+const RECHECK_AFTER: Duration = Duration::from_millis(200);
 
 /// Sentinel's default port.
 const PORT: u16 = 26379;
@@ -31,7 +40,9 @@ pub struct Service {
 
 /// What one sentinel said.
 enum Named {
-    Primary(String, u16),
+    /// The primary it names, and the configuration epoch it knows it from: after a failover the
+    /// new configuration has a higher epoch, and the highest one wins (Sentinel's own rule).
+    Primary(Addr, u64),
     /// It knows no primary of that name.
     Unknown,
 }
@@ -96,11 +107,31 @@ impl Service {
         Ok(service)
     }
 
-    /// Connect to the service's primary within `within`, lookup included.
-    pub fn connect(&self, within: Duration) -> Result<Wire> {
-        let deadline = Instant::now() + within;
-        let (host, port) = self.primary(deadline)?;
-        let addr = Addr::Tcp(host, port);
+    /// Connect to the service's primary by `deadline`, lookup included: the node the sentinels
+    /// name, which must say with `ROLE` that it is a primary. Returns it with its address.
+    pub fn connect(&self, deadline: Instant) -> Result<(Wire, Addr)> {
+        let asked = Instant::now();
+        let addr = self.primary(deadline)?;
+        let wire = self.connect_to(&addr, deadline)?;
+        // A node that took long to answer (frozen, then woken) may have been replaced meanwhile:
+        // the primary is the node the sentinels name now, not the one they named before.
+        if asked.elapsed() > RECHECK_AFTER && self.primary(deadline)? != addr {
+            bail!(
+                "the primary of service '{}' changed while connecting to it (a failover under way)",
+                self.name
+            );
+        }
+        Ok((wire, addr))
+    }
+
+    /// Is `addr` still the primary the sentinels name? Asked before a connection to it is used
+    /// again, so that no lock is ever renewed on a node the sentinels no longer name.
+    pub fn still_primary(&self, addr: &Addr, deadline: Instant) -> Result<bool> {
+        Ok(self.primary(deadline)? == *addr)
+    }
+
+    /// Connect to `addr` and check that it is a primary.
+    fn connect_to(&self, addr: &Addr, deadline: Instant) -> Result<Wire> {
         let named = |e: &WireError| {
             anyhow!(
                 "the primary of service '{}' ({addr}): {}",
@@ -108,8 +139,7 @@ impl Service {
                 explain(e)
             )
         };
-        let mut wire = Wire::connect(&addr, &self.data, deadline).map_err(|e| named(&e))?;
-        // The sentinels may name a node that is not (or no longer) a primary: never use one.
+        let mut wire = Wire::connect(addr, &self.data, deadline).map_err(|e| named(&e))?;
         let role = wire
             .call(&[b"ROLE"], deadline)
             .and_then(|r| r.ok())
@@ -126,8 +156,9 @@ impl Service {
         }
     }
 
-    /// Ask every sentinel at once; the first that names a primary wins.
-    fn primary(&self, deadline: Instant) -> Result<(String, u16)> {
+    /// Ask every sentinel at once; once a majority of them answered (or all that can, by the
+    /// deadline), the primary named with the highest configuration epoch wins.
+    fn primary(&self, deadline: Instant) -> Result<Addr> {
         let (tx, rx) = mpsc::channel();
         let name = Arc::new(self.name.clone());
         for (i, (host, port)) in self.sentinels.iter().enumerate() {
@@ -144,12 +175,26 @@ impl Service {
             }
         }
         drop(tx);
+        let majority = self.sentinels.len() / 2 + 1;
+        let mut best: Option<(Addr, u64)> = None;
+        let mut answered = 0;
         let mut errors: Vec<(usize, Result<Named, WireError>)> = Vec::new();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
-                Ok((_, Ok(Named::Primary(host, port)))) => return Ok((host, port)),
-                Ok(answer) => errors.push(answer),
+                Ok((_, Ok(Named::Primary(addr, epoch)))) => {
+                    answered += 1;
+                    if best.as_ref().is_none_or(|(_, e)| epoch > *e) {
+                        best = Some((addr, epoch));
+                    }
+                }
+                Ok(answer) => {
+                    if answer.1.is_ok() {
+                        answered += 1;
+                    }
+                    errors.push(answer);
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) if best.is_some() => break,
                 Err(mpsc::RecvTimeoutError::Timeout) => bail!(
                     "no sentinel named a primary for service '{}' in time{}",
                     self.name,
@@ -157,6 +202,12 @@ impl Service {
                 ),
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
             }
+            if answered >= majority && best.is_some() {
+                break;
+            }
+        }
+        if let Some((addr, _)) = best {
+            return Ok(addr);
         }
         if errors.iter().all(|(_, a)| matches!(a, Ok(Named::Unknown))) {
             bail!(
@@ -197,34 +248,48 @@ impl Service {
     }
 }
 
-/// Ask one sentinel which primary it names for `name`.
+/// Ask one sentinel which primary it names for `name` (`SENTINEL MASTER`: its address and the
+/// configuration epoch it comes from).
 fn ask(addr: &Addr, session: &Session, name: &str, deadline: Instant) -> Result<Named, WireError> {
     let mut wire = Wire::connect(addr, session, deadline)?;
-    let reply = wire
-        .call(
-            &[b"SENTINEL", b"GET-MASTER-ADDR-BY-NAME", name.as_bytes()],
-            deadline,
-        )?
-        .ok()?;
-    match reply {
-        Value::Nil => Ok(Named::Unknown),
-        Value::Array(parts) => match parts.as_slice() {
-            [Value::BulkString(host), Value::BulkString(port)] => {
-                let host = String::from_utf8_lossy(host).into_owned();
-                let port = std::str::from_utf8(port).ok().and_then(|p| p.parse().ok());
-                match port {
-                    Some(port) if !host.is_empty() => Ok(Named::Primary(host, port)),
-                    _ => Err(WireError::Bad(crate::resp::Bad::Protocol(
-                        "a primary address that is not host and port",
-                    ))),
-                }
-            }
-            _ => Err(WireError::Bad(crate::resp::Bad::Protocol(
-                "a primary address that is not host and port",
-            ))),
-        },
-        _ => Err(WireError::Bad(crate::resp::Bad::Protocol(
-            "a primary address that is not host and port",
-        ))),
+    let reply = match wire.call(&[b"SENTINEL", b"MASTER", name.as_bytes()], deadline)? {
+        Reply::Error(e) if e.contains("No such master") => return Ok(Named::Unknown),
+        r => r.ok()?,
+    };
+    let bad = || WireError::Bad(Bad::Protocol("a SENTINEL MASTER reply of the wrong shape"));
+    let fields: Vec<(String, String)> = match reply {
+        Value::Array(flat) => flat
+            .chunks(2)
+            .filter_map(|kv| match kv {
+                [Value::BulkString(k), Value::BulkString(v)] => Some((
+                    String::from_utf8_lossy(k).into_owned(),
+                    String::from_utf8_lossy(v).into_owned(),
+                )),
+                _ => None,
+            })
+            .collect(),
+        Value::Map(pairs) => pairs
+            .iter()
+            .filter_map(|kv| match kv {
+                (Value::BulkString(k), Value::BulkString(v)) => Some((
+                    String::from_utf8_lossy(k).into_owned(),
+                    String::from_utf8_lossy(v).into_owned(),
+                )),
+                _ => None,
+            })
+            .collect(),
+        _ => return Err(bad()),
+    };
+    let field = |k: &str| fields.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    let (Some(ip), Some(port)) = (field("ip"), field("port").and_then(|p| p.parse().ok())) else {
+        return Err(bad());
+    };
+    // A primary this sentinel believes down is no primary to use (a failover is coming).
+    if field("flags").is_some_and(|f| f.split(',').any(|f| f == "s_down" || f == "o_down")) {
+        return Ok(Named::Unknown);
     }
+    let epoch = field("config-epoch")
+        .and_then(|e| e.parse().ok())
+        .unwrap_or(0);
+    Ok(Named::Primary(Addr::Tcp(ip.to_string(), port), epoch))
 }

@@ -96,7 +96,10 @@ impl Redis {
                     Failure::Refused(text)
                 }
             }),
-            Target::Sentinel(service) => service.connect(within).map(Con::Node).map_err(failed),
+            Target::Sentinel(service) => service
+                .connect(deadline)
+                .map(|(w, addr)| Con::Primary(w, addr))
+                .map_err(failed),
             Target::Cluster(cluster) => cluster
                 .connect(deadline)
                 .map(|c| Con::Cluster(Box::new(c)))
@@ -105,9 +108,11 @@ impl Redis {
     }
 }
 
-/// An open connection of either shape.
+/// An open connection of any shape.
 enum Con {
     Node(Wire),
+    /// The primary the sentinels named, at this address.
+    Primary(Wire, crate::wire::Addr),
     Cluster(Box<ClusterCon>),
 }
 
@@ -115,7 +120,7 @@ impl Con {
     /// Run `args` for `key` by `deadline` (on a cluster, on the node that serves `key`).
     fn call(&mut self, key: &str, args: &[&[u8]], deadline: Instant) -> Result<Reply, WireError> {
         match self {
-            Con::Node(w) => w.call(args, deadline),
+            Con::Node(w) | Con::Primary(w, _) => w.call(args, deadline),
             Con::Cluster(c) => c.call(key, args, deadline),
         }
     }
@@ -196,10 +201,7 @@ impl Link {
     /// `NOSCRIPT` drops the connection: the next call looks the server up again.
     pub fn call(&mut self, within: Duration, key: &str, args: &[&[u8]]) -> Result<Value, Failure> {
         let deadline = Instant::now() + within;
-        let mut con = match self.con.take() {
-            Some(c) => c,
-            None => self.redis.connect(deadline)?,
-        };
+        let mut con = self.reuse_or_connect(deadline)?;
         match con.call(key, args, deadline) {
             Ok(Reply::Value(v)) => {
                 self.con = Some(con);
@@ -213,6 +215,26 @@ impl Link {
                 Err(Failure::Call(e))
             }
             Err(e) => Err(Failure::Call(e)),
+        }
+    }
+
+    /// The open connection if it may still be used, else a new one. Under Sentinel, a connection
+    /// is used again only if the sentinels still name its node as the primary: otherwise a lock
+    /// could be kept alive on a node they demoted, while it expires on the new primary.
+    fn reuse_or_connect(&mut self, deadline: Instant) -> Result<Con, Failure> {
+        match (self.con.take(), &*self.redis.target) {
+            (Some(Con::Primary(w, addr)), Target::Sentinel(service)) => {
+                match service.still_primary(&addr, deadline) {
+                    Ok(true) => Ok(Con::Primary(w, addr)),
+                    Ok(false) => self.redis.connect(deadline),
+                    Err(e) => Err(Failure::Connect(anyhow!(
+                        "cannot confirm the primary of {}: {e:#}",
+                        self.redis.shown_url
+                    ))),
+                }
+            }
+            (Some(c), _) => Ok(c),
+            (None, _) => self.redis.connect(deadline),
         }
     }
 
@@ -257,12 +279,11 @@ impl Link {
     /// Every key matching `pattern`, with SCAN (never KEYS): on every primary of a cluster.
     pub fn scan(&mut self, pattern: &str, within: Duration) -> Result<Vec<String>, Failure> {
         let deadline = Instant::now() + within;
-        let mut con = match self.con.take() {
-            Some(c) => c,
-            None => self.redis.connect(deadline)?,
-        };
+        let mut con = self.reuse_or_connect(deadline)?;
         let found = match &mut con {
-            Con::Node(w) => scan_node(&mut |args| w.call(args, deadline), pattern),
+            Con::Node(w) | Con::Primary(w, _) => {
+                scan_node(&mut |args| w.call(args, deadline), pattern)
+            }
             Con::Cluster(c) => c
                 .primaries()
                 .iter()
@@ -284,10 +305,7 @@ impl Link {
 type Send<'a> = dyn FnMut(&[&[u8]]) -> Result<Reply, WireError> + 'a;
 
 /// SCAN one server to the end; `send` runs a command on it.
-fn scan_node(
-    send: &mut Send,
-    pattern: &str,
-) -> Result<Vec<String>, WireError> {
+fn scan_node(send: &mut Send, pattern: &str) -> Result<Vec<String>, WireError> {
     let bad = || WireError::Bad(Bad::Protocol("a SCAN reply of the wrong shape"));
     let mut found = Vec::new();
     let mut cursor = "0".to_string();
