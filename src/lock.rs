@@ -33,6 +33,8 @@ const FORCE_RELEASE_LUA: &str = include_str!("lua/force_release.lua");
 const STATUS_LUA: &str = include_str!("lua/status.lua");
 const ABANDON_LUA: &str = include_str!("lua/abandon.lua");
 const RAISE_LUA: &str = include_str!("lua/raise.lua");
+const RESTORE_LUA: &str = include_str!("lua/restore.lua");
+static RESTORE: LazyLock<Script> = LazyLock::new(|| Script::new(RESTORE_LUA));
 static RAISE: LazyLock<Script> = LazyLock::new(|| Script::new(RAISE_LUA));
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
@@ -417,6 +419,24 @@ pub fn raise(link: &mut Link, within: Duration, held: &Held) -> Result<bool, Fai
         &[held.holder.value.clone(), held.fence.to_string()],
     )?;
     Ok(int(&reply, "a fencing reply that is not 0 or 1")? == 1)
+}
+
+/// Several masters: write our lock (and our fencing token) back on a master that lost it, where
+/// it is missing or ours: `Ok(false)` when another holds it there.
+pub fn restore(link: &mut Link, within: Duration, held: &Held) -> Result<bool, Failure> {
+    let reply = eval(
+        link,
+        within,
+        &RESTORE,
+        RESTORE_LUA,
+        &[&held.keys.lock, &held.keys.fence],
+        &[
+            held.holder.value.clone(),
+            ms(held.ttl).to_string(),
+            held.fence.to_string(),
+        ],
+    )?;
+    Ok(int(&reply, "a restore reply that is not 0 or 1")? == 1)
 }
 
 /// Delete (or, for `--min-hold`, shorten) our lock if it is still ours, and record the run.

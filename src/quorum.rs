@@ -8,7 +8,9 @@
 //! - acquire: held when a majority granted it and validity is left (TTL minus the time spent minus
 //!   a drift allowance); otherwise it is undone everywhere, and the outcome is "busy" when a
 //!   majority answered "held elsewhere", an error naming the masters when too few answered;
-//! - renew: confirmed when a majority confirmed; "not ours" once a majority can no longer confirm;
+//! - renew: confirmed when a majority confirmed, and then written back (`restore.lua`) on any
+//!   master that answered but had lost it (restarted empty), so a rolling restart cannot hand a
+//!   majority to someone else; "not ours" once a majority can no longer confirm;
 //! - release and force-release: on every master that answers.
 //!
 //! Fencing: each master keeps its own counter. The token is the maximum of the majority's answers,
@@ -341,6 +343,13 @@ impl Masters {
         let ours = answers.iter().filter(|a| matches!(a, Ok(true))).count();
         let not_ours = answers.iter().filter(|a| matches!(a, Ok(false))).count();
         if ours >= self.majority() {
+            // A master that answered "not ours" while a majority confirms it lost its data
+            // (restarted empty): write the lock back there before a second one does the same.
+            let lost: Vec<bool> = answers.iter().map(|a| matches!(a, Ok(false))).collect();
+            if not_ours > 0 {
+                let left = budget.saturating_sub(start.elapsed());
+                self.each(|i, link| lost[i] && lock::restore(link, left, held).is_ok_and(|r| r));
+            }
             return Ok(true);
         }
         if answers.len() - not_ours < self.majority() {
