@@ -199,3 +199,60 @@ fn ten_contenders_run_once_per_tick() {
         assert!(codes.iter().all(|c| *c == 0 || *c == 75), "{codes:?}");
     }
 }
+
+/// A rolling restart without persistence: two masters of three restarted empty 2 s apart under a
+/// holder (`--ttl 3s`, renewals every second), with contenders every 200 ms. The holder writes its
+/// lock back on a master that lost it while a majority confirms it, so nobody else ever gets a
+/// majority, and its job goes on.
+#[test]
+fn a_rolling_restart_of_two_masters_lets_nobody_in() {
+    let mut m = three();
+    let dir = scratch("quorum-rolling");
+    let holder = on(&m)
+        .args(["--ttl", "3s", "q", "--", "sh", "-c"])
+        .arg(holding_job(&dir))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(10), || dir
+        .join("started")
+        .exists()));
+    let urls: Vec<String> = m.iter().map(|r| r.tcp_url()).collect();
+    let d = dir.to_path_buf();
+    let contenders = Contenders::start(
+        move || {
+            let mut c = cronlock_at("");
+            c.env_remove("CRONLOCK_REDIS_URL").current_dir(&d);
+            for u in &urls {
+                c.args(["-u", u]);
+            }
+            c.args(["--ttl", "3s", "-E", "75", "q"]);
+            c
+        },
+        &dir,
+    );
+    m[0].restart();
+    // The scenario's own timing (a rolling restart), not a wait for an event.
+    std::thread::sleep(Duration::from_secs(2));
+    m[1].restart();
+    let restarted = Instant::now();
+    assert!(
+        wait_for(Duration::from_secs(5), || m.iter().all(|r| r.exists(LOCK))),
+        "the holder did not write its lock back on the restarted masters"
+    );
+    // Longer than a TTL after the second restart.
+    while restarted.elapsed() < Duration::from_secs(4) {
+        assert!(alive(holder.id() as i32), "the holder ended");
+        assert!(!dir.join("overlap").exists(), "two jobs overlapped");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let codes = contenders.stop();
+    std::fs::write(dir.join("go"), "").unwrap();
+    let out = holder.wait_with_output().unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(!dir.join("overlap").exists(), "two jobs overlapped");
+    assert!(
+        codes.iter().all(|c| *c == 75 || *c == 125),
+        "a contender ran: {codes:?}"
+    );
+}

@@ -294,3 +294,111 @@ fn min_replicas_stops_the_command_when_renewals_are_not_replicated() {
     assert!(!alive(pid));
     assert!(stderr(&out).contains("--min-replicas"), "{}", stderr(&out));
 }
+
+/// A holder with `--ttl 6s` (and `extra` options) through the sentinels, contenders every 200 ms
+/// (`-E 75`), and `fault` done to the topology once the holder runs; then the contenders go on
+/// for longer than a TTL. No two jobs ever overlap, and the holder's job goes on to exit 0.
+fn no_overlap_across(t: &mut Replicated, extra: &[&str], fault: impl FnOnce(&mut Replicated)) {
+    let url = t.url(SERVICE);
+    let dir = scratch("no-overlap");
+    let holder = cronlock_at(&url)
+        .args(["--ttl", "6s"])
+        .args(extra)
+        .args(["held", "--", "sh", "-c"])
+        .arg(holding_job(&dir))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(10), || dir
+        .join("started")
+        .exists()));
+    assert!(wait_for(Duration::from_secs(5), || t
+        .replica
+        .exists("cronlock:{held}")));
+    let (u, d) = (url.clone(), dir.to_path_buf());
+    let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    let contenders = Contenders::start(
+        move || {
+            let mut c = cronlock_at(&u);
+            c.current_dir(&d)
+                .args(["--ttl", "6s", "-E", "75"])
+                .args(&extra)
+                .arg("held");
+            c
+        },
+        &dir,
+    );
+    let original = t.primary.port;
+    fault(t);
+    assert!(
+        wait_for(Duration::from_secs(30), || t
+            .primary_port()
+            .is_some_and(|p| p != original)),
+        "no failover happened"
+    );
+    // Longer than a TTL after the failover: a lock left to expire on the new primary would
+    // have let a contender in by now.
+    let after = Instant::now();
+    while after.elapsed() < Duration::from_secs(8) {
+        assert!(
+            alive(holder.id() as i32),
+            "the holder ended during the failover"
+        );
+        assert!(!dir.join("overlap").exists(), "two jobs overlapped");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let codes = contenders.stop();
+    std::fs::write(dir.join("go"), "").unwrap();
+    let out = holder.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert_eq!(code(&out), 0, "{err}");
+    assert!(!dir.join("overlap").exists(), "two jobs overlapped");
+    assert!(
+        codes.iter().all(|c| *c == 75 || *c == 125),
+        "a contender ran: {codes:?}"
+    );
+    eprintln!(
+        "{} contenders: {} skipped, {} failed (no primary during the failover)",
+        codes.len(),
+        codes.iter().filter(|c| **c == 75).count(),
+        codes.iter().filter(|c| **c == 125).count()
+    );
+}
+
+/// A planned failover: the old primary stays up (a master for a while) until Sentinel demotes
+/// it. The holder must move to the new primary at its next renewal, not renew on the old one.
+#[test]
+fn a_planned_failover_moves_the_holder_and_lets_nobody_in() {
+    let mut t = Replicated::start();
+    no_overlap_across(&mut t, &[], |t| t.failover());
+}
+
+/// A primary frozen for 6 s: the sentinels promote the replica; when the old primary wakes, it
+/// still believes it is the primary for a moment. Nobody may take the lock there.
+#[test]
+fn a_frozen_primary_that_wakes_up_lets_nobody_in() {
+    let mut t = Replicated::start();
+    no_overlap_across(&mut t, &[], |t| {
+        // Right after a confirmed renewal, so the failover has the most time.
+        let pttl = || t.primary.pttl("cronlock:{held}");
+        assert!(wait_for(Duration::from_secs(5), || pttl() > 5_800));
+        t.primary.pause();
+        let frozen = Instant::now();
+        assert!(
+            wait_for(Duration::from_secs(20), || t.primary_port()
+                == Some(t.replica.port)),
+            "the sentinels did not promote the replica"
+        );
+        let left = Duration::from_secs(6).saturating_sub(frozen.elapsed());
+        std::thread::sleep(left);
+        t.primary.resume();
+    });
+}
+
+/// With `--min-replicas 1`, a WAIT that falls short on the old primary after a failover must not
+/// end the job: the holder moves to the new primary, whose replica confirms it.
+#[test]
+fn a_short_wait_after_a_failover_does_not_end_the_job() {
+    let mut t = Replicated::with_replicas(2);
+    no_overlap_across(&mut t, &["--min-replicas", "1"], |t| t.failover());
+}

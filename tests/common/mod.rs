@@ -621,31 +621,46 @@ impl Drop for Sentinel {
     }
 }
 
-/// A primary, one replica and three sentinels that know each other.
+/// A primary, one replica (and maybe more) and three sentinels that know each other.
 pub struct Replicated {
     pub primary: Redis,
     pub replica: Redis,
+    /// Replicas beyond the first.
+    pub more: Vec<Redis>,
     pub sentinels: Vec<Sentinel>,
 }
 
 impl Replicated {
     pub fn start() -> Replicated {
+        Replicated::with_replicas(1)
+    }
+
+    pub fn with_replicas(n: usize) -> Replicated {
         let primary = Redis::start_tcp();
         let replica = Redis::replica_of(&primary);
+        let more: Vec<Redis> = (1..n).map(|_| Redis::replica_of(&primary)).collect();
         let sentinels: Vec<Sentinel> = (0..3).map(|_| Sentinel::start(primary.port)).collect();
-        // Ready for a failover once every sentinel knows the replica and the two other
+        // Ready for a failover once every sentinel knows the replicas and the two other
         // sentinels (they meet through hello messages every 2 s).
         assert!(
             wait_for(Duration::from_secs(30), || sentinels
                 .iter()
-                .all(|s| s.count("replicas") == 1 && s.count("sentinels") == 2)),
-            "sentinels did not discover each other and the replica"
+                .all(|s| s.count("replicas") == n && s.count("sentinels") == 2)),
+            "sentinels did not discover each other and the replicas"
         );
         Replicated {
             primary,
             replica,
+            more,
             sentinels,
         }
+    }
+
+    /// Ask a sentinel for a planned failover (`SENTINEL FAILOVER`).
+    pub fn failover(&self) {
+        let _: () = self.sentinels[0]
+            .try_query(redis::cmd("SENTINEL").arg("FAILOVER").arg(SERVICE))
+            .expect("SENTINEL FAILOVER");
     }
 
     /// `redis+sentinel://` naming every sentinel, for `service`.
@@ -658,6 +673,70 @@ impl Replicated {
     pub fn primary_port(&self) -> Option<u16> {
         let ports: Vec<Option<u16>> = self.sentinels.iter().map(|s| s.primary_port()).collect();
         ports[0].filter(|_| ports.iter().all(|p| *p == ports[0]))
+    }
+}
+
+/// Contenders for one KEY while a holder runs: every 200 ms a cronlock with `args` whose job
+/// fails to `mkdir DIR/running` (and leaves `DIR/overlap`) if another job is running, until
+/// [`Contenders::stop`], which returns their exit codes.
+pub struct Contenders {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Vec<i32>>>,
+}
+
+/// The job a holder runs: it holds `DIR/running` until `DIR/go` exists.
+pub fn holding_job(dir: &Path) -> String {
+    format!(
+        "cd {} && {{ mkdir running || touch overlap; }} && touch started && \
+         while [ ! -e go ]; do sleep 0.05; done; rmdir running",
+        dir.display()
+    )
+}
+
+impl Contenders {
+    pub fn start(make: impl Fn() -> Command + Send + 'static, dir: &Path) -> Contenders {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (st, dir) = (stop.clone(), dir.to_path_buf());
+        let thread = std::thread::spawn(move || {
+            let mut running: Vec<Child> = Vec::new();
+            let mut codes = Vec::new();
+            while !st.load(Ordering::SeqCst) {
+                let mut c = make();
+                c.args(["sh", "-c"])
+                    .arg(format!(
+                        "cd {} && {{ mkdir running && rmdir running || touch overlap; }}",
+                        dir.display()
+                    ))
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null());
+                tie(&mut c);
+                // Fails only once the test has ended (its directory is gone).
+                let Ok(child) = c.spawn() else { break };
+                running.push(child);
+                std::thread::sleep(Duration::from_millis(200));
+                running.retain_mut(|c| match c.try_wait().unwrap() {
+                    Some(s) => {
+                        codes.push(s.code().unwrap_or(-1));
+                        false
+                    }
+                    None => true,
+                });
+            }
+            for mut c in running {
+                codes.push(c.wait().unwrap().code().unwrap_or(-1));
+            }
+            codes
+        });
+        Contenders {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stop starting new ones; wait for those running; their exit codes.
+    pub fn stop(mut self) -> Vec<i32> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.take().unwrap().join().unwrap()
     }
 }
 
