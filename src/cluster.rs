@@ -95,6 +95,18 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// The primary that serves `key` now, and how to open a session on it.
+    pub fn side(&self, key: &str, deadline: Instant) -> Result<(Addr, Session)> {
+        let con = self.connect(deadline)?;
+        let addr = con
+            .owner(key_slot(key.as_bytes()))
+            .cloned()
+            .ok_or_else(|| anyhow!("no node of the cluster serves this KEY's slot"))?;
+        Ok((addr, self.session.clone()))
+    }
+}
+
 impl ClusterCon {
     /// The connection to `addr`, made if there is none.
     fn node(&mut self, addr: &Addr, deadline: Instant) -> Result<&mut Wire, WireError> {

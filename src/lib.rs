@@ -30,6 +30,7 @@ pub mod signals;
 pub mod sys;
 pub mod tls;
 pub mod topology;
+pub mod tracking;
 pub mod wait;
 pub mod watchdog;
 pub mod wire;
@@ -451,7 +452,7 @@ fn run_job(
         grace: timing.grace,
         max_runtime: cli.max_runtime(),
     };
-    let (exit, ending) = run_child(job, &held, &mut watchdog, limits, log, report);
+    let (exit, ending) = run_child(job, &held, redis, &mut watchdog, limits, log, report);
     // From here on, the end of the run is bounded by --connect-timeout in all.
     let release_by = Instant::now() + redis[0].connect_timeout;
     let valid_until = match watchdog.watch.state() {
@@ -489,6 +490,7 @@ fn run_job(
 fn run_child(
     job: &Job,
     held: &Held,
+    redis: &[Redis],
     watchdog: &mut Watchdog,
     limits: Limits,
     log: &Log,
@@ -597,6 +599,14 @@ fn run_child(
         panic!("injected by CRONLOCK_DEBUG_PANIC");
     }
     let started = Instant::now();
+    // Told at once when the lock key changes, once the command has run a little.
+    let plan = tracking::Plan {
+        masters: redis.to_vec(),
+        key: held.keys.lock.clone(),
+        value: held.holder.value.clone(),
+        log: log.clone(),
+    };
+    watchdog.track(plan, started);
     let ended = child::supervise(child, watchdog, limits, log);
     RUNNING_GROUP.store(0, Ordering::SeqCst);
     report.body = capture.map(|c| c.finish(Duration::from_secs(1)));

@@ -130,6 +130,12 @@ impl Service {
         Ok(self.primary(deadline)? == *addr)
     }
 
+    /// The primary the sentinels name now, and how to open a session on it (for a connection of
+    /// its own, see [`crate::tracking`]).
+    pub fn side(&self, deadline: Instant) -> Result<(Addr, Session)> {
+        Ok((self.primary(deadline)?, self.data.clone()))
+    }
+
     /// Connect to `addr` and check that it is a primary.
     fn connect_to(&self, addr: &Addr, deadline: Instant) -> Result<Wire> {
         let named = |e: &WireError| {

@@ -108,6 +108,23 @@ impl Redis {
     }
 }
 
+impl Redis {
+    /// The node that serves `key` now (the server; the primary the sentinels name; the cluster
+    /// node that owns its slot) and how to open a session on it: for a connection of its own that
+    /// is not a lock call ([`crate::tracking`]).
+    pub fn side(
+        &self,
+        key: &str,
+        deadline: Instant,
+    ) -> Result<(crate::wire::Addr, crate::wire::Session)> {
+        match &*self.target {
+            Target::Node(node) => Ok((node.addr.clone(), node.session.clone())),
+            Target::Sentinel(service) => service.side(deadline),
+            Target::Cluster(cluster) => cluster.side(key, deadline),
+        }
+    }
+}
+
 /// An open connection of any shape.
 enum Con {
     Node(Wire),

@@ -110,6 +110,9 @@ struct Inner {
     valid_until: Instant,
     lost: Option<String>,
     last_error: Option<String>,
+    /// Something suggests the lock may be gone ([`crate::tracking`]): renew now, not at the next
+    /// interval.
+    renew_now: bool,
 }
 
 /// The shared view of the lock's validity, also published to the guard's [`Shared`] page.
@@ -131,6 +134,7 @@ impl Watch {
                 valid_until,
                 lost: None,
                 last_error: None,
+                renew_now: false,
             })),
             shared,
             margin,
@@ -180,6 +184,17 @@ impl Watch {
         }
     }
 
+    /// Ask for a renewal now: the lock may be gone (deleted, flushed, evicted) or the connection
+    /// that watches it broke. Only the renewal decides; this only shortens the time to notice.
+    pub fn renew_now(&self) {
+        self.inner().renew_now = true;
+        crate::signals::wake_main();
+    }
+
+    fn take_renew_now(&self) -> bool {
+        std::mem::take(&mut self.inner().renew_now)
+    }
+
     /// Mark the lock lost (the first reason wins) and wake the main thread.
     pub fn lose(&self, reason: String) {
         self.inner().lost.get_or_insert(reason);
@@ -198,17 +213,35 @@ fn kill_by(until: Instant, margin: Duration) -> Instant {
 pub struct Watchdog {
     pub watch: Watch,
     state: State,
+    /// The watch for changes to the lock key ([`crate::tracking`]): planned, then running.
+    tracking: Tracking,
+}
+
+enum Tracking {
+    Planned(Instant, crate::tracking::Plan),
+    /// Kept for its `Drop`, which ends the watch threads.
+    Running {
+        _threads: crate::tracking::Tracking,
+    },
+    Off,
 }
 
 enum State {
     /// Nothing to do before `due`; the main loop calls [`Watchdog::start_if_due`].
     Pending { due: Instant, renewal: Box<Renewal> },
     Running {
-        stop: mpsc::Sender<()>,
+        stop: mpsc::Sender<Msg>,
         done: mpsc::Receiver<Option<Masters>>,
     },
     /// The thread could not be started; the lock is marked lost.
     Failed,
+}
+
+/// What the main thread tells the renewal thread.
+enum Msg {
+    /// Renew now (see [`Watch::renew_now`]).
+    Renew,
+    Stop,
 }
 
 /// What the renewal thread needs.
@@ -242,22 +275,48 @@ impl Watchdog {
         Watchdog {
             watch,
             state: State::Pending { due, renewal },
+            tracking: Tracking::Off,
         }
+    }
+
+    /// Watch the lock key for changes once the command started at `started` has run a little.
+    pub fn track(&mut self, plan: crate::tracking::Plan, started: Instant) {
+        self.tracking = Tracking::Planned(crate::tracking::Plan::due(started), plan);
     }
 
     /// When the main loop must call [`Watchdog::start_if_due`] next, if at all.
     pub fn due(&self) -> Option<Instant> {
-        match &self.state {
+        let renewal = match &self.state {
             State::Pending { due, .. } => Some(*due),
             _ => None,
-        }
+        };
+        let tracking = match &self.tracking {
+            Tracking::Planned(at, _) => Some(*at),
+            _ => None,
+        };
+        renewal.into_iter().chain(tracking).min()
     }
 
-    /// Start the renewal thread once its first renewal is due. If it cannot start, nothing will
-    /// renew the lock: it is marked lost, so the command is stopped before the lock can expire.
+    /// Start the renewal thread once its first renewal is due, or at once when a renewal was
+    /// asked for ([`Watch::renew_now`]); a running thread is told to renew now. If it cannot
+    /// start, nothing will renew the lock: it is marked lost, so the command is stopped before the
+    /// lock can expire.
     pub fn start_if_due(&mut self, now: Instant) {
+        if matches!(&self.tracking, Tracking::Planned(at, _) if now >= *at) {
+            if let Tracking::Planned(_, plan) = std::mem::replace(&mut self.tracking, Tracking::Off)
+            {
+                self.tracking = Tracking::Running {
+                    _threads: plan.start(&self.watch),
+                };
+            }
+        }
+        let asked = self.watch.take_renew_now();
         match &self.state {
-            State::Pending { due, .. } if now >= *due => {}
+            State::Pending { due, .. } if now >= *due || asked => {}
+            State::Running { stop, .. } if asked => {
+                let _ = stop.send(Msg::Renew);
+                return;
+            }
             _ => return,
         }
         let State::Pending { renewal, .. } = std::mem::replace(&mut self.state, State::Failed)
@@ -265,7 +324,12 @@ impl Watchdog {
             return;
         };
         match spawn(*renewal, self.watch.clone()) {
-            Ok(running) => self.state = running,
+            Ok(running) => {
+                if let (true, State::Running { stop, .. }) = (asked, &running) {
+                    let _ = stop.send(Msg::Renew);
+                }
+                self.state = running;
+            }
             Err(e) => self.watch.lose(format!(
                 "cannot start the watchdog thread that renews it ({e})"
             )),
@@ -276,10 +340,11 @@ impl Watchdog {
     /// `within` for a renewal in flight: a hung Redis must not hold up the end of the run (a
     /// renewal that lands later is harmless, since it only extends a lock that is still ours).
     pub fn stop(self, within: Duration) -> Option<Masters> {
+        drop(self.tracking);
         match self.state {
             State::Pending { renewal, .. } => Some(renewal.masters),
             State::Running { stop, done } => {
-                let _ = stop.send(());
+                let _ = stop.send(Msg::Stop);
                 done.recv_timeout(within).ok().flatten()
             }
             State::Failed => None,
@@ -322,7 +387,7 @@ fn renew_loop(
     held: Held,
     timing: Timing,
     watch: Watch,
-    stop: mpsc::Receiver<()>,
+    stop: mpsc::Receiver<Msg>,
     log: Log,
 ) -> Option<Masters> {
     let retry = (timing.interval / 4).clamp(Duration::from_millis(10), Duration::from_millis(100));
@@ -332,7 +397,7 @@ fn renew_loop(
     let mut failing_since: Option<Instant> = None;
     loop {
         match stop.recv_timeout(next.saturating_duration_since(Instant::now())) {
-            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Timeout) | Ok(Msg::Renew) => {}
             _ => return Some(masters),
         }
         #[cfg(debug_assertions)]

@@ -240,7 +240,9 @@ impl Wire {
         Ok(())
     }
 
-    fn read(&mut self, deadline: Instant) -> Result<Reply, WireError> {
+    /// Read the next reply by `deadline` (a pushed message, on a subscribed connection). A
+    /// timeout keeps what arrived of a reply: the next read goes on from there.
+    pub fn read(&mut self, deadline: Instant) -> Result<Reply, WireError> {
         let mut chunk = [0u8; 16 * 1024];
         loop {
             if let Some((reply, used)) = resp::parse(&self.buf).map_err(WireError::Bad)? {

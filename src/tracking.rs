@@ -1,0 +1,280 @@
+//! Lock loss noticed in milliseconds, not at the next renewal.
+//!
+//! It exists because a lock can vanish between two renewals (a `DEL`, `FLUSHALL`, eviction, another
+//! client's `SET`), and another host may take the free lock at once: renewing every TTL/3 would
+//! leave the two jobs side by side for up to that long. While the command runs, a thread per master
+//! asks Redis to tell it when the lock key changes, with what Redis 6+ (and Valkey) offers every
+//! client without server configuration: client-side-caching invalidations. One connection
+//! subscribes to `__redis__:invalidate`; a second turns on `CLIENT TRACKING ... REDIRECT <first>
+//! BCAST PREFIX <lock key>`, so every change to the key (ours included: a renewal's `PEXPIRE`)
+//! sends a message. On a message the thread reads the key on its own connection: still our value,
+//! nothing happened; anything else, or a watch connection that broke (a failover or a restart may
+//! have lost the key), asks the watchdog for a renewal now ([`Watch::renew_now`]). Only the renewal
+//! decides: "not ours" is the lost lock (122), as at any renewal, and with several masters a loss
+//! on a minority is mended by the renewal, not counted.
+//!
+//! Where the server offers none of it (Redis before 6, a proxy that blocks the commands, an ACL
+//! without them), the lock is watched by renewals alone, and `-v` says so; the run never fails
+//! for it. The watch starts 20 ms after the command, so it costs no round trip before the
+//! command, and a run shorter than that no thread at all.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::Value;
+
+use crate::clock::Instant;
+use crate::connect::explain;
+use crate::log::{Level, Log};
+use crate::resp::Reply;
+use crate::topology::Redis;
+use crate::watchdog::Watch;
+use crate::wire::{Wire, WireError};
+
+/// The channel invalidation messages are published on (RESP2, with `REDIRECT`).
+const CHANNEL: &[u8] = b"__redis__:invalidate";
+
+/// How often a waiting watch thread looks whether it should stop.
+const TICK: Duration = Duration::from_millis(200);
+
+/// The watch starts this long after the command: most cron jobs' `true`-sized runs end before,
+/// and pay for no thread and no connection.
+const SETTLE: Duration = Duration::from_millis(20);
+
+/// The watch threads; they end when this is dropped (within [`TICK`]).
+pub struct Tracking {
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Tracking {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// A watch to start once the command has run for [`SETTLE`] (see [`crate::watchdog`], which
+/// starts it): most cron jobs' `true`-sized runs end before, and pay for no thread.
+pub struct Plan {
+    pub masters: Vec<Redis>,
+    pub key: String,
+    pub value: String,
+    pub log: Log,
+}
+
+impl Plan {
+    /// When the watch should start, for a command started at `started`.
+    pub fn due(started: Instant) -> Instant {
+        started + SETTLE
+    }
+
+    pub fn start(self, watch: &Watch) -> Tracking {
+        start(&self.masters, &self.key, &self.value, watch, &self.log)
+    }
+}
+
+/// Start watching `key` (holding `value`) on every master.
+fn start(masters: &[Redis], key: &str, value: &str, watch: &Watch, log: &Log) -> Tracking {
+    let stop = Arc::new(AtomicBool::new(false));
+    for redis in masters {
+        let w = Watcher {
+            redis: redis.clone(),
+            key: key.to_string(),
+            value: value.to_string(),
+            watch: watch.clone(),
+            log: log.clone(),
+            stop: Arc::clone(&stop),
+        };
+        let spawned = std::thread::Builder::new()
+            .name("tracking".into())
+            .stack_size(256 * 1024)
+            .spawn(move || w.run());
+        if let Err(e) = spawned {
+            log.event(
+                Level::Debug,
+                "tracking_off",
+                &format!("the lock is watched by renewals alone: cannot start a thread ({e})"),
+                &[],
+            );
+        }
+    }
+    Tracking { stop }
+}
+
+struct Watcher {
+    redis: Redis,
+    key: String,
+    value: String,
+    watch: Watch,
+    log: Log,
+    stop: Arc<AtomicBool>,
+}
+
+/// Why a watch ended.
+enum End {
+    /// Told to stop.
+    Stopped,
+    /// The server refused tracking for good: renewals alone.
+    Refused(String),
+    /// The connection failed: the lock may have gone with it.
+    Broken(String),
+}
+
+impl Watcher {
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst) || self.watch.is_lost()
+    }
+
+    fn run(self) {
+        let mut backoff = Duration::from_millis(50);
+        let mut told = false;
+        while !self.stopped() {
+            match self.watch_once(&mut told) {
+                End::Stopped => return,
+                End::Refused(why) => {
+                    self.log.event(
+                        Level::Info,
+                        "tracking_off",
+                        &format!(
+                            "the lock is watched by renewals alone: the server refused tracking \
+                             ({why})"
+                        ),
+                        &[],
+                    );
+                    return;
+                }
+                End::Broken(why) => {
+                    if self.stopped() {
+                        return;
+                    }
+                    // A failover or a restart may have lost the key with the connection.
+                    self.log.event(
+                        Level::Info,
+                        "tracking_broken",
+                        &format!("the connection watching the lock broke ({why}); renewing now"),
+                        &[],
+                    );
+                    self.watch.renew_now();
+                }
+            }
+            let until = Instant::now() + backoff;
+            while Instant::now() < until && !self.stopped() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// Set up the two connections and watch until told to stop or a connection fails.
+    fn watch_once(&self, told: &mut bool) -> End {
+        let budget = self.redis.connect_timeout;
+        let deadline = Instant::now() + budget;
+        let (addr, session) = match self.redis.side(&self.key, deadline) {
+            Ok(node) => node,
+            Err(e) => return End::Broken(format!("{e:#}")),
+        };
+        let connect = || Wire::connect(&addr, &session, deadline);
+        let (mut sub, mut reader) = match (connect(), connect()) {
+            (Ok(s), Ok(r)) => (s, r),
+            (Err(e), _) | (_, Err(e)) => return End::Broken(explain(&e)),
+        };
+        let id = match sub.call(&[b"CLIENT", b"ID"], deadline).and_then(Reply::ok) {
+            Ok(Value::Int(id)) => id.to_string(),
+            Ok(_) => return End::Refused("CLIENT ID answered oddly".into()),
+            Err(e) => return refused_or_broken(e),
+        };
+        match sub.call(&[b"SUBSCRIBE", CHANNEL], deadline) {
+            Ok(Reply::Value(Value::Array(_))) => {}
+            Ok(Reply::Value(_)) => return End::Refused("SUBSCRIBE answered oddly".into()),
+            Ok(Reply::Error(e)) => return End::Refused(e),
+            Err(e) => return End::Broken(explain(&e)),
+        }
+        let tracking: [&[u8]; 8] = [
+            b"CLIENT",
+            b"TRACKING",
+            b"ON",
+            b"REDIRECT",
+            id.as_bytes(),
+            b"BCAST",
+            b"PREFIX",
+            self.key.as_bytes(),
+        ];
+        if let Err(e) = reader.call(&tracking, deadline).and_then(Reply::ok) {
+            return refused_or_broken(e);
+        }
+        if !*told {
+            *told = true;
+            self.log.event(
+                Level::Debug,
+                "tracking_on",
+                &format!(
+                    "watching the lock for changes on {addr} (client-side-caching invalidations)"
+                ),
+                &[],
+            );
+        }
+        // Whatever happened before the watch was on.
+        if let Err(e) = self.check(&mut reader) {
+            return End::Broken(explain(&e));
+        }
+        loop {
+            if self.stopped() {
+                return End::Stopped;
+            }
+            match sub.read(Instant::now() + TICK) {
+                Err(WireError::Timeout) => continue,
+                Err(e) => return End::Broken(explain(&e)),
+                Ok(Reply::Error(e)) => return End::Broken(e),
+                Ok(Reply::Value(msg)) => {
+                    if self.concerns_us(&msg) {
+                        if let Err(e) = self.check(&mut reader) {
+                            return End::Broken(explain(&e));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// An invalidation of our key, or of every key (a flush).
+    fn concerns_us(&self, msg: &Value) -> bool {
+        let Value::Array(parts) = msg else {
+            return false;
+        };
+        match parts.as_slice() {
+            [Value::BulkString(kind), _, keys] if kind == b"message" => match keys {
+                Value::Nil => true,
+                Value::Array(keys) => keys
+                    .iter()
+                    .any(|k| matches!(k, Value::BulkString(k) if k == self.key.as_bytes())),
+                _ => true,
+            },
+            _ => false,
+        }
+    }
+
+    /// Read the key: our value, nothing to do; anything else, renew now.
+    fn check(&self, reader: &mut Wire) -> Result<(), WireError> {
+        let deadline = Instant::now() + self.redis.connect_timeout;
+        let ours = match reader
+            .call(&[b"GET", self.key.as_bytes()], deadline)?
+            .ok()?
+        {
+            Value::BulkString(v) => v == self.value.as_bytes(),
+            _ => false,
+        };
+        if !ours && !self.stopped() {
+            self.watch.renew_now();
+        }
+        Ok(())
+    }
+}
+
+/// A refusal that will not change (an ACL, an unknown command): renewals alone. Anything else:
+/// the connection failed.
+fn refused_or_broken(e: WireError) -> End {
+    match e {
+        WireError::Server(text) => End::Refused(text),
+        e => End::Broken(explain(&e)),
+    }
+}
