@@ -231,3 +231,14 @@ fn a_job_survives_its_primarys_failover() {
     assert_eq!(runs.lines().count(), 1);
     assert!(!c.node(replica).exists(&lock));
 }
+
+/// The lock deleted on its slot owner is noticed at once (the watch is on that node).
+#[test]
+fn a_deleted_lock_is_noticed_on_its_slot_owner() {
+    let c = cluster();
+    for key in keys_on_each_primary(c, "tracked") {
+        let lock = format!("cronlock:{{{key}}}");
+        let owner = c.owner(&lock);
+        stopped_at_once(cronlock_at(&c.url()), &key, || owner.del(&lock));
+    }
+}

@@ -256,3 +256,49 @@ fn a_rolling_restart_of_two_masters_lets_nobody_in() {
         "a contender ran: {codes:?}"
     );
 }
+
+/// Several masters: the lock deleted on a minority is not a loss: the renewal the watch asks for
+/// writes it back there at once. Taken by another holder on a majority, it is a loss, noticed at
+/// once (overwritten, not deleted: whatever order the renewals come in, nothing is written back
+/// over another holder's lock).
+#[test]
+fn a_lock_deleted_on_a_minority_is_mended_and_on_a_majority_is_lost() {
+    let m = three();
+    let dir = scratch("quorum-tracked");
+    let holder = on(&m)
+        .args(["--ttl", "30s", "q", "--", "sh", "-c"])
+        .arg(holding_job(&dir))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(10), || dir
+        .join("started")
+        .exists()));
+    // The watch starts 20 ms after the command; a deletion before it is found by its first read.
+    m[0].del(LOCK);
+    let deleted = Instant::now();
+    assert!(
+        wait_for(Duration::from_secs(2), || m[0].exists(LOCK)),
+        "the lock was not written back on the master that lost it"
+    );
+    eprintln!(
+        "minority: written back {:?} after the DEL",
+        deleted.elapsed()
+    );
+    assert!(alive(holder.id() as i32), "a minority's loss ended the job");
+    std::fs::write(dir.join("go"), "").unwrap();
+    let out = holder.wait_with_output().unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let took = stopped_at_once(on(&m), "q2", || {
+        for r in &m[..2] {
+            r.query::<()>(
+                redis::cmd("SET")
+                    .arg("cronlock:{q2}")
+                    .arg("another holder")
+                    .arg("PX")
+                    .arg(30_000),
+            );
+        }
+    });
+    eprintln!("majority: stopped {took:?} after the overwrites");
+}

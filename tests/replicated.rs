@@ -402,3 +402,13 @@ fn a_short_wait_after_a_failover_does_not_end_the_job() {
     let mut t = Replicated::with_replicas(2);
     no_overlap_across(&mut t, &["--min-replicas", "1"], |t| t.failover());
 }
+
+/// The lock deleted on the primary the sentinels name is noticed at once.
+#[test]
+fn a_deleted_lock_is_noticed_on_the_named_primary() {
+    let t = topology();
+    let took = stopped_at_once(cronlock_at(&t.url(SERVICE)), "tracked", || {
+        t.primary.del("cronlock:{tracked}")
+    });
+    eprintln!("sentinel: stopped {took:?} after the DEL");
+}

@@ -40,7 +40,7 @@ fn watching(r: &Redis) {
 }
 
 /// `fault` makes the lock vanish at the instant it returns: cronlock exits 122 within NOTICE.
-fn stopped_at_once(r: &Redis, what: &str, fault: impl FnOnce(&Redis) -> Instant) -> Duration {
+fn stopped_after(r: &Redis, what: &str, fault: impl FnOnce(&Redis) -> Instant) -> Duration {
     let dir = scratch("tracking");
     let mut c = job(&mut cronlock(r), &dir, "30s");
     watching(r);
@@ -68,7 +68,7 @@ fn a_deleted_lock_stops_the_command_at_once() {
     let r = Redis::start();
     let mut worst = Duration::ZERO;
     for _ in 0..3 {
-        worst = worst.max(stopped_at_once(&r, "DEL", |r| {
+        worst = worst.max(stopped_after(&r, "DEL", |r| {
             r.del(LOCK);
             Instant::now()
         }));
@@ -80,7 +80,7 @@ fn a_deleted_lock_stops_the_command_at_once() {
 fn a_flush_stops_the_command_at_once() {
     let r = Redis::start();
     for _ in 0..2 {
-        stopped_at_once(&r, "FLUSHALL", |r| {
+        stopped_after(&r, "FLUSHALL", |r| {
             r.query::<()>(&redis::cmd("FLUSHALL"));
             Instant::now()
         });
@@ -91,7 +91,7 @@ fn a_flush_stops_the_command_at_once() {
 fn an_overwritten_lock_stops_the_command_at_once() {
     let r = Redis::start();
     for _ in 0..2 {
-        stopped_at_once(&r, "SET", |r| {
+        stopped_after(&r, "SET", |r| {
             r.query::<()>(
                 redis::cmd("SET")
                     .arg(LOCK)
@@ -114,7 +114,7 @@ fn an_evicted_lock_stops_the_command_at_once() {
         &["--maxmemory", "8mb", "--maxmemory-policy", "volatile-ttl"],
     );
     for round in 0..2 {
-        stopped_at_once(&r, "eviction", |r| {
+        stopped_after(&r, "eviction", |r| {
             let big = "x".repeat(100 * 1024);
             let mut con = r.con();
             for i in 0..1000 {

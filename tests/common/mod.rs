@@ -1067,3 +1067,59 @@ pub fn run_measured(cmd: &mut Command) -> (Output, i32, i64) {
         usage.ru_maxrss,
     )
 }
+
+/// A `--ttl 30s` job through `cmd` (a cronlock with its URL), started and watching its lock key
+/// (the JSON log's `tracking_on` event); `vanish` then makes the lock vanish. Asserts that the
+/// command is stopped (122) within 500 ms of it, and returns how long it took.
+pub fn stopped_at_once(mut cmd: Command, key: &str, vanish: impl FnOnce()) -> Duration {
+    use std::io::BufRead;
+    let mut c = cmd
+        .args([
+            "-v",
+            "--log-format",
+            "json",
+            "--ttl",
+            "30s",
+            key,
+            "sleep",
+            "60",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let err = c.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            if line.contains("\"tracking_on\"") {
+                let _ = tx.send(());
+            }
+            all += &line;
+            all.push('\n');
+        }
+        all
+    });
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("cronlock did not start watching its lock");
+    vanish();
+    let gone = Instant::now();
+    let mut status = None;
+    let stopped = wait_for(Duration::from_secs(15), || {
+        status = c.try_wait().unwrap();
+        status.is_some()
+    });
+    let took = gone.elapsed();
+    if !stopped {
+        let _ = c.kill();
+    }
+    let _ = c.wait();
+    let err = reader.join().unwrap();
+    assert!(stopped, "the command was not stopped: {err}");
+    assert_eq!(status.unwrap().code(), Some(122), "{err}");
+    assert!(
+        took < Duration::from_millis(500),
+        "stopped {took:?} after the lock vanished"
+    );
+    took
+}
