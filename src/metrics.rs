@@ -69,29 +69,35 @@ pub struct Attempt {
     pub run: Option<Run>,
 }
 
-/// The file for KEY: its name kept where it is file-safe, else made safe and told apart by a hash.
+/// The file for KEY: `cronlock_NAME.prom`, NAME being KEY with every byte outside
+/// `[A-Za-z0-9_-]` percent-encoded (`nightly/report` is `nightly%2Freport`), so that distinct KEYs
+/// never share a file. A name too long for a file system (over 200 bytes) is cut and told apart by
+/// a 64-bit hash after a `.`, which no encoded name contains.
 pub fn path(dir: &Path, key: &str) -> PathBuf {
-    let safe: String = key
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    let name = if safe == key && !key.is_empty() {
-        safe
-    } else {
+    let mut name = String::with_capacity(key.len());
+    for b in key.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' {
+            name.push(b as char);
+        } else {
+            name.push_str(&format!("%{b:02X}"));
+        }
+    }
+    if name.len() > MAX_NAME {
         // FNV-1a: stable across versions and hosts, unlike std's hasher.
         let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
             (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
         });
-        format!("{safe}_{:08x}", hash as u32)
-    };
+        let mut cut = MAX_NAME;
+        while !name.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        name = format!("{}.{hash:016x}", &name[..cut]);
+    }
     dir.join(format!("cronlock_{name}.prom"))
 }
+
+/// The longest encoded KEY kept whole in a file name (file names may have 255 bytes).
+const MAX_NAME: usize = 200;
 
 /// A label value escaped for the text format (backslash, double quote, newline).
 fn escape(v: &str) -> String {
@@ -190,30 +196,65 @@ pub fn render(key: &str, host: &str, attempt: &Attempt, old: &str) -> String {
     out
 }
 
-/// Write KEY's file in `dir` atomically: a temporary file in `dir`, then `rename`.
+/// Write KEY's file in `dir` atomically and safely, even in a directory others can write to:
+/// a new temporary file with an unpredictable name, created exclusively and never through a
+/// symlink (`O_CREAT|O_EXCL|O_NOFOLLOW`), mode 0644 whatever the umask, then renamed over the final
+/// name (which replaces a symlink there instead of following it). The previous file is read
+/// without following a symlink.
 pub fn write(dir: &Path, key: &str, host: &str, attempt: &Attempt) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let target = path(dir, key);
-    let old = std::fs::read_to_string(&target).unwrap_or_default();
+    let old = read_no_follow(&target).unwrap_or_default();
     let text = render(key, host, attempt, &old);
-    // Not *.prom, so the collector never reads it; unique per process.
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        target
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("cronlock"),
-        std::process::id()
-    ));
-    let result = std::fs::File::create(&tmp)
-        .and_then(|mut f| {
-            f.write_all(text.as_bytes())?;
-            f.sync_all()
-        })
-        .and_then(|()| std::fs::rename(&tmp, &target));
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+    let name = target
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("cronlock");
+    for _ in 0..8 {
+        // Not *.prom, so the collector never reads it.
+        let tmp = dir.join(format!(".{name}.{}.tmp", uuid::Uuid::new_v4().simple()));
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp);
+        let mut file = match file {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        };
+        let result = file
+            .set_permissions(std::fs::Permissions::from_mode(0o644))
+            .and_then(|()| file.write_all(text.as_bytes()))
+            .and_then(|()| file.sync_all())
+            .and_then(|()| std::fs::rename(&tmp, &target));
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        return result;
     }
-    result
+    Err(std::io::Error::other(
+        "cannot create a temporary file there",
+    ))
+}
+
+/// A regular file's text, never through a symlink.
+fn read_no_follow(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut text = String::new();
+    Read::by_ref(&mut f)
+        .take(1 << 20)
+        .read_to_string(&mut text)?;
+    Ok(text)
 }
 
 #[cfg(test)]
@@ -227,11 +268,22 @@ mod tests {
             path(d, "nightly-report"),
             Path::new("/m/cronlock_nightly-report.prom")
         );
-        let a = path(d, "a/b");
-        let b = path(d, "a_b");
-        assert_ne!(a, b);
-        assert!(a.to_str().unwrap().starts_with("/m/cronlock_a_b_"));
+        assert_eq!(
+            path(d, "nightly/report"),
+            Path::new("/m/cronlock_nightly%2Freport.prom")
+        );
+        // Look-alikes stay apart: the old names hashed the first into the second.
+        assert_ne!(
+            path(d, "nightly/report"),
+            path(d, "nightly_report_dad8c7e1")
+        );
+        assert_ne!(path(d, "a%2Fb"), path(d, "a/b"));
         assert!(!path(d, "../x").to_str().unwrap().contains(".."));
+        let long = "k".repeat(1000);
+        let name = path(d, &long);
+        let file = name.file_name().unwrap().to_str().unwrap();
+        assert!(file.len() < 255, "{file}");
+        assert_ne!(name, path(d, &format!("{long}x")));
     }
 
     #[test]
