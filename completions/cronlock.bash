@@ -23,7 +23,7 @@ _cronlock() {
 
     case "${cmd}" in
         cronlock)
-            opts="-u -t -w -n -E -c -q -v -h -V --redis-url --tls-ca-cert --tls-cert --tls-key --ttl --wait --nonblock --grace --max-runtime --min-hold --schedule --conflict-exit-code --command --quiet --verbose --prefix --connect-timeout --min-replicas --history --history-ttl --metrics-dir --ping --ping-body --log-format --status --check --max-age --list --force-release --json --help --version"
+            opts="-u -t -w -n -E -c -q -v -h -V --redis-url --redis-url-file --tls-ca-cert --tls-cert --tls-key --ttl --wait --nonblock --grace --max-runtime --min-hold --schedule --conflict-exit-code --command --quiet --verbose --prefix --connect-timeout --min-replicas --history --history-ttl --metrics-dir --ping --ping-url-file --ping-body --log-format --status --check --max-age --list --force-release --json --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -35,6 +35,21 @@ _cronlock() {
                     ;;
                 -u)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --redis-url-file)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
                     return 0
                     ;;
                 --tls-ca-cert)
@@ -161,6 +176,21 @@ _cronlock() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --ping-url-file)
+                    local oldifs
+                    if [ -n "${IFS+x}" ]; then
+                        oldifs="$IFS"
+                    fi
+                    IFS=$'\n'
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    if [ -n "${oldifs+x}" ]; then
+                        IFS="$oldifs"
+                    fi
+                    if [[ "${BASH_VERSINFO[0]}" -ge 4 ]]; then
+                        compopt -o filenames
+                    fi
+                    return 0
+                    ;;
                 --log-format)
                     COMPREPLY=($(compgen -W "text json" -- "${cur}"))
                     return 0
@@ -202,7 +232,7 @@ _cronlock_wrapper() {
         fi
     done
     case "${COMP_WORDS[COMP_CWORD-1]}" in
-        -u|--redis-url|--tls-ca-cert|--tls-cert|--tls-key|-t|--ttl|-w|--wait|--grace|--max-runtime|--min-hold|--schedule|-E|--conflict-exit-code|--prefix|--connect-timeout|--min-replicas|--history|--history-ttl|--metrics-dir|--ping|--max-age)
+        -u|--redis-url|--redis-url-file|--tls-ca-cert|--tls-cert|--tls-key|-t|--ttl|-w|--wait|--grace|--max-runtime|--min-hold|--schedule|-E|--conflict-exit-code|--prefix|--connect-timeout|--min-replicas|--history|--history-ttl|--metrics-dir|--ping|--ping-url-file|--max-age)
             compopt +o default +o bashdefault 2>/dev/null
             COMPREPLY=()
             return 0

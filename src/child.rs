@@ -101,6 +101,11 @@ fn candidates(program: &OsStr) -> io::Result<Vec<CString>> {
         .collect()
 }
 
+/// Variables that hold cronlock's secrets (a Redis password, a ping URL): the command does not
+/// inherit them. Everything else of the environment passes on, `REDIS_URL` included (the job may
+/// use it for its own work), and so do the `_FILE` forms, which name a file, not a secret.
+pub const HIDDEN_FROM_COMMAND: &[&str] = &["CRONLOCK_REDIS_URL", "CRONLOCK_PING_URL"];
+
 /// Start `argv` with `extra_env` added, behind a guard, in a new process group (and in a cgroup
 /// the guard makes at `cgroup`, when it can).
 /// The guard and the command read the kill-by time from `shared`.
@@ -124,7 +129,8 @@ pub fn spawn(
         .map_err(fail)?;
     let mut env: Vec<CString> = Vec::new();
     for (k, v) in std::env::vars_os() {
-        if extra_env.iter().any(|(name, _)| OsStr::new(name) == k) {
+        let hidden = HIDDEN_FROM_COMMAND.iter().any(|name| OsStr::new(name) == k);
+        if hidden || extra_env.iter().any(|(name, _)| OsStr::new(name) == k) {
             continue;
         }
         let mut kv = k.clone();

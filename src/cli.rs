@@ -129,6 +129,13 @@ pub struct Cli {
     )]
     pub redis_url: Vec<String>,
 
+    /// Read the Redis URL(s) from this file instead (surrounding whitespace trimmed; several URLs
+    /// separated by whitespace), so no password shows in any command line or environment: a
+    /// Docker or Kubernetes secret mounted as a file
+    #[arg(long, env = "CRONLOCK_REDIS_URL_FILE", value_name = "PATH",
+          value_hint = clap::ValueHint::FilePath, conflicts_with = "redis_url")]
+    pub redis_url_file: Option<std::path::PathBuf>,
+
     /// For rediss://: trust the CA certificates in this PEM file instead of the system's store
     #[arg(long, env = "CRONLOCK_TLS_CA_CERT", value_name = "FILE",
           value_hint = clap::ValueHint::FilePath)]
@@ -293,6 +300,12 @@ pub struct Cli {
           value_hint = clap::ValueHint::Url, hide_env_values = true)]
     pub ping_url: Option<String>,
 
+    /// Read the --ping URL from this file instead (surrounding whitespace trimmed), so it shows in
+    /// no command line or environment
+    #[arg(long, env = "CRONLOCK_PING_URL_FILE", value_name = "PATH",
+          value_hint = clap::ValueHint::FilePath, conflicts_with = "ping_url")]
+    pub ping_url_file: Option<std::path::PathBuf>,
+
     /// With --ping: send the last 10 KiB of the command's output (stdout and stderr) as the
     /// final ping's body; the output then passes through cronlock on its way to yours
     #[arg(long, env = "CRONLOCK_PING_BODY", value_parser = switch,
@@ -337,7 +350,7 @@ pub struct Cli {
           default_value_t = false, num_args = 0, default_missing_value = "true")]
     pub json: bool,
 
-    /// Name of the lock; every host running the same job uses the same KEY
+    /// Name of the lock; every host running the same job uses the same KEY (at most 1024 bytes)
     #[arg(value_name = "KEY")]
     pub key: Option<String>,
 
@@ -458,24 +471,54 @@ impl Cli {
 
     /// The Redis URLs after the documented fallbacks (a value may hold several, separated by
     /// whitespace), and where they came from (for messages).
-    pub fn redis_urls(&self) -> (Vec<String>, &'static str) {
-        let urls: Vec<String> = self
-            .redis_url
-            .iter()
-            .flat_map(|u| u.split_whitespace())
-            .map(str::to_string)
-            .collect();
-        if !urls.is_empty() {
-            let source = if self.given.redis_url == Some(ValueSource::EnvVariable) {
-                "CRONLOCK_REDIS_URL"
+    pub fn redis_urls(&self) -> Result<(Vec<String>, &'static str)> {
+        let (urls, source): (Vec<String>, &'static str) = if let Some(path) = &self.redis_url_file {
+            let source = source_of("--redis-url-file", "CRONLOCK_REDIS_URL_FILE");
+            let text = read_secret(path, source)?;
+            (
+                text.split_whitespace().map(str::to_string).collect(),
+                source,
+            )
+        } else {
+            let urls: Vec<String> = self
+                .redis_url
+                .iter()
+                .flat_map(|u| u.split_whitespace())
+                .map(str::to_string)
+                .collect();
+            if !urls.is_empty() {
+                let source = if self.given.redis_url == Some(ValueSource::EnvVariable) {
+                    "CRONLOCK_REDIS_URL"
+                } else {
+                    "--redis-url"
+                };
+                (urls, source)
             } else {
-                "--redis-url"
-            };
-            return (urls, source);
+                match std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty()) {
+                    Some(url) => (vec![url], "REDIS_URL"),
+                    None => (vec![DEFAULT_REDIS_URL.to_string()], "--redis-url"),
+                }
+            }
+        };
+        for (i, url) in urls.iter().enumerate() {
+            if urls[..i].contains(url) {
+                bail!(
+                    "{source} names '{}' twice: each master of a quorum must be a different server",
+                    crate::connect::redact_url(url)
+                );
+            }
         }
-        match std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty()) {
-            Some(url) => (vec![url], "REDIS_URL"),
-            None => (vec![DEFAULT_REDIS_URL.to_string()], "--redis-url"),
+        Ok((urls, source))
+    }
+
+    /// The `--ping` URL, from the flag, its variable or `--ping-url-file`.
+    pub fn ping(&self) -> Result<Option<String>> {
+        match &self.ping_url_file {
+            Some(path) => {
+                let source = source_of("--ping-url-file", "CRONLOCK_PING_URL_FILE");
+                read_secret(path, source).map(Some)
+            }
+            None => Ok(self.ping_url.clone()),
         }
     }
 
@@ -515,7 +558,7 @@ impl Cli {
         }
         let key = match self.key.as_deref() {
             None | Some("") => bail!("{flag} needs a non-empty KEY"),
-            Some(k) => k.to_string(),
+            Some(k) => check_key(k)?,
         };
         Ok(if self.check {
             Mode::Check(key)
@@ -531,7 +574,7 @@ impl Cli {
         let key = match self.key.as_deref() {
             None => bail!("missing KEY: usage: cronlock [OPTIONS] <KEY> [--] <COMMAND> [ARGS]..."),
             Some("") => bail!("KEY must not be empty"),
-            Some(k) => k.to_string(),
+            Some(k) => check_key(k)?,
         };
         let argv = match (&self.shell_command, self.command.is_empty()) {
             (Some(_), false) => {
@@ -548,8 +591,69 @@ impl Cli {
     }
 }
 
+/// The flag or the variable, as the user gave a file option: for messages.
+fn source_of(flag: &'static str, var: &'static str) -> &'static str {
+    let on_cmdline = std::env::args_os()
+        .skip(1)
+        .any(|a| a.to_string_lossy().split('=').next() == Some(flag));
+    if on_cmdline || std::env::var_os(var).is_none() {
+        flag
+    } else {
+        var
+    }
+}
+
+/// A secret read from a file: trimmed, never shown. A missing, unreadable or empty file is an
+/// error naming `source` (the option or variable) and the path, not the content.
+fn read_secret(path: &std::path::Path, source: &str) -> Result<String> {
+    let text = std::fs::read(path).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot read {source} '{}': {}",
+            path.display(),
+            crate::log::io_text(&e)
+        )
+    })?;
+    let text = String::from_utf8(text)
+        .map_err(|_| anyhow::anyhow!("{source} '{}' is not UTF-8 text", path.display()))?;
+    let text = text.trim();
+    if text.is_empty() {
+        bail!("{source} '{}' is empty", path.display());
+    }
+    Ok(text.to_string())
+}
+
+/// The longest KEY, in bytes: a name, not data. It leaves ample room in `execve` for the command's
+/// `CRONLOCK_KEY` (one string may have 128 KiB) and in a metrics file name.
+pub const MAX_KEY: usize = 1024;
+
+/// A variable of ours whose value is not UTF-8: clap would only say "invalid UTF-8 ... in one or
+/// more arguments", without naming it.
+fn non_utf8_variable() -> Option<String> {
+    std::env::vars_os()
+        .filter(|(_, v)| v.to_str().is_none())
+        .filter_map(|(k, _)| k.into_string().ok())
+        .find(|k| k.starts_with("CRONLOCK_") || k == "REDIS_URL")
+}
+
+/// KEY within [`MAX_KEY`].
+fn check_key(key: &str) -> Result<String> {
+    if key.len() > MAX_KEY {
+        bail!(
+            "KEY is {} bytes long; it may have at most {MAX_KEY}",
+            key.len()
+        );
+    }
+    Ok(key.to_string())
+}
+
 /// Parse `std::env::args_os()`; see [`one_line`] for how errors are shown.
 pub fn parse() -> std::result::Result<Cli, clap::Error> {
+    if let Some(var) = non_utf8_variable() {
+        return Err(clap::Error::raw(
+            clap::error::ErrorKind::InvalidUtf8,
+            format!("{var} is not valid UTF-8\n"),
+        ));
+    }
     if let Some(cli) = common_case(std::env::args_os().skip(1), std::env::vars_os()) {
         return Ok(cli);
     }
@@ -584,6 +688,7 @@ fn common_case(
     }
     let mut cli = Cli {
         redis_url: Vec::new(),
+        redis_url_file: None,
         tls_ca_cert: None,
         tls_cert: None,
         tls_key: None,
@@ -605,6 +710,7 @@ fn common_case(
         history_ttl: None,
         metrics_dir: None,
         ping_url: None,
+        ping_url_file: None,
         ping_body: false,
         log_format: LogFormat::Text,
         status: false,

@@ -187,7 +187,7 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
         }
         _ => None,
     };
-    let (urls, source) = cli.redis_urls();
+    let (urls, source) = cli.redis_urls()?;
     let tls = cli.tls()?;
     let redis = urls
         .iter()
@@ -202,15 +202,15 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
                     dir.display()
                 );
             }
+            let ping = cli.ping()?;
             let mut report = Report {
-                pinger: cli
-                    .ping_url
+                pinger: ping
                     .as_deref()
                     .map(|url| ping::Pinger::new(url, log))
                     .transpose()?,
                 run: None,
                 locked: false,
-                capture: cli.ping_url.is_some() && cli.ping_body,
+                capture: ping.is_some() && cli.ping_body,
                 body: None,
             };
             let attempted = host::unix_millis();

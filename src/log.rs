@@ -218,7 +218,7 @@ impl Log {
             obj.insert("msg".into(), msg.into());
             Value::Object(obj).to_string()
         } else {
-            format!("cronlock: {msg}")
+            format!("cronlock: {}", printable(msg))
         };
         // One write per line, so lines stay whole next to the command's own stderr output.
         // Passwords never reach this point: URLs are shown redacted by structure
@@ -239,4 +239,23 @@ impl Log {
     pub fn info(&self, event: &str, msg: &str, fields: &[(&str, Value)]) {
         self.event(Level::Info, event, msg, fields);
     }
+}
+
+/// `text` with control characters escaped (`\n`, `\u{1b}`): a KEY or a server's words can never
+/// start a line of their own, forge a `cronlock:` line or drive the terminal. (JSON lines escape
+/// them by themselves.)
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return text.into();
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
 }
