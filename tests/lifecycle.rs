@@ -458,14 +458,16 @@ fn child_starts_with_empty_mask_and_default_sigpipe() {
 #[test]
 fn signals_ignored_at_start_stay_ignored_like_nohup() {
     let r = Redis::start();
+    // The inner cronlock gets the URL itself: the command does not inherit CRONLOCK_REDIS_URL.
     let out = run(cronlock(&r)
         .env("BIN", BIN)
+        .env("URL", r.url())
         .args(["-u", &r.url()])
         .arg("outer")
         .args([
             "sh",
             "-c",
-            "trap '' HUP; exec \"$BIN\" inner cat /proc/self/status",
+            "trap '' HUP; exec \"$BIN\" -u \"$URL\" inner cat /proc/self/status",
         ]));
     let status = stdout(&out);
     let hup_bit = 1u64 << (libc::SIGHUP - 1);
