@@ -8,6 +8,7 @@ complete -c cronlock -s w -l wait -d 'How long to wait for a busy lock before gi
 complete -c cronlock -l grace -d 'Time between SIGTERM and SIGKILL when cronlock stops the command [default: 5s, at most a quarter of --ttl]' -r
 complete -c cronlock -l max-runtime -d 'Stop the command (SIGTERM, then SIGKILL after --grace) when it runs longer; exit 124 (0: no limit)' -r
 complete -c cronlock -l min-hold -d 'Keep the lock until at least this long after it was taken, even when the command finishes sooner' -r
+complete -c cronlock -l limit -d 'Let up to N hosts hold KEY at once (a semaphore), each with a slot of its own: the command gets CRONLOCK_SLOT (0..N-1). Every host must give the same N' -r
 complete -c cronlock -l schedule -d 'Run once per instant of this cron schedule across the fleet: a host firing for an instant that already ran skips (exit -E), even after the lock was released' -r
 complete -c cronlock -s E -l conflict-exit-code -d 'Exit status when the lock is held elsewhere and the command does not run' -r
 complete -c cronlock -s c -l command -d 'Run SHELL_COMMAND with /bin/sh -c instead of COMMAND' -r
@@ -22,6 +23,7 @@ complete -c cronlock -l ping-url-file -d 'Read the --ping URL from this file ins
 complete -c cronlock -l log-format -d 'Format of cronlock\'s own messages on stderr' -r -f -a "text\t'`cronlock: ...` lines'
 json\t'one JSON object per line'"
 complete -c cronlock -l max-age -d 'With --check: how old the last run may be (with --schedule: how long after an instant its run may take to start)' -r
+complete -c cronlock -l token -d 'With --force-release: release only the holder with this token (its CRONLOCK_TOKEN, shown by --status)' -r
 complete -c cronlock -s n -l nonblock -d 'Do not wait for a busy lock, like flock -n (same as --wait 0)'
 complete -c cronlock -s q -l quiet -d 'Print only errors'
 complete -c cronlock -s v -l verbose -d 'Also report a busy lock, acquisition, release and renewals'

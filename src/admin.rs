@@ -217,6 +217,30 @@ pub fn status(
         .as_deref()
         .map(|r| serde_json::from_str::<Value>(r).unwrap_or_else(|_| json!({ "value": r })));
     let holder = snap.holder.as_deref().map(holder_json);
+    let holders: Vec<Value> = snap
+        .slots
+        .iter()
+        .map(|h| {
+            let mut v = holder_json(&h.value);
+            v["slot"] = h.slot.into();
+            v["fencing_token"] = h.fence.into();
+            v["ttl_ms"] = ttl_ms(h.pttl);
+            v
+        })
+        .collect();
+    if let Some(limit) = snap
+        .limit
+        .filter(|_| !holders.is_empty() || holder.is_none())
+    {
+        return Ok(slots_status(
+            keys,
+            limit,
+            &holders,
+            as_json,
+            &snap,
+            history.is_some(),
+        ));
+    }
     if as_json {
         let mut out_json = json!({
             "key": keys.name,
@@ -335,6 +359,63 @@ pub fn status(
     Ok(out)
 }
 
+/// `--status` of a KEY held with `--limit` above 1: every holder, with its slot.
+fn slots_status(
+    keys: &Keys,
+    limit: u32,
+    holders: &[Value],
+    as_json: bool,
+    snap: &lock::Snapshot,
+    with_history: bool,
+) -> String {
+    let mut out = String::new();
+    let last = snap
+        .last_run
+        .as_deref()
+        .map(|r| serde_json::from_str::<Value>(r).unwrap_or_else(|_| json!({ "value": r })));
+    if as_json {
+        let mut doc = json!({
+            "key": keys.name,
+            "held": !holders.is_empty(),
+            "limit": limit,
+            "holders": holders,
+            "last_run": last,
+        });
+        if with_history {
+            doc["history"] = snap
+                .history
+                .iter()
+                .map(|r| serde_json::from_str::<Value>(r).unwrap_or_else(|_| json!({ "value": r })))
+                .collect();
+        }
+        w!(out, "{doc}");
+        return out;
+    }
+    w!(
+        out,
+        "lock '{}' has {} of {limit} slots held (--limit {limit})",
+        keys.name,
+        holders.len()
+    );
+    for h in holders {
+        w!(out, "slot {}:", h["slot"]);
+        let pttl = h["ttl_ms"].as_i64().unwrap_or(-1);
+        for line in holder_lines(h, pttl, h["fencing_token"].as_i64()) {
+            w!(out, "{line}");
+        }
+    }
+    match &last {
+        Some(r) => {
+            w!(out, "last run:");
+            for line in run_lines(r) {
+                w!(out, "{line}");
+            }
+        }
+        None => w!(out, "last run: none recorded"),
+    }
+    out
+}
+
 /// `--list`: every lock held under `prefix`, found with SCAN (never KEYS; on a cluster, on every
 /// primary; with several masters, on each). A key under the prefix that cronlock cannot read
 /// (another type) is skipped with a warning.
@@ -350,12 +431,16 @@ pub fn list(
         .scan(&Keys::pattern(prefix), within)
         .map_err(|e| anyhow!("cannot list locks: {e}"))?
         .iter()
-        .filter_map(|k| Keys::name_of(prefix, k))
+        .filter_map(|k| {
+            // A KEY held with --limit above 1 shows through its limit record.
+            Keys::name_of(prefix, k).or_else(|| Keys::name_of(prefix, k.strip_suffix(":limit")?))
+        })
         .collect();
     names.sort();
     names.dedup();
     let several = masters.len() > 1;
     let mut rows = Vec::new();
+    let mut semaphores: Vec<(String, u32, usize)> = Vec::new();
     for name in names {
         let keys = Keys::new(prefix, &name);
         let snaps = masters.snapshots(within, &keys, None);
@@ -374,13 +459,17 @@ pub fn list(
             .iter()
             .filter(|s| matches!(s, Ok(s) if s.holder.is_some() && s.holder == snap.holder))
             .count();
+        if let Some(limit) = snap.limit.filter(|_| !snap.slots.is_empty()) {
+            semaphores.push((name, limit, snap.slots.len()));
+            continue;
+        }
         // Gone since the scan: skip.
         if let Some(value) = snap.holder {
             rows.push((name, holder_json(&value), snap.pttl, snap.fence, holding));
         }
     }
     if as_json {
-        let rows_json: Vec<Value> = rows
+        let mut rows_json: Vec<Value> = rows
             .iter()
             .map(|(name, h, pttl, fence, holding)| {
                 let mut row = json!({ "key": name, "holder": h, "ttl_ms": ttl_ms(*pttl), "fencing_token": fence });
@@ -390,6 +479,11 @@ pub fn list(
                 row
             })
             .collect();
+        rows_json.extend(
+            semaphores
+                .iter()
+                .map(|(name, limit, n)| json!({ "key": name, "limit": limit, "held": n })),
+        );
         w!(out, "{}", Value::Array(rows_json));
         return Ok(out);
     }
@@ -420,6 +514,12 @@ pub fn list(
             )
         };
         w!(out, "{name}\t{who}");
+    }
+    for (name, limit, n) in semaphores {
+        w!(
+            out,
+            "{name}\t{n} of {limit} slots held (--limit {limit}; --status {name} shows them)"
+        );
     }
     Ok(out)
 }
@@ -487,49 +587,69 @@ pub fn merge(
         history: newest.history.clone(),
         instant: ok.iter().filter_map(|s| s.instant).max(),
         schedule: ok.iter().find_map(|s| s.schedule.clone()),
+        // A --limit above 1 needs a single Redis: nothing to merge.
+        limit: None,
+        slots: Vec::new(),
     };
     Ok((merged, snaps))
 }
 
-/// `--force-release KEY`.
+/// `--force-release KEY [--token T]`: every holder (with `--limit` above 1), or the one whose
+/// token is T.
 pub fn force_release(
     masters: &mut Masters,
     within: Duration,
     keys: &Keys,
+    token: Option<&str>,
     as_json: bool,
 ) -> Result<String> {
     let mut out = String::new();
-    let mut answers = masters.force_release(within, keys);
-    let holder = if answers.len() == 1 {
+    let mut answers = masters.force_release(within, keys, token);
+    let released: Vec<String> = if answers.len() == 1 {
         answers.remove(0)?
     } else {
         if answers.iter().all(|a| a.is_err()) {
             return answers.remove(0).map(|_| String::new());
         }
-        answers
-            .iter()
-            .find_map(|a| a.as_ref().ok().cloned().flatten())
-    }
-    .map(|v| holder_json(&v));
+        let mut all: Vec<String> = Vec::new();
+        for v in answers.into_iter().flatten().flatten() {
+            if !all.contains(&v) {
+                all.push(v);
+            }
+        }
+        all
+    };
+    let holders: Vec<Value> = released.iter().map(|v| holder_json(v)).collect();
     if as_json {
-        let doc = json!({ "key": keys.name, "released": holder.is_some(), "holder": holder });
+        let doc = json!({
+            "key": keys.name,
+            "released": !holders.is_empty(),
+            "holder": holders.first(),
+            "holders": holders,
+        });
         w!(out, "{doc}");
         return Ok(out);
     }
-    match holder {
-        None => w!(out, "lock '{}' was not held", keys.name),
-        Some(h) if h.get("value").is_some() => {
-            w!(out, "released lock '{}' (value {})", keys.name, h["value"])
+    if holders.is_empty() {
+        match token {
+            Some(t) => w!(out, "no holder of lock '{}' has token {t}", keys.name),
+            None => w!(out, "lock '{}' was not held", keys.name),
         }
-        Some(h) => w!(
-            out,
-            "released lock '{}' held by host {} pid {} since {}: {}",
-            keys.name,
-            text_field(&h, "host"),
-            text_field(&h, "pid"),
-            h["started"].as_u64().map_or("?".into(), rfc3339),
-            text_field(&h, "command")
-        ),
+    }
+    for h in holders {
+        if h.get("value").is_some() {
+            w!(out, "released lock '{}' (value {})", keys.name, h["value"]);
+        } else {
+            w!(
+                out,
+                "released lock '{}' held by host {} pid {} since {}: {}",
+                keys.name,
+                text_field(&h, "host"),
+                text_field(&h, "pid"),
+                h["started"].as_u64().map_or("?".into(), rfc3339),
+                text_field(&h, "command")
+            );
+        }
     }
     Ok(out)
 }

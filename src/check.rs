@@ -136,7 +136,12 @@ pub fn judge(
     now_ms: u64,
 ) -> Verdict {
     let last = parse(snap.last_run.as_deref());
-    let holder = parse(snap.holder.as_deref());
+    // With --limit above 1, any holder means a run is going on.
+    let holder = parse(
+        snap.holder
+            .as_deref()
+            .or(snap.slots.first().map(|s| s.value.as_str())),
+    );
     let since = |ms: u64| now_ms.saturating_sub(ms);
 
     // A run in progress (a lock whose run has not finished: not one kept for --min-hold).
@@ -246,6 +251,8 @@ mod tests {
             history: Vec::new(),
             instant,
             schedule: None,
+            limit: None,
+            slots: Vec::new(),
         }
     }
 

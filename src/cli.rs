@@ -211,6 +211,12 @@ pub struct Cli {
     )]
     pub min_hold: Span,
 
+    /// Let up to N hosts hold KEY at once (a semaphore), each with a slot of its own: the command
+    /// gets CRONLOCK_SLOT (0..N-1). Every host must give the same N
+    #[arg(long, env = "CRONLOCK_LIMIT", value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=crate::lock::MAX_LIMIT as i64))]
+    pub limit: u32,
+
     /// Run once per instant of this cron schedule across the fleet: a host firing for an
     /// instant that already ran skips (exit -E), even after the lock was released
     ///
@@ -344,6 +350,16 @@ pub struct Cli {
     /// Delete KEY's lock whoever holds it (the holder's command is then stopped, exit 122)
     #[arg(long, requires = "key")]
     pub force_release: bool,
+
+    /// With --force-release: release only the holder with this token (its CRONLOCK_TOKEN, shown
+    /// by --status)
+    #[arg(
+        long,
+        env = "CRONLOCK_RELEASE_TOKEN",
+        value_name = "TOKEN",
+        requires = "force_release"
+    )]
+    pub token: Option<String>,
 
     /// Print --status, --list and --force-release results as JSON
     #[arg(long, env = "CRONLOCK_JSON", value_parser = switch,
@@ -587,6 +603,13 @@ impl Cli {
         if argv[0].is_empty() {
             bail!("COMMAND must not be empty");
         }
+        if self.limit > 1 && self.schedule.is_some() {
+            bail!(
+                "--schedule runs the job once per instant, so it takes no --limit above 1 (got \
+                 --limit {})",
+                self.limit
+            );
+        }
         Ok(Job { key, argv })
     }
 }
@@ -698,6 +721,7 @@ fn common_case(
         grace: None,
         max_runtime: None,
         min_hold: "0".parse().ok()?,
+        limit: 1,
         schedule: None,
         conflict_exit_code: 0,
         shell_command: None,
@@ -718,6 +742,7 @@ fn common_case(
         max_age: None,
         list: false,
         force_release: false,
+        token: None,
         json: false,
         key: Some(key),
         command,

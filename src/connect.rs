@@ -196,10 +196,17 @@ pub fn explain(e: &WireError) -> String {
         }
         _ => return e.to_string(),
     };
+    // A command too long for a client that has not authenticated is refused before NOAUTH.
+    let unauthenticated = text.contains("Protocol error: unauthenticated");
     match e.code() {
+        _ if unauthenticated => {
+            return "the server wants a password: give it in the URL \
+                    (redis://[user]:PASSWORD@host:port), best through CRONLOCK_REDIS_URL_FILE"
+                .into()
+        }
         Some("NOAUTH") => {
             return "the server wants a password: give it in the URL \
-                    (redis://[user]:PASSWORD@host:port), best through CRONLOCK_REDIS_URL"
+                    (redis://[user]:PASSWORD@host:port), best through CRONLOCK_REDIS_URL_FILE"
                 .into()
         }
         Some("MOVED" | "ASK") => {

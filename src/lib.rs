@@ -194,6 +194,13 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
         .map(|url| Redis::new(url, source, cli.connect_timeout.0, &tls, cli.min_replicas))
         .collect::<Result<Vec<Redis>>>()?;
     let io_timeout = cli.connect_timeout.0;
+    if cli.limit > 1 && redis.len() > 1 {
+        anyhow::bail!(
+            "--limit {} needs one Redis (plain, Sentinel or Cluster): with several independent \
+             masters the holders of a KEY could not be counted safely",
+            cli.limit
+        );
+    }
     match mode {
         Mode::Run(job) => {
             if let Some(dir) = cli.metrics_dir.as_deref().filter(|d| !d.is_dir()) {
@@ -258,6 +265,7 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
                 &mut Masters::new(&redis),
                 io_timeout,
                 &keys,
+                cli.token.as_deref(),
                 cli.json,
             )?)?;
             Ok(Exit::Success)
@@ -351,7 +359,13 @@ fn run_job(
         candidates: s.candidates(host::unix_millis() as i64),
     });
     let masters = Masters::new(redis);
-    let acquired = wait::acquire(masters, &keys, &command, timing.ttl, cli.wait(), slot, log)?;
+    let ask = wait::Ask {
+        ttl: timing.ttl,
+        wait: cli.wait(),
+        slot,
+        limit: cli.limit,
+    };
+    let acquired = wait::acquire(masters, &keys, &command, ask, log)?;
     let (held, masters) = match acquired {
         Acquired::Held(held, masters) => (*held, masters),
         Acquired::Busy(value) => {
@@ -366,11 +380,21 @@ fn run_job(
             };
             log.info(
                 "busy",
-                &format!(
-                    "lock '{}' is held by {}{after}; not running the command",
-                    job.key,
-                    admin::describe_holder(&value)
-                ),
+                &if cli.limit > 1 {
+                    format!(
+                        "all {} slots of lock '{}' are held (the first to free by {}){after}; not \
+                         running the command",
+                        cli.limit,
+                        job.key,
+                        admin::describe_holder(&value)
+                    )
+                } else {
+                    format!(
+                        "lock '{}' is held by {}{after}; not running the command",
+                        job.key,
+                        admin::describe_holder(&value)
+                    )
+                },
                 &[
                     ("conflict_exit_code", cli.conflict_exit_code.into()),
                     ("waited_ms", (waited.as_millis() as u64).into()),
@@ -422,7 +446,12 @@ fn run_job(
     log.info(
         "acquired",
         &format!(
-            "acquired lock '{}' (fencing token {}){}",
+            "acquired {}lock '{}' (fencing token {}){}",
+            if held.limit > 1 {
+                format!("slot {} of {} of ", held.slot, held.limit)
+            } else {
+                String::new()
+            },
             job.key,
             held.fence,
             match (held.instant, &cli.schedule) {
@@ -529,6 +558,7 @@ fn run_child(
         ("CRONLOCK_KEY", job.key.clone()),
         ("CRONLOCK_TOKEN", held.holder.token.clone()),
         ("CRONLOCK_FENCING_TOKEN", held.fence.to_string()),
+        ("CRONLOCK_SLOT", held.slot.to_string()),
     ];
     // Contained in a cgroup of its own where one can be made (the guard makes it); why not, for -v.
     let (cgroup, no_cgroup) = match cgroup::plan(&held.holder.token) {

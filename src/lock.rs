@@ -14,6 +14,9 @@
 //! - `cronlock:{KEY}:notify` a one-element list that wakes one `--wait`er on release
 //! - `cronlock:{KEY}:schedule` with `--schedule`: the last started run's instant and schedule
 //! - `cronlock:{KEY}:abandoned:TOKEN` for a TTL after an acquire whose reply was lost
+//! - with `--limit N` above 1 (a semaphore): `cronlock:{KEY}:slot:I` for each holder (I in
+//!   0..N, held like the plain lock), `cronlock:{KEY}:limit` (N, while holders exist) and
+//!   `cronlock:{KEY}:fences` (each slot's fencing token)
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -34,6 +37,11 @@ const STATUS_LUA: &str = include_str!("lua/status.lua");
 const ABANDON_LUA: &str = include_str!("lua/abandon.lua");
 const RAISE_LUA: &str = include_str!("lua/raise.lua");
 const RESTORE_LUA: &str = include_str!("lua/restore.lua");
+const SEMAPHORE_LUA: &str = include_str!("lua/semaphore.lua");
+static SEMAPHORE: LazyLock<Script> = LazyLock::new(|| Script::new(SEMAPHORE_LUA));
+
+/// The largest `--limit`.
+pub const MAX_LIMIT: u32 = 64;
 static RESTORE: LazyLock<Script> = LazyLock::new(|| Script::new(RESTORE_LUA));
 static RAISE: LazyLock<Script> = LazyLock::new(|| Script::new(RAISE_LUA));
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
@@ -55,6 +63,10 @@ pub struct Keys {
     pub history: String,
     pub notify: String,
     pub schedule: String,
+    /// With `--limit` above 1: N, kept while holders exist (see `semaphore.lua`).
+    pub limit: String,
+    /// With `--limit` above 1: each slot's fencing token (a hash).
+    pub fences: String,
 }
 
 impl Keys {
@@ -67,8 +79,20 @@ impl Keys {
             history: format!("{lock}:history"),
             notify: format!("{lock}:notify"),
             schedule: format!("{lock}:schedule"),
+            limit: format!("{lock}:limit"),
+            fences: format!("{lock}:fences"),
             lock,
         }
+    }
+
+    /// Slot `i` of a `--limit` above 1: a lock of its own, held like the plain one.
+    pub fn slot(&self, i: u32) -> String {
+        format!("{}:slot:{i}", self.lock)
+    }
+
+    /// Slots `0..n`.
+    pub fn slots(&self, n: u32) -> Vec<String> {
+        (0..n).map(|i| self.slot(i)).collect()
     }
 
     /// The marker that makes a late-running acquire of the attempt `token` take nothing.
@@ -199,6 +223,10 @@ pub struct Held {
     pub sent_at: Instant,
     /// With `--schedule`: the instant (Unix ms) this run is for.
     pub instant: Option<i64>,
+    /// `--limit`; above 1, `keys.lock` is our slot's key.
+    pub limit: u32,
+    /// Our slot (0 for the plain lock).
+    pub slot: u32,
 }
 
 /// With `--schedule`: what the acquire script chooses the run's instant from.
@@ -243,6 +271,8 @@ pub enum Attempt {
         instant: i64,
         ran: i64,
     },
+    /// The current holders hold KEY with this other `--limit`: refused, nothing touched.
+    Mismatch(u32),
 }
 
 fn ms(d: Duration) -> u64 {
@@ -304,41 +334,51 @@ pub fn try_acquire(
     holder: &Holder,
     ttl: Duration,
     slot: Option<&Slot>,
+    limit: u32,
 ) -> Result<Attempt, Failure> {
     let sent_at = Instant::now();
     let abandoned = keys.abandoned(&holder.token);
-    let mut args = vec![
-        holder.value.clone(),
-        ms(ttl).to_string(),
-        slot.map_or(String::new(), |s| s.schedule.clone()),
-    ];
-    args.extend(
-        slot.map_or(&[][..], |s| &s.candidates)
-            .iter()
-            .map(i64::to_string),
-    );
-    let reply = eval(
-        link,
-        within,
-        &ACQUIRE,
-        ACQUIRE_LUA,
-        &[&keys.lock, &keys.fence, &abandoned, &keys.schedule],
-        &args,
-    )?;
-    const SHAPE: &str = "an acquire reply that is not {fence, pttl, holder, instant, ran}";
+    let reply = if limit > 1 {
+        let slots = keys.slots(limit);
+        let mut all: Vec<&str> = vec![
+            &keys.lock,
+            &keys.fence,
+            &abandoned,
+            &keys.limit,
+            &keys.fences,
+        ];
+        all.extend(slots.iter().map(String::as_str));
+        eval(
+            link,
+            within,
+            &SEMAPHORE,
+            SEMAPHORE_LUA,
+            &all,
+            &[holder.value.clone(), ms(ttl).to_string(), limit.to_string()],
+        )?
+    } else {
+        plain_acquire(link, within, keys, holder, ttl, slot, &abandoned)?
+    };
+    const SHAPE: &str =
+        "an acquire reply that is not {fence, pttl, holder, instant, ran, slot, limit}";
     let Value::Array(parts) = &reply else {
         return Err(Failure::shape(SHAPE));
     };
-    let [fence, pttl, value, instant, ran] = parts.as_slice() else {
+    let [fence, pttl, value, instant, ran, got, other] = parts.as_slice() else {
         return Err(Failure::shape(SHAPE));
     };
-    let (fence, pttl, value, instant, ran) = (
+    let (fence, pttl, value, instant, ran, got, other) = (
         int(fence, SHAPE)?,
         int(pttl, SHAPE)?,
         text_or_nil(value, SHAPE)?,
         int(instant, SHAPE)?,
         int(ran, SHAPE)?,
+        int(got, SHAPE)?,
+        int(other, SHAPE)?,
     );
+    if other != 0 {
+        return Ok(Attempt::Mismatch(other.clamp(0, i64::from(u32::MAX)) as u32));
+    }
     let instant = (instant != 0).then_some(instant);
     if ran != 0 {
         return Ok(Attempt::AlreadyRan {
@@ -350,14 +390,57 @@ pub fn try_acquire(
         let left = u64::try_from(pttl).ok().map(Duration::from_millis);
         return Ok(Attempt::Busy(left, value.unwrap_or_default(), instant));
     }
+    let slot = u32::try_from(got).map_err(|_| Failure::shape(SHAPE))?;
+    let mut keys = keys.clone();
+    if limit > 1 {
+        keys.lock = keys.slot(slot);
+    }
     Ok(Attempt::Held(Box::new(Held {
-        keys: keys.clone(),
+        keys,
         holder: holder.clone(),
         fence,
         ttl,
         sent_at,
         instant,
+        limit,
+        slot,
     })))
+}
+
+/// The plain lock's acquire (`acquire.lua`).
+fn plain_acquire(
+    link: &mut Link,
+    within: Duration,
+    keys: &Keys,
+    holder: &Holder,
+    ttl: Duration,
+    slot: Option<&Slot>,
+    abandoned: &str,
+) -> Result<Value, Failure> {
+    let mut args = vec![
+        holder.value.clone(),
+        ms(ttl).to_string(),
+        slot.map_or(String::new(), |s| s.schedule.clone()),
+    ];
+    args.extend(
+        slot.map_or(&[][..], |s| &s.candidates)
+            .iter()
+            .map(i64::to_string),
+    );
+    eval(
+        link,
+        within,
+        &ACQUIRE,
+        ACQUIRE_LUA,
+        &[
+            &keys.lock,
+            &keys.fence,
+            abandoned,
+            &keys.schedule,
+            &keys.limit,
+        ],
+        &args,
+    )
 }
 
 /// Undo an attempt whose reply was lost (see `abandon.lua`): `Ok(true)` when it deleted our lock.
@@ -392,14 +475,27 @@ pub fn abandon(
 /// Extend our lock to `ttl` from now if it is still ours: `Ok(true)` ours, `Ok(false)` not ours.
 /// Any other reply (`+OK`, RESP3 `#t`, a string) is a failure: the renewal is not confirmed.
 pub fn renew(link: &mut Link, within: Duration, held: &Held) -> Result<bool, Failure> {
-    let reply = eval(
-        link,
-        within,
-        &RENEW,
-        RENEW_LUA,
-        &[&held.keys.lock],
-        &[held.holder.value.clone(), ms(held.ttl).to_string()],
-    )?;
+    let ttl = ms(held.ttl).to_string();
+    let reply = if held.limit > 1 {
+        // Our slot, and the limit record kept alive as long as a slot.
+        eval(
+            link,
+            within,
+            &RENEW,
+            RENEW_LUA,
+            &[&held.keys.lock, &held.keys.limit],
+            &[held.holder.value.clone(), ttl, held.limit.to_string()],
+        )?
+    } else {
+        eval(
+            link,
+            within,
+            &RENEW,
+            RENEW_LUA,
+            &[&held.keys.lock],
+            &[held.holder.value.clone(), ttl],
+        )?
+    };
     match int(&reply, "a renewal reply that is not 0 or 1")? {
         1 => Ok(true),
         0 => Ok(false),
@@ -452,12 +548,22 @@ pub fn release(
     } else {
         ms(opts.hold)
     };
+    let slots = if held.limit > 1 {
+        keys.slots(held.limit)
+    } else {
+        Vec::new()
+    };
+    let mut all: Vec<&str> = vec![&keys.lock, &keys.last, &keys.history, &keys.notify];
+    if held.limit > 1 {
+        all.push(&keys.limit);
+        all.extend(slots.iter().map(String::as_str));
+    }
     let reply = eval(
         link,
         within,
         &RELEASE,
         RELEASE_LUA,
-        &[&keys.lock, &keys.last, &keys.history, &keys.notify],
+        &all,
         &[
             held.holder.value.clone(),
             hold.to_string(),
@@ -477,17 +583,35 @@ pub fn release(
     )
 }
 
-/// Delete the lock whoever holds it; returns the holder value, or None if it was free.
-pub fn force_release(link: &mut Link, within: Duration, keys: &Keys) -> Result<Option<String>> {
+/// Delete the lock whoever holds it (every holder, with `--limit` above 1), or only the holder
+/// whose token is `token`; returns the holder values deleted (none when it was free).
+pub fn force_release(
+    link: &mut Link,
+    within: Duration,
+    keys: &Keys,
+    token: Option<&str>,
+) -> Result<Vec<String>> {
+    let slots = keys.slots(MAX_LIMIT);
+    let mut all: Vec<&str> = vec![&keys.lock, &keys.notify, &keys.limit];
+    all.extend(slots.iter().map(String::as_str));
     eval(
         link,
         within,
         &FORCE_RELEASE,
         FORCE_RELEASE_LUA,
-        &[&keys.lock, &keys.notify],
-        &[ms(NOTIFY_TTL).to_string()],
+        &all,
+        &[ms(NOTIFY_TTL).to_string(), token.unwrap_or("").to_string()],
     )
-    .and_then(|v| text_or_nil(&v, "a force-release reply that is not the holder"))
+    .and_then(|v| match v {
+        Value::Array(items) => items
+            .iter()
+            .map(|i| text_or_nil(i, "a force-release reply that is not the holders"))
+            .filter_map(Result::transpose)
+            .collect(),
+        _ => Err(Failure::shape(
+            "a force-release reply that is not the holders",
+        )),
+    })
     .map_err(|e| anyhow!("cannot release lock '{}': {e}", keys.name))
 }
 
@@ -503,6 +627,18 @@ pub struct Snapshot {
     /// With `--schedule`: the last started run's instant (Unix ms) and the schedule it used.
     pub instant: Option<i64>,
     pub schedule: Option<String>,
+    /// With `--limit` above 1: N, and each held slot.
+    pub limit: Option<u32>,
+    pub slots: Vec<SlotHolder>,
+}
+
+/// One holder of a `--limit` above 1.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotHolder {
+    pub slot: u32,
+    pub value: String,
+    pub pttl: i64,
+    pub fence: i64,
 }
 
 /// Read the lock, its expiry, its fencing counter, its last run and up to `history` kept runs at
@@ -520,25 +656,41 @@ pub fn snapshot(
         Option<String>,
         Vec<String>,
         (Option<i64>, Option<String>),
+        Option<u32>,
+        Vec<(u32, String, i64, i64)>,
     );
-    let (holder, pttl, fence, last_run, history, (instant, schedule)): Reply = eval(
+    let slot_keys = keys.slots(MAX_LIMIT);
+    let mut all: Vec<&str> = vec![
+        &keys.lock,
+        &keys.fence,
+        &keys.last,
+        &keys.history,
+        &keys.schedule,
+        &keys.limit,
+        &keys.fences,
+    ];
+    all.extend(slot_keys.iter().map(String::as_str));
+    let (holder, pttl, fence, last_run, history, (instant, schedule), limit, slots): Reply = eval(
         link,
         within,
         &STATUS,
         STATUS_LUA,
-        &[
-            &keys.lock,
-            &keys.fence,
-            &keys.last,
-            &keys.history,
-            &keys.schedule,
-        ],
+        &all,
         &[history.map_or(0, i64::from).to_string()],
     )
     .and_then(|v| {
         redis::from_redis_value(v).map_err(|_| Failure::shape("a status reply of the wrong shape"))
     })
     .map_err(|e| anyhow!("cannot read lock '{}': {e}", keys.name))?;
+    let slots = slots
+        .into_iter()
+        .map(|(slot, value, pttl, fence)| SlotHolder {
+            slot,
+            value,
+            pttl,
+            fence,
+        })
+        .collect();
     Ok(Snapshot {
         holder,
         pttl,
@@ -547,6 +699,8 @@ pub fn snapshot(
         history,
         instant,
         schedule,
+        limit,
+        slots,
     })
 }
 

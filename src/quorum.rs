@@ -127,11 +127,12 @@ impl Masters {
         holder: &Holder,
         ttl: Duration,
         slot: Option<&Slot>,
+        limit: u32,
     ) -> Outcome {
         let budget = self.budget(within, ttl);
         let sent_at = Instant::now();
         let answers = self.each(|_, link| -> Answer {
-            match lock::try_acquire(link, budget, keys, holder, ttl, slot) {
+            match lock::try_acquire(link, budget, keys, holder, ttl, slot, limit) {
                 Ok(Attempt::Held(held)) => {
                     let left = budget.saturating_sub(sent_at.elapsed());
                     match link.confirm(&keys.lock, left) {
@@ -182,6 +183,13 @@ impl Masters {
             .collect();
         let undone =
             self.each(|i, link| undo[i].then(|| lock::abandon(link, within, keys, holder, ttl)));
+        // Holders with another --limit: refused wherever one master says so.
+        if let Some(Ok(Attempt::Mismatch(other))) = answers
+            .iter()
+            .find(|a| matches!(a, Ok(Attempt::Mismatch(_))))
+        {
+            return Ok(Attempt::Mismatch(*other));
+        }
         let majority = self.majority();
         let count = |f: fn(&Answer) -> bool| answers.iter().filter(|a| f(a)).count();
         let busy = count(|a| matches!(a, Ok(Attempt::Busy(..))));
@@ -402,13 +410,14 @@ impl Masters {
         self.each(|_, link| lock::snapshot(link, within, keys, history))
     }
 
-    /// Each master's answer to a force-release.
+    /// Each master's answer to a force-release: the holder values it deleted.
     pub fn force_release(
         &mut self,
         within: Duration,
         keys: &Keys,
-    ) -> Vec<anyhow::Result<Option<String>>> {
-        self.each(|_, link| lock::force_release(link, within, keys))
+        token: Option<&str>,
+    ) -> Vec<anyhow::Result<Vec<String>>> {
+        self.each(|_, link| lock::force_release(link, within, keys, token))
     }
 
     /// Every lock key under the pattern, on every master (merged).

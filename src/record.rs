@@ -55,6 +55,10 @@ pub fn run_record(held: &Held, ending: Ending, exit: Exit, duration: Duration) -
     if let Some(instant) = held.instant {
         rec["instant"] = instant.into();
     }
+    if held.limit > 1 {
+        rec["slot"] = held.slot.into();
+        rec["limit"] = held.limit.into();
+    }
     if let Exit::Signal(n) = exit {
         rec["signal"] = n.into();
     }

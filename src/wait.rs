@@ -57,6 +57,17 @@ fn pause(d: Duration) -> Option<libc::c_int> {
     }
 }
 
+/// How a run asks for the lock.
+pub struct Ask {
+    pub ttl: Duration,
+    /// `--wait` (zero: one attempt).
+    pub wait: Duration,
+    /// With `--schedule`: the instants to choose from.
+    pub slot: Option<lock::Slot>,
+    /// `--limit`.
+    pub limit: u32,
+}
+
 /// Try to take the lock, waiting up to `wait` for it. While waiting, transient errors (Redis
 /// restarting or loading, a timeout, a dropped connection) are retried on a new connection.
 ///
@@ -66,11 +77,15 @@ pub fn acquire(
     mut masters: Masters,
     keys: &Keys,
     command: &str,
-    ttl: Duration,
-    wait: Duration,
-    mut slot: Option<lock::Slot>,
+    ask: Ask,
     log: &Log,
 ) -> Result<Acquired> {
+    let Ask {
+        ttl,
+        wait,
+        mut slot,
+        limit,
+    } = ask;
     let io_timeout = masters.redis().connect_timeout;
     let deadline = Instant::now() + wait;
     let mut announced = false;
@@ -94,8 +109,16 @@ pub fn acquire(
         // A fresh holder per attempt, so `started` says when we got it.
         let holder = Holder::new(command);
         let (expires_in, busy_with) =
-            match masters.acquire(io_timeout, keys, &holder, ttl, slot.as_ref()) {
+            match masters.acquire(io_timeout, keys, &holder, ttl, slot.as_ref(), limit) {
                 Ok(Attempt::Held(held)) => return Ok(Acquired::Held(held, masters)),
+                Ok(Attempt::Mismatch(other)) => {
+                    return Err(anyhow!(
+                        "lock '{}' is held with --limit {other} by its current holders, and this \
+                         run has --limit {limit} (every host must give the same --limit); not \
+                         running the command",
+                        keys.name
+                    ))
+                }
                 Ok(Attempt::AlreadyRan { instant, ran }) => {
                     return Ok(Acquired::AlreadyRan { instant, ran })
                 }

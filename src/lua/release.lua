@@ -6,6 +6,8 @@
 -- ARGV[4] history length (0: keep only the last run)
 -- ARGV[5] record expiry in ms (0: none)
 -- ARGV[6] notification expiry in ms
+-- With --limit above 1 (KEYS[1] is then our slot): KEYS[5] the limit record, KEYS[6...] every
+-- slot; the record goes with the last slot, and lives at least as long as a slot kept for min-hold.
 -- Returns 1 deleted, 2 kept for min-hold, 0 not ours (touched nothing of the lock).
 -- The lock is dealt with first: if a record key has a wrong type, the release has still happened.
 local result = 0
@@ -13,9 +15,19 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   local hold = tonumber(ARGV[2])
   if hold > 0 then
     redis.call('PEXPIRE', KEYS[1], hold)
+    if KEYS[5] and redis.call('PTTL', KEYS[5]) < hold then
+      redis.call('PEXPIRE', KEYS[5], hold)
+    end
     result = 2
   else
     redis.call('DEL', KEYS[1])
+    if KEYS[5] then
+      local any = false
+      for i = 6, #KEYS do
+        if redis.call('EXISTS', KEYS[i]) == 1 then any = true end
+      end
+      if not any then redis.call('DEL', KEYS[5]) end
+    end
     -- Wake one waiter (BLPOP); the list never holds more than one element.
     redis.call('DEL', KEYS[4])
     redis.call('RPUSH', KEYS[4], '1')

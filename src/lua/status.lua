@@ -1,13 +1,23 @@
 -- Read everything about one lock at one instant.
 -- KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] last-run record, KEYS[4] run history,
--- KEYS[5] schedule record
+-- KEYS[5] schedule record, KEYS[6] the --limit record, KEYS[7] the slots' fencing tokens (hash),
+-- KEYS[8...] the slots a --limit above 1 may use
 -- ARGV[1] how many history records to return (0: none)
 -- Returns {holder value or false, PTTL, fencing counter or false, last-run record or false,
--- the newest ARGV[1] history records, {recorded instant, schedule} (false when none)}.
+-- the newest ARGV[1] history records, {recorded instant, schedule} (false when none),
+-- the --limit record or false, {slot, holder value, PTTL, fencing token} for each held slot}.
 local n = tonumber(ARGV[1])
 local history = {}
 if n > 0 then
   history = redis.call('LRANGE', KEYS[4], 0, n - 1)
+end
+local slots = {}
+for i = 8, #KEYS do
+  local v = redis.call('GET', KEYS[i])
+  if v then
+    local fence = redis.call('HGET', KEYS[7], tostring(i - 8)) or '0'
+    slots[#slots + 1] = {i - 8, v, redis.call('PTTL', KEYS[i]), tonumber(fence)}
+  end
 end
 return {
   redis.call('GET', KEYS[1]),
@@ -16,4 +26,6 @@ return {
   redis.call('GET', KEYS[3]),
   history,
   redis.call('HMGET', KEYS[5], 'instant', 'schedule'),
+  redis.call('GET', KEYS[6]),
+  slots,
 }
