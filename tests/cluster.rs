@@ -242,3 +242,13 @@ fn a_deleted_lock_is_noticed_on_its_slot_owner() {
         stopped_at_once(cronlock_at(&c.url()), &key, || owner.del(&lock));
     }
 }
+
+/// `--limit` on a cluster: all of the KEY's keys (slots, limit record) in one hash slot.
+#[test]
+fn limit_two_on_a_cluster() {
+    let c = cluster();
+    let url = c.url();
+    for key in keys_on_each_primary(c, "limited") {
+        limit_two_of_four(|| cronlock_at(&url), &key);
+    }
+}

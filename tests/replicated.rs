@@ -412,3 +412,11 @@ fn a_deleted_lock_is_noticed_on_the_named_primary() {
     });
     eprintln!("sentinel: stopped {took:?} after the DEL");
 }
+
+/// `--limit` through the sentinels.
+#[test]
+fn limit_two_through_the_sentinels() {
+    let t = topology();
+    let url = t.url(SERVICE);
+    limit_two_of_four(|| cronlock_at(&url), "sentinel-limit");
+}

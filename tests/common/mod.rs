@@ -1123,3 +1123,42 @@ pub fn stopped_at_once(mut cmd: Command, key: &str, vanish: impl FnOnce()) -> Du
     );
     took
 }
+
+/// Four cronlocks (`cmd` makes each, with its URL) with `--limit 2 -E 75` for `key`, each holding
+/// until `DIR/go`: exactly two run (both listed by `--status`), two skip.
+pub fn limit_two_of_four(cmd: impl Fn() -> Command, key: &str) {
+    let dir = scratch("limit-two");
+    let children: Vec<Child> = (0..4)
+        .map(|_| {
+            let mut c = cmd();
+            c.args(["--limit", "2", "-E", "75", key, "sh", "-c"])
+                .arg(format!(
+                    "cd {} && touch started.$$ && while [ ! -e go ]; do sleep 0.05; done",
+                    dir.display()
+                ));
+            tie(&mut c);
+            c.stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let started = || {
+        std::fs::read_dir(&*dir)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| e.file_name().to_string_lossy().starts_with("started."))
+            })
+            .count()
+    };
+    assert!(wait_for(Duration::from_secs(10), || started() == 2));
+    let out = run(cmd().args(["--status", "--json", key]));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("status JSON");
+    assert_eq!(v["holders"].as_array().map(Vec::len), Some(2), "{v}");
+    std::fs::write(dir.join("go"), "").unwrap();
+    let mut codes = exit_codes(children);
+    codes.sort();
+    assert_eq!(codes, vec![0, 0, 75, 75]);
+    assert_eq!(started(), 2);
+}
