@@ -314,15 +314,7 @@ pub fn status(
             w!(out, "  {url}: {what}");
         }
     }
-    match &last {
-        Some(r) => {
-            w!(out, "last run:");
-            for line in run_lines(r) {
-                w!(out, "{line}");
-            }
-        }
-        None => w!(out, "last run: none recorded"),
-    }
+    last_run_lines(&mut out, last.as_ref());
     if let Some(p) = &plan {
         w!(out, "schedule:        {}", p.schedule.text);
         match p.last {
@@ -357,6 +349,19 @@ pub fn status(
         }
     }
     Ok(out)
+}
+
+/// The last run, for `--status`.
+fn last_run_lines(out: &mut String, last: Option<&Value>) {
+    match last {
+        Some(r) => {
+            w!(out, "last run:");
+            for line in run_lines(r) {
+                w!(out, "{line}");
+            }
+        }
+        None => w!(out, "last run: none recorded"),
+    }
 }
 
 /// `--status` of a KEY held with `--limit` above 1: every holder, with its slot.
@@ -404,15 +409,7 @@ fn slots_status(
             w!(out, "{line}");
         }
     }
-    match &last {
-        Some(r) => {
-            w!(out, "last run:");
-            for line in run_lines(r) {
-                w!(out, "{line}");
-            }
-        }
-        None => w!(out, "last run: none recorded"),
-    }
+    last_run_lines(&mut out, last.as_ref());
     out
 }
 

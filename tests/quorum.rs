@@ -208,15 +208,7 @@ fn ten_contenders_run_once_per_tick() {
 fn a_rolling_restart_of_two_masters_lets_nobody_in() {
     let mut m = three();
     let dir = scratch("quorum-rolling");
-    let holder = on(&m)
-        .args(["--ttl", "3s", "q", "--", "sh", "-c"])
-        .arg(holding_job(&dir))
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    assert!(wait_for(Duration::from_secs(10), || dir
-        .join("started")
-        .exists()));
+    let holder = spawn_holding(on(&m).args(["--ttl", "3s", "q"]), &dir);
     let urls: Vec<String> = m.iter().map(|r| r.tcp_url()).collect();
     let d = dir.to_path_buf();
     let contenders = Contenders::start(
@@ -265,15 +257,7 @@ fn a_rolling_restart_of_two_masters_lets_nobody_in() {
 fn a_lock_deleted_on_a_minority_is_mended_and_on_a_majority_is_lost() {
     let m = three();
     let dir = scratch("quorum-tracked");
-    let holder = on(&m)
-        .args(["--ttl", "30s", "q", "--", "sh", "-c"])
-        .arg(holding_job(&dir))
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    assert!(wait_for(Duration::from_secs(10), || dir
-        .join("started")
-        .exists()));
+    let holder = spawn_holding(on(&m).args(["--ttl", "30s", "q"]), &dir);
     // The watch starts 20 ms after the command; a deletion before it is found by its first read.
     m[0].del(LOCK);
     let deleted = Instant::now();

@@ -301,17 +301,13 @@ fn min_replicas_stops_the_command_when_renewals_are_not_replicated() {
 fn no_overlap_across(t: &mut Replicated, extra: &[&str], fault: impl FnOnce(&mut Replicated)) {
     let url = t.url(SERVICE);
     let dir = scratch("no-overlap");
-    let holder = cronlock_at(&url)
-        .args(["--ttl", "6s"])
-        .args(extra)
-        .args(["held", "--", "sh", "-c"])
-        .arg(holding_job(&dir))
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    assert!(wait_for(Duration::from_secs(10), || dir
-        .join("started")
-        .exists()));
+    let holder = spawn_holding(
+        cronlock_at(&url)
+            .args(["--ttl", "6s"])
+            .args(extra)
+            .arg("held"),
+        &dir,
+    );
     assert!(wait_for(Duration::from_secs(5), || t
         .replica
         .exists("cronlock:{held}")));

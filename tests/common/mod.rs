@@ -693,6 +693,22 @@ pub fn holding_job(dir: &Path) -> String {
     )
 }
 
+/// Start `cmd` (a cronlock with its options and KEY) on [`holding_job`] in `dir`; returns once the
+/// job runs.
+pub fn spawn_holding(cmd: &mut Command, dir: &Path) -> Child {
+    let holder = cmd
+        .args(["--", "sh", "-c"])
+        .arg(holding_job(dir))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(10), || dir.join("started").exists()),
+        "the holder did not start"
+    );
+    holder
+}
+
 impl Contenders {
     pub fn start(make: impl Fn() -> Command + Send + 'static, dir: &Path) -> Contenders {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
