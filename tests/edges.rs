@@ -69,7 +69,7 @@ impl Sentinel {
             let port = free_port();
             let conf = dir.join("sentinel.conf");
             std::fs::write(&conf, format!("port {port}\nbind 127.0.0.1\n")).unwrap();
-            let child = Command::new("redis-server")
+            let child = Command::new(server_bin())
                 .arg(&conf)
                 .arg("--sentinel")
                 .stdout(Stdio::null())

@@ -168,11 +168,14 @@ impl Redis {
                 0
             };
             let _ = std::fs::remove_file(&self.sock);
-            let mut cmd = Command::new("redis-server");
+            let mut cmd = Command::new(server_bin());
             let (plain, tls) = if self.tls { (0, port) } else { (port, 0) };
-            cmd.args(["--port", &plain.to_string(), "--bind", "127.0.0.1"])
-                .args(["--tls-port", &tls.to_string()])
-                .arg("--unixsocket")
+            cmd.args(["--port", &plain.to_string(), "--bind", "127.0.0.1"]);
+            if self.tls {
+                // Only then: a server built without TLS does not know the option.
+                cmd.args(["--tls-port", &tls.to_string()]);
+            }
+            cmd.arg("--unixsocket")
                 .arg(&self.sock)
                 .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
                 .args(["--loglevel", "warning"])
@@ -360,6 +363,17 @@ impl Drop for Redis {
         self.resume();
         self.kill();
     }
+}
+
+/// The server the tests start: `redis-server`, or `CRONLOCK_TEST_REDIS_SERVER` (the test command
+/// runs some suites again against Redis 6.2 and Valkey 8.1 this way).
+pub fn server_bin() -> String {
+    std::env::var("CRONLOCK_TEST_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
+}
+
+/// The client that creates clusters: `redis-cli`, or `CRONLOCK_TEST_REDIS_CLI`.
+pub fn cli_bin() -> String {
+    std::env::var("CRONLOCK_TEST_REDIS_CLI").unwrap_or_else(|_| "redis-cli".into())
 }
 
 /// The binary under test: this build's, or `CRONLOCK_TEST_BIN` (to show that a test fails on an
@@ -555,7 +569,7 @@ impl Sentinel {
                 ),
             )
             .unwrap();
-            let mut child = spawn_tied(Command::new("redis-server").arg(&conf).arg("--sentinel"));
+            let mut child = spawn_tied(Command::new(server_bin()).arg(&conf).arg("--sentinel"));
             let mut s = Sentinel {
                 port,
                 tls: tls.map(|(_, ca)| ca.to_path_buf()),
@@ -802,7 +816,7 @@ impl Cluster {
                 r
             })
             .collect();
-        let out = Command::new("redis-cli")
+        let out = Command::new(cli_bin())
             .arg("--cluster")
             .arg("create")
             .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)))
