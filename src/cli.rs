@@ -680,8 +680,28 @@ pub fn parse() -> std::result::Result<Cli, clap::Error> {
     if let Some(cli) = common_case(std::env::args_os().skip(1), std::env::vars_os()) {
         return Ok(cli);
     }
-    let matches = Cli::command().try_get_matches()?;
+    let matches = Cli::command().try_get_matches_from(history_flag_apart(std::env::args_os()))?;
     from_matches(&matches)
+}
+
+/// `--history` takes an optional count, so `--status --history KEY` would read KEY as the count:
+/// a `--history` whose next word is not a count (a number or `all`) stands alone, as
+/// `--history=all`. (`--history=N` is the form that cannot be misread.)
+fn history_flag_apart(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
+    let mut args: Vec<OsString> = args.collect();
+    for i in 1..args.len() {
+        if args[i] == "--" {
+            break;
+        }
+        let next_is_count = args
+            .get(i + 1)
+            .and_then(|a| a.to_str())
+            .is_some_and(|a| history_count(a).is_ok());
+        if args[i] == "--history" && !next_is_count {
+            args[i] = "--history=all".into();
+        }
+    }
+    args
 }
 
 /// The way cronlock is run on every tick of every host, `cronlock KEY [--] COMMAND [ARGS...]`
