@@ -245,3 +245,43 @@ fn bash_completes_commands_after_the_double_dash() {
     let opts = complete_in_bash(&["cronlock", "--tt"]);
     assert_eq!(opts, ["--ttl"]);
 }
+
+/// Every crontab line in the README and in examples/crontab works under cron's default PATH
+/// (`/usr/bin:/bin`): its block sets a PATH with `/usr/local/bin`, or it names cronlock in full.
+#[test]
+fn crontab_lines_work_under_crons_path() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let mut blocks: Vec<String> = readme
+        .split("```")
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect();
+    blocks.push(std::fs::read_to_string(root.join("examples/crontab")).unwrap());
+    let schedule = |l: &str| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() > 5
+            && f[..5]
+                .iter()
+                .all(|w| w.chars().all(|c| c.is_ascii_digit() || "*/,-".contains(c)))
+    };
+    let mut checked = 0;
+    for block in &blocks {
+        let path_set = block
+            .lines()
+            .any(|l| l.starts_with("PATH=") && l.contains("/usr/local/bin"));
+        for line in block
+            .lines()
+            .filter(|l| schedule(l) && l.contains("cronlock "))
+        {
+            checked += 1;
+            let full = line.contains("/bin/cronlock ");
+            assert!(
+                path_set || full,
+                "a crontab line that fails under cron's PATH: {line}"
+            );
+        }
+    }
+    assert!(checked >= 6, "only {checked} crontab lines found");
+}
