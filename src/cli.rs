@@ -685,14 +685,20 @@ pub fn parse() -> std::result::Result<Cli, clap::Error> {
 }
 
 /// `--history` takes an optional count, so `--status --history KEY` would read KEY as the count:
-/// a `--history` whose next word is not a count (a number or `all`) stands alone, as
-/// `--history=all`. (`--history=N` is the form that cannot be misread.)
+/// in the modes that run no command (`--status`, `--check`, `--list`, `--force-release`), a
+/// `--history` whose next word is not a count (a number or `all`) stands alone, as
+/// `--history=all`. (`--history=N` is the form that cannot be misread.) A run's COMMAND and its
+/// arguments are never touched.
 fn history_flag_apart(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
     let mut args: Vec<OsString> = args.collect();
-    for i in 1..args.len() {
-        if args[i] == "--" {
-            break;
-        }
+    let end = args.iter().position(|a| a == "--").unwrap_or(args.len());
+    let admin = args[..end].iter().any(|a| {
+        ["--status", "--check", "--list", "--force-release"].contains(&a.to_str().unwrap_or(""))
+    });
+    if !admin {
+        return args;
+    }
+    for i in 1..end {
         let next_is_count = args
             .get(i + 1)
             .and_then(|a| a.to_str())

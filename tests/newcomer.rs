@@ -94,6 +94,9 @@ fn history_does_not_swallow_the_key() {
     let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(v["key"], "k");
     assert_eq!(v["history"].as_array().map(Vec::len), Some(1), "{v}");
+    // A command's own --history is never touched.
+    let out = run(cronlock(&r).args(["k", "echo", "--history", "x"]));
+    assert_eq!(stdout(&out), "--history x\n", "{}", stderr(&out));
     // The count still goes with a space, and unambiguously with '='.
     for args in [
         &["--status", "--history", "1", "k"][..],
