@@ -86,12 +86,13 @@ impl Cluster {
         }
         let (seed, e) = last.expect("a cluster URL has a host");
         if matches!(&e, WireError::Server(t) if t.contains("cluster support disabled")) {
-            return Err(anyhow!(
+            return Err(anyhow::Error::new(crate::wire::Refusal(
                 "a seed node is not a Redis Cluster node (cluster support is off): use redis:// \
                  for a single server"
-            ));
+                    .into(),
+            )));
         }
-        Err(anyhow!("{seed}: {}", explain(&e)))
+        Err(crate::wire::failed(&e, format!("{seed}: {}", explain(&e))))
     }
 }
 

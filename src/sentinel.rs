@@ -139,10 +139,13 @@ impl Service {
     /// Connect to `addr` and check that it is a primary.
     fn connect_to(&self, addr: &Addr, deadline: Instant) -> Result<Wire> {
         let named = |e: &WireError| {
-            anyhow!(
-                "the primary of service '{}' ({addr}): {}",
-                self.name,
-                explain(e)
+            crate::wire::failed(
+                e,
+                format!(
+                    "the primary of service '{}' ({addr}): {}",
+                    self.name,
+                    explain(e)
+                ),
             )
         };
         let mut wire = Wire::connect(addr, &self.data, deadline).map_err(|e| named(&e))?;

@@ -78,10 +78,14 @@ impl Redis {
     fn connect(&self, deadline: Instant) -> Result<Con, Failure> {
         let within = deadline.saturating_duration_since(Instant::now());
         let failed = |e: anyhow::Error| {
-            Failure::Connect(anyhow!(
-                "cannot connect to Redis at {}: {e:#}",
-                self.shown_url
-            ))
+            // A refusal retrying cannot mend (see `wire::Refusal`) is not retried.
+            let permanent = e.downcast_ref::<crate::wire::Refusal>().is_some();
+            let e = anyhow!("cannot connect to Redis at {}: {e:#}", self.shown_url);
+            if permanent {
+                Failure::Refused(e)
+            } else {
+                Failure::Connect(e)
+            }
         };
         match &*self.target {
             Target::Node(node) => node.connect(within).map(Con::Node).map_err(|e| {

@@ -121,6 +121,31 @@ impl std::fmt::Display for WireError {
     }
 }
 
+impl std::error::Error for WireError {}
+
+/// A failure that asking again cannot mend (a wrong password, an ACL, a database that does not
+/// exist, a server that is not what the URL says), as a message: look-ups that report through
+/// `anyhow` (Sentinel, Cluster) mark it so, and the link does not retry it.
+#[derive(Debug)]
+pub struct Refusal(pub String);
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+/// `message` about `e`, marked as a [`Refusal`] when retrying cannot help.
+pub fn failed(e: &WireError, message: String) -> anyhow::Error {
+    if e.transient() {
+        anyhow::anyhow!(message)
+    } else {
+        anyhow::Error::new(Refusal(message))
+    }
+}
+
 enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),

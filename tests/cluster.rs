@@ -153,6 +153,14 @@ fn a_cluster_url_to_a_plain_server_says_so() {
     assert_eq!(code(&out), 125);
     let line = one_line(&out);
     assert!(line.contains("not a Redis Cluster node"), "{line}");
+    // Not retried under --wait: waiting cannot make it a cluster.
+    let t = std::time::Instant::now();
+    let out = run(
+        cronlock_at(&format!("redis+cluster://127.0.0.1:{}", r.port))
+            .args(["--wait", "1m", "k", "--", "true"]),
+    );
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
     let out = run(cronlock_at("redis+cluster://127.0.0.1:6379/2").args(["k", "--", "true"]));
     assert_eq!(code(&out), 125);
     assert!(one_line(&out).contains("only database 0"));

@@ -429,3 +429,20 @@ fn limit_two_through_the_sentinels() {
     let url = t.url(SERVICE);
     limit_two_of_four(|| cronlock_at(&url), "sentinel-limit");
 }
+
+/// A refusal by the named primary that retrying cannot mend (here a database that does not
+/// exist) ends a `--wait` at once.
+#[test]
+fn a_permanent_refusal_through_the_sentinels_ends_a_wait_at_once() {
+    let t = topology();
+    let url = format!("{}/99", t.url(SERVICE));
+    let started = Instant::now();
+    let out = run(cronlock_at(&url).args(["--wait", "1m", "k", "--", "true"]));
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(one_line(&out).contains("DB index"), "{}", stderr(&out));
+}
