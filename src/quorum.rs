@@ -452,9 +452,7 @@ impl Masters {
             return None;
         };
         let io = link.redis().connect_timeout;
-        // BLPOP takes seconds with millisecond precision (Redis >= 6); 0 would block forever.
-        let secs = (block.as_millis().max(1) as f64) / 1000.0;
-        let secs = secs.to_string();
+        let secs = blpop_timeout(block);
         let reply = link.call(
             block + io,
             &keys.notify,
@@ -467,5 +465,26 @@ impl Masters {
             )),
             Err(e) => Err(e),
         })
+    }
+}
+
+/// BLPOP's timeout for `block`: seconds with millisecond precision (Redis >= 6). 0 would block
+/// forever, and so does 0.001 on Redis 6.2, which reads it as 0.99999 ms and truncates that to
+/// 0: never less than 10 ms, written as whole milliseconds.
+fn blpop_timeout(block: Duration) -> String {
+    let ms = block.as_millis().max(10);
+    format!("{}.{:03}", ms / 1000, ms % 1000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blpop_timeouts_never_round_to_forever() {
+        assert_eq!(blpop_timeout(Duration::ZERO), "0.010");
+        assert_eq!(blpop_timeout(Duration::from_micros(900)), "0.010");
+        assert_eq!(blpop_timeout(Duration::from_millis(478)), "0.478");
+        assert_eq!(blpop_timeout(Duration::from_millis(2500)), "2.500");
     }
 }

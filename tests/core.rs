@@ -73,7 +73,7 @@ fn wait_gives_up_after_the_duration() {
     r.set(LOCK, "someone else");
     let t = std::time::Instant::now();
     let out = run(cronlock(&r).args(["-w", "300ms", "-E", "9", "k", "true"]));
-    assert_eq!(code(&out), 9);
+    assert_eq!(code(&out), 9, "{}", stderr(&out));
     let took = t.elapsed();
     assert!(took >= Duration::from_millis(300), "{took:?}");
     assert!(took < Duration::from_secs(3), "{took:?}");
@@ -96,7 +96,7 @@ fn wait_takes_the_lock_once_free() {
         .query::<()>(&mut con)
         .unwrap();
     let out = run(cronlock(&r).args(["-w", "5s", "k", "echo", "ran"]));
-    assert_eq!(code(&out), 0);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(stdout(&out), "ran\n");
 }
 
