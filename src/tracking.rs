@@ -9,7 +9,8 @@
 //! BCAST PREFIX <lock key>`, so every change to the key (ours included: a renewal's `PEXPIRE`)
 //! sends a message. On a message the thread reads the key on its own connection: still our value,
 //! nothing happened; anything else, or a watch connection that broke (a failover or a restart may
-//! have lost the key), asks the watchdog for a renewal now ([`Watch::renew_now`]). Only the renewal
+//! have lost the key: either of the two, the tracking one is looked at every [`TICK`]), asks the
+//! watchdog for a renewal now ([`Watch::renew_now`]). Only the renewal
 //! decides: "not ours" is the lost lock (122), as at any renewal, and with several masters a loss
 //! on a minority is mended by the renewal, not counted.
 //!
@@ -199,8 +200,14 @@ impl Watcher {
             b"PREFIX",
             self.key.as_bytes(),
         ];
-        if let Err(e) = reader.call(&tracking, deadline).and_then(Reply::ok) {
-            return refused_or_broken(e);
+        match reader.call(&tracking, deadline).and_then(Reply::ok) {
+            Ok(_) => {}
+            // The subscribed connection went away between SUBSCRIBE and here (killed, a
+            // restart): a broken watch, not a refusal.
+            Err(WireError::Server(e)) if e.to_ascii_lowercase().contains("redirect") => {
+                return End::Broken(e)
+            }
+            Err(e) => return refused_or_broken(e),
         }
         if !*told {
             *told = true;
@@ -220,6 +227,19 @@ impl Watcher {
         loop {
             if self.stopped() {
                 return End::Stopped;
+            }
+            // The tracking connection speaks only when spoken to: anything from it (its
+            // closing) means tracking is off, and invalidations would stop without a word.
+            // Over TLS the bytes may be the protocol's own: a PING tells.
+            if reader.readable() {
+                let pong = reader.call(&[b"PING"], Instant::now() + self.redis.connect_timeout);
+                match pong {
+                    Ok(Reply::Value(Value::SimpleString(s))) if s == "PONG" => {}
+                    Ok(_) => {
+                        return End::Broken("the tracking connection spoke out of turn".into())
+                    }
+                    Err(e) => return End::Broken(explain(&e)),
+                }
             }
             match sub.read(Instant::now() + TICK) {
                 Err(WireError::Timeout) => continue,

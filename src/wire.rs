@@ -265,6 +265,24 @@ impl Wire {
         Ok(())
     }
 
+    /// Whether the server has sent something or closed the connection, without waiting. On a
+    /// connection that only answers our calls, either means the connection is no longer good.
+    pub fn readable(&self) -> bool {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        use std::os::fd::AsFd;
+        if !self.buf.is_empty() {
+            return true;
+        }
+        let fd = match &self.stream {
+            Stream::Tcp(s) => s.as_fd(),
+            Stream::Unix(s) => s.as_fd(),
+            Stream::Tls(s) => s.sock.as_fd(),
+        };
+        let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+        // An error of poll itself (EINTR) is "nothing seen": the caller looks again.
+        matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+    }
+
     /// Read the next reply by `deadline` (a pushed message, on a subscribed connection). A
     /// timeout keeps what arrived of a reply: the next read goes on from there.
     pub fn read(&mut self, deadline: Instant) -> Result<Reply, WireError> {

@@ -24,19 +24,44 @@ fn job(cmd: &mut Command, dir: &std::path::Path, ttl: &str) -> Child {
     c
 }
 
-/// Wait until cronlock has subscribed for invalidations (the watch is on).
-fn watching(r: &Redis) {
+/// The id of the connection with tracking on (it redirects to another), if there is one.
+fn tracker(r: &Redis) -> Option<i64> {
+    let list: String = r.query(redis::cmd("CLIENT").arg("LIST"));
+    list.lines().find_map(|line| {
+        let field = |name: &str| {
+            line.split(' ')
+                .find_map(|kv| kv.strip_prefix(name))
+                .and_then(|v| v.parse::<i64>().ok())
+        };
+        match field("redir=") {
+            Some(to) if to >= 0 => field("id="),
+            _ => None,
+        }
+    })
+}
+
+/// Wait until the whole watch is on: a connection subscribed for invalidations, and a tracking
+/// connection other than `old` redirecting to it. Returns the tracking connection's id.
+fn watching_anew(r: &Redis, old: Option<i64>) -> i64 {
+    let mut id = None;
     assert!(
-        wait_for(Duration::from_secs(5), || {
+        wait_for(Duration::from_secs(10), || {
             let n: Vec<redis::Value> = r.query(
                 redis::cmd("PUBSUB")
                     .arg("NUMSUB")
                     .arg("__redis__:invalidate"),
             );
-            matches!(n.get(1), Some(redis::Value::Int(1)))
+            id = tracker(r).filter(|t| Some(*t) != old);
+            matches!(n.get(1), Some(redis::Value::Int(1))) && id.is_some()
         }),
         "cronlock did not start watching the lock"
     );
+    id.unwrap()
+}
+
+/// Wait until the watch is on.
+fn watching(r: &Redis) -> i64 {
+    watching_anew(r, None)
 }
 
 /// `fault` makes the lock vanish at the instant it returns: cronlock exits 122 within NOTICE.
@@ -134,20 +159,24 @@ fn an_evicted_lock_stops_the_command_at_once() {
     }
 }
 
-/// Killing cronlock's connections is no loss: it renews at once, finds the lock still ours, and
-/// the job runs to its end.
+/// Killing cronlock's connections is no loss: it renews at once, finds the lock still ours, builds
+/// the watch again, and the job runs to its end.
 #[test]
 fn killed_connections_are_not_a_loss() {
     let r = Redis::start();
     let dir = scratch("tracking-kill");
+    let go = dir.join("go");
     let c = cronlock(&r)
-        .args(["--ttl", "30s", "k", "sh", "-c"])
-        .arg(format!("echo $$ > {}/pid; sleep 2", dir.display()))
+        .args(["-v", "--ttl", "30s", "k", "sh", "-c"])
+        .arg(format!(
+            "echo $$ > {d}/pid; while [ ! -e {d}/go ]; do sleep 0.02; done",
+            d = dir.display()
+        ))
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     read_pid(&dir.join("pid"));
-    watching(&r);
+    let mut id = watching(&r);
     for kind in ["pubsub", "normal"] {
         let _: i64 = r.query(
             redis::cmd("CLIENT")
@@ -157,11 +186,28 @@ fn killed_connections_are_not_a_loss() {
                 .arg("SKIPME")
                 .arg("yes"),
         );
-        watching(&r);
+        id = watching_anew(&r, Some(id));
     }
+    std::fs::write(&go, "").unwrap();
     let out = c.wait_with_output().unwrap();
-    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(code(&out), 0, "{err}");
+    assert!(err.contains("renewing now"), "{err}");
     assert!(!r.exists(LOCK));
+}
+
+/// The tracking connection alone killed (the subscribed one stays, and hears nothing more): the
+/// watch is built again, and a lock deleted after that is still noticed at once.
+#[test]
+fn a_killed_tracking_connection_is_noticed() {
+    let r = Redis::start();
+    stopped_after(&r, "DEL after the tracking connection was killed", |r| {
+        let id = tracker(r).unwrap();
+        let _: i64 = r.query(redis::cmd("CLIENT").arg("KILL").arg("ID").arg(id));
+        watching_anew(r, Some(id));
+        r.del(LOCK);
+        Instant::now()
+    });
 }
 
 /// An ACL without tracking: the run works on renewals alone, and `-v` says so.
