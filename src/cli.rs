@@ -214,7 +214,7 @@ pub struct Cli {
     /// Let up to N hosts hold KEY at once (a semaphore), each with a slot of its own: the command
     /// gets CRONLOCK_SLOT (0..N-1). Every host must give the same N
     #[arg(long, env = "CRONLOCK_LIMIT", value_name = "N", default_value_t = 1,
-          value_parser = clap::value_parser!(u32).range(1..=crate::lock::MAX_LIMIT as i64))]
+          value_parser = clap::value_parser!(u32).range(1..=crate::store::lock::MAX_LIMIT as i64))]
     pub limit: u32,
 
     /// Run once per instant of this cron schedule across the fleet: a host firing for an
@@ -225,7 +225,7 @@ pub struct Cli {
     /// sets the time zone, else TZ or the system's. The run belongs to the instant nearest to
     /// Redis's clock, so host clock skew does not matter.
     #[arg(long, env = "CRONLOCK_SCHEDULE", value_name = "CRON", value_parser = schedule)]
-    pub schedule: Option<crate::schedule::Schedule>,
+    pub schedule: Option<crate::fleet::schedule::Schedule>,
 
     /// Exit status when the lock is held elsewhere and the command does not run
     #[arg(
@@ -470,8 +470,8 @@ impl Cli {
     }
 
     /// The TLS options, checked together.
-    pub fn tls(&self) -> Result<crate::tls::TlsOptions> {
-        let tls = crate::tls::TlsOptions {
+    pub fn tls(&self) -> Result<crate::store::tls::TlsOptions> {
+        let tls = crate::store::tls::TlsOptions {
             ca_cert: self.tls_ca_cert.clone(),
             cert: self.tls_cert.clone(),
             key: self.tls_key.clone(),
@@ -520,7 +520,7 @@ impl Cli {
             if urls[..i].contains(url) {
                 bail!(
                     "{source} names '{}' twice: each master of a quorum must be a different server",
-                    crate::connect::redact_url(url)
+                    crate::store::connect::redact_url(url)
                 );
             }
         }
@@ -882,8 +882,8 @@ pub fn command() -> clap::Command {
 }
 
 /// `--schedule`: a cron expression, checked now so a bad one is one line naming the field.
-fn schedule(text: &str) -> Result<crate::schedule::Schedule, String> {
-    crate::schedule::Schedule::parse(text)
+fn schedule(text: &str) -> Result<crate::fleet::schedule::Schedule, String> {
+    crate::fleet::schedule::Schedule::parse(text)
 }
 
 #[cfg(test)]

@@ -3,37 +3,16 @@
 //! `run()` is the whole program: parse the command line, take the lock, run the command under the
 //! watchdog, release, and turn what happened into the documented exit status.
 
-pub mod admin;
-pub mod capture;
-pub mod cgroup;
-pub mod check;
-pub mod child;
 pub mod cli;
 pub mod clock;
-pub mod cluster;
-pub mod connect;
 pub mod duration;
 pub mod exit;
-pub mod guard;
+pub mod fleet;
 pub mod host;
-pub mod lock;
+pub mod job;
 pub mod log;
-pub mod metrics;
-pub mod ping;
-pub mod quorum;
-pub mod record;
-pub mod resp;
-pub mod schedule;
-pub mod sentinel;
-pub mod shared;
-pub mod signals;
-pub mod sys;
-pub mod tls;
-pub mod topology;
-pub mod tracking;
-pub mod wait;
+pub mod store;
 pub mod watchdog;
-pub mod wire;
 
 use std::ffi::OsString;
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -43,17 +22,20 @@ use anyhow::Result;
 use clap::error::ErrorKind;
 use serde_json::Value;
 
-use crate::child::{Limits, Stop};
 use crate::cli::{Cli, Job, LogFormat, Mode};
 use crate::clock::Instant;
 use crate::duration::Span;
 use crate::exit::Exit;
-use crate::lock::{Held, Keys, ReleaseOptions, Released};
+use crate::fleet::record::Ending;
+use crate::fleet::{admin, check, metrics, ping, record};
+use crate::job::child::{Limits, Stop};
+use crate::job::{capture, cgroup, child, signals};
 use crate::log::{Level, Log};
-use crate::quorum::Masters;
-use crate::record::Ending;
-use crate::topology::Redis;
-use crate::wait::Acquired;
+use crate::store::lock::{Held, Keys, ReleaseOptions, Released};
+use crate::store::quorum::Masters;
+use crate::store::topology::Redis;
+use crate::store::wait::Acquired;
+use crate::store::{lock, tracking, wait};
 use crate::watchdog::{LockState, Timing, Watch, Watchdog};
 
 /// The command's process group while one runs, so a panic on the main thread can still end it.

@@ -9,15 +9,15 @@
 //!
 //! What happens when Redis hangs (or dies, or the network drops), in order:
 //! 1. A renewal call gets no answer within its budget (the time left, capped at one interval): it
-//!    is retried every `interval / 4` at most, on a new connection: the [link](crate::topology)
+//!    is retried every `interval / 4` at most, on a new connection: the [link](crate::store::topology)
 //!    looks the server up again, so a retry after a failover reaches the new primary (Sentinel)
 //!    or the KEY's new slot owner (Cluster). If the lock was replicated there, the renewal finds
 //!    it still ours and the job goes on. With `--min-replicas`, a renewal counts only once that
 //!    many replicas acknowledged it (`WAIT`); otherwise it is retried like any failed call.
 //! 2. At `deadline - grace - margin` the main thread fears the loss and sends SIGTERM; at
-//!    `deadline - margin` it sends SIGKILL ([`crate::child::supervise`]).
+//!    `deadline - margin` it sends SIGKILL ([`crate::job::child::supervise`]).
 //! 3. Independently, every confirmed renewal moves the kill-by time (`deadline - margin`) in the
-//!    [shared page](crate::shared); the [guard](crate::guard) kills the job by itself when it
+//!    [shared page](crate::job::shared); the [guard](crate::job::guard) kills the job by itself when it
 //!    passes, so a frozen cronlock changes nothing.
 //! 4. At the deadline the watchdog gives up and marks the lock lost; the release that follows is
 //!    bounded by `--connect-timeout` and not retried ([`Watchdog::stop`] waits for no hung call).
@@ -33,10 +33,10 @@ use anyhow::{bail, Result};
 
 use crate::clock::Instant;
 use crate::duration::Span;
-use crate::lock::Held;
+use crate::job::shared::Shared;
 use crate::log::{Level, Log};
-use crate::quorum::Masters;
-use crate::shared::Shared;
+use crate::store::lock::Held;
+use crate::store::quorum::Masters;
 
 /// The shortest TTL that leaves room to renew, terminate and kill before expiry.
 pub const MIN_TTL: Duration = Duration::from_millis(250);
@@ -110,7 +110,7 @@ struct Inner {
     valid_until: Instant,
     lost: Option<String>,
     last_error: Option<String>,
-    /// Something suggests the lock may be gone ([`crate::tracking`]): renew now, not at the next
+    /// Something suggests the lock may be gone ([`crate::store::tracking`]): renew now, not at the next
     /// interval.
     renew_now: bool,
 }
@@ -188,7 +188,7 @@ impl Watch {
     /// that watches it broke. Only the renewal decides; this only shortens the time to notice.
     pub fn renew_now(&self) {
         self.inner().renew_now = true;
-        crate::signals::wake_main();
+        crate::job::signals::wake_main();
     }
 
     fn take_renew_now(&self) -> bool {
@@ -198,7 +198,7 @@ impl Watch {
     /// Mark the lock lost (the first reason wins) and wake the main thread.
     pub fn lose(&self, reason: String) {
         self.inner().lost.get_or_insert(reason);
-        crate::signals::wake_main();
+        crate::job::signals::wake_main();
     }
 }
 
@@ -213,15 +213,15 @@ fn kill_by(until: Instant, margin: Duration) -> Instant {
 pub struct Watchdog {
     pub watch: Watch,
     state: State,
-    /// The watch for changes to the lock key ([`crate::tracking`]): planned, then running.
+    /// The watch for changes to the lock key ([`crate::store::tracking`]): planned, then running.
     tracking: Tracking,
 }
 
 enum Tracking {
-    Planned(Instant, crate::tracking::Plan),
+    Planned(Instant, crate::store::tracking::Plan),
     /// Kept for its `Drop`, which ends the watch threads.
     Running {
-        _threads: crate::tracking::Tracking,
+        _threads: crate::store::tracking::Tracking,
     },
     Off,
 }
@@ -280,8 +280,8 @@ impl Watchdog {
     }
 
     /// Watch the lock key for changes once the command started at `started` has run a little.
-    pub fn track(&mut self, plan: crate::tracking::Plan, started: Instant) {
-        self.tracking = Tracking::Planned(crate::tracking::Plan::due(started), plan);
+    pub fn track(&mut self, plan: crate::store::tracking::Plan, started: Instant) {
+        self.tracking = Tracking::Planned(crate::store::tracking::Plan::due(started), plan);
     }
 
     /// When the main loop must call [`Watchdog::start_if_due`] next, if at all.

@@ -26,12 +26,12 @@ use std::time::Duration;
 use redis::Value;
 
 use crate::clock::Instant;
-use crate::connect::explain;
 use crate::log::{Level, Log};
-use crate::resp::Reply;
-use crate::topology::Redis;
+use crate::store::connect::explain;
+use crate::store::resp::Reply;
+use crate::store::topology::Redis;
+use crate::store::wire::{Wire, WireError};
 use crate::watchdog::Watch;
-use crate::wire::{Wire, WireError};
 
 /// The channel invalidation messages are published on (RESP2, with `REDIRECT`).
 const CHANNEL: &[u8] = b"__redis__:invalidate";

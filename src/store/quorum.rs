@@ -22,8 +22,10 @@ use std::time::Duration;
 
 use crate::clock::Instant;
 use crate::duration::Span;
-use crate::lock::{self, Attempt, Held, Holder, Keys, ReleaseOptions, Released, Slot, Snapshot};
-use crate::topology::{Failure, Link, Redis};
+use crate::store::lock::{
+    self, Attempt, Held, Holder, Keys, ReleaseOptions, Released, Slot, Snapshot,
+};
+use crate::store::topology::{Failure, Link, Redis};
 
 /// The masters, each with its own link.
 pub struct Masters {

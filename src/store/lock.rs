@@ -26,7 +26,7 @@ use redis::{Script, Value};
 use serde_json::json;
 
 use crate::clock::Instant;
-use crate::topology::{Failure, Link};
+use crate::store::topology::{Failure, Link};
 
 // The scripts, hashed once: every call then sends EVALSHA with the SHA1.
 const ACQUIRE_LUA: &str = include_str!("lua/acquire.lua");

@@ -5,7 +5,7 @@
 //! a `MOVED` reply reads the map again from the node that sent it and tries there, an `ASK` reply
 //! is followed once with `ASKING`. All of a KEY's Redis keys share one hash tag (see `lock::Keys`),
 //! so every script stays on one node. Every exchange is bounded by the caller's deadline
-//! ([`crate::wire`]); a call that fails drops the whole connection, so the next one starts from a
+//! ([`crate::store::wire`]); a call that fails drops the whole connection, so the next one starts from a
 //! fresh slot map (that is how a renewal finds the replica promoted after its primary died).
 
 use std::collections::HashMap;
@@ -14,10 +14,10 @@ use anyhow::{anyhow, Result};
 use redis::Value;
 
 use crate::clock::Instant;
-use crate::connect::{explain, HostsUrl};
-use crate::resp::{Bad, Reply};
-use crate::tls::TlsOptions;
-use crate::wire::{Addr, Session, Wire, WireError};
+use crate::store::connect::{explain, HostsUrl};
+use crate::store::resp::{Bad, Reply};
+use crate::store::tls::TlsOptions;
+use crate::store::wire::{Addr, Session, Wire, WireError};
 
 /// A cluster, known by its seed nodes.
 pub struct Cluster {
@@ -86,13 +86,16 @@ impl Cluster {
         }
         let (seed, e) = last.expect("a cluster URL has a host");
         if matches!(&e, WireError::Server(t) if t.contains("cluster support disabled")) {
-            return Err(anyhow::Error::new(crate::wire::Refusal(
+            return Err(anyhow::Error::new(crate::store::wire::Refusal(
                 "a seed node is not a Redis Cluster node (cluster support is off): use redis:// \
                  for a single server"
                     .into(),
             )));
         }
-        Err(crate::wire::failed(&e, format!("{seed}: {}", explain(&e))))
+        Err(crate::store::wire::failed(
+            &e,
+            format!("{seed}: {}", explain(&e)),
+        ))
     }
 }
 

@@ -3,8 +3,8 @@
 //! The URL resolves once into a [`Redis`] value: one server (`redis://`, `rediss://`,
 //! `redis+unix://`), a primary found through Sentinel (`redis+sentinel://`), or a Redis Cluster
 //! (`redis+cluster://`). The lock code then asks a [`Link`] one thing: run this call for KEY within
-//! this much time, whole reply included ([`crate::wire`]). The link connects when it has no
-//! connection, asking the sentinels again or reading the cluster's slot map ([`crate::cluster`]);
+//! this much time, whole reply included ([`crate::store::wire`]). The link connects when it has no
+//! connection, asking the sentinels again or reading the cluster's slot map ([`crate::store::cluster`]);
 //! a failed call drops the connection, so the next call starts from a fresh lookup. That is how a renewal follows a
 //! failover: the watchdog simply retries within the lock's deadline, as for any failed call.
 //!
@@ -19,12 +19,12 @@ use anyhow::{anyhow, Result};
 use redis::Value;
 
 use crate::clock::Instant;
-use crate::cluster::{Cluster, ClusterCon};
-use crate::connect::{explain, redact_url, Node};
-use crate::resp::{Bad, Reply};
-use crate::sentinel::Service;
-use crate::tls::TlsOptions;
-use crate::wire::{Wire, WireError};
+use crate::store::cluster::{Cluster, ClusterCon};
+use crate::store::connect::{explain, redact_url, Node};
+use crate::store::resp::{Bad, Reply};
+use crate::store::sentinel::Service;
+use crate::store::tls::TlsOptions;
+use crate::store::wire::{Wire, WireError};
 
 /// Where the locks live, resolved from the URL. Cheap to clone: the watchdog thread has a copy.
 #[derive(Clone)]
@@ -79,7 +79,7 @@ impl Redis {
         let within = deadline.saturating_duration_since(Instant::now());
         let failed = |e: anyhow::Error| {
             // A refusal retrying cannot mend (see `wire::Refusal`) is not retried.
-            let permanent = e.downcast_ref::<crate::wire::Refusal>().is_some();
+            let permanent = e.downcast_ref::<crate::store::wire::Refusal>().is_some();
             let e = anyhow!("cannot connect to Redis at {}: {e:#}", self.shown_url);
             if permanent {
                 Failure::Refused(e)
@@ -115,12 +115,12 @@ impl Redis {
 impl Redis {
     /// The node that serves `key` now (the server; the primary the sentinels name; the cluster
     /// node that owns its slot) and how to open a session on it: for a connection of its own that
-    /// is not a lock call ([`crate::tracking`]).
+    /// is not a lock call ([`crate::store::tracking`]).
     pub fn side(
         &self,
         key: &str,
         deadline: Instant,
-    ) -> Result<(crate::wire::Addr, crate::wire::Session)> {
+    ) -> Result<(crate::store::wire::Addr, crate::store::wire::Session)> {
         match &*self.target {
             Target::Node(node) => Ok((node.addr.clone(), node.session.clone())),
             Target::Sentinel(service) => service.side(deadline),
@@ -133,7 +133,7 @@ impl Redis {
 enum Con {
     Node(Wire),
     /// The primary the sentinels named, at this address.
-    Primary(Wire, crate::wire::Addr),
+    Primary(Wire, crate::store::wire::Addr),
     Cluster(Box<ClusterCon>),
 }
 

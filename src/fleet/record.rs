@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::exit::Exit;
-use crate::lock::Held;
+use crate::store::lock::Held;
 
 /// How a run ended, as recorded and logged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

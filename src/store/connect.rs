@@ -7,8 +7,8 @@ use anyhow::{bail, Result};
 use redis::{ConnectionAddr, IntoConnectionInfo};
 
 use crate::clock::Instant;
-use crate::tls::TlsOptions;
-use crate::wire::{Addr, Session, Wire, WireError};
+use crate::store::tls::TlsOptions;
+use crate::store::wire::{Addr, Session, Wire, WireError};
 
 /// One Redis server: where it is and how to open a session on it.
 #[derive(Clone)]

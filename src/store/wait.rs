@@ -13,10 +13,10 @@ use anyhow::{anyhow, Result};
 
 use crate::clock::Instant;
 use crate::duration::Span;
-use crate::lock::{self, Attempt, Held, Holder, Keys};
+use crate::job::signals;
 use crate::log::Log;
-use crate::quorum::{Masters, Refused};
-use crate::signals;
+use crate::store::lock::{self, Attempt, Held, Holder, Keys};
+use crate::store::quorum::{Masters, Refused};
 
 /// The longest a waiter blocks between attempts.
 const POLL_CAP: Duration = Duration::from_millis(500);

@@ -4,7 +4,7 @@
 //! byte every 0.3 s never lets a read time out, and a general client would wait for as long as the
 //! server likes. Here the connect, the TLS handshake, `AUTH`, `SELECT` and every command finish by
 //! the deadline given or fail as a timeout: before each read or write the socket's timeout is set
-//! to what is left. Replies are read with [`crate::resp`]'s bound on their size.
+//! to what is left. Replies are read with [`crate::store::resp`]'s bound on their size.
 
 use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -18,7 +18,7 @@ use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, ClientConnection, StreamOwned};
 
 use crate::clock::Instant;
-use crate::resp::{self, Bad, Reply};
+use crate::store::resp::{self, Bad, Reply};
 
 /// Where a server listens.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -163,7 +163,7 @@ impl Stream {
     }
 }
 
-/// An open connection; the caller drops it after any failure (see [`crate::topology`]).
+/// An open connection; the caller drops it after any failure (see [`crate::store::topology`]).
 pub struct Wire {
     stream: Stream,
     /// Bytes read past the last reply.
@@ -198,7 +198,7 @@ fn io_error(e: io::Error) -> WireError {
 
 fn tls_text(e: &rustls::Error) -> String {
     let raw = format!("{e:?} {e}");
-    crate::tls::explain(&raw).unwrap_or_else(|| format!("TLS: {e}"))
+    crate::store::tls::explain(&raw).unwrap_or_else(|| format!("TLS: {e}"))
 }
 
 impl Wire {

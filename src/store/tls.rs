@@ -1,6 +1,6 @@
 //! TLS for `rediss://`: which CAs to trust and which client certificate to show, read once into a
 //! rustls client configuration (pure Rust, so the static binary stays static) that every
-//! connection of the run shares ([`crate::wire`]).
+//! connection of the run shares ([`crate::store::wire`]).
 //!
 //! Trust: the CA file given with `--tls-ca-cert`, else the system's store, else (a `FROM scratch`
 //! image has no store at all) the Mozilla roots bundled in the binary (`webpki-roots`).

@@ -1,4 +1,4 @@
-//! Raw Linux system calls for the [guard](crate::guard) and for the command's process before
+//! Raw Linux system calls for the [guard](crate::job::guard) and for the command's process before
 //! `execve`.
 //!
 //! The guard is a `fork()` of cronlock, which may have other threads (the log writer, a ping):
@@ -20,7 +20,7 @@
 
 use std::ffi::CStr;
 
-use crate::signals::SigSet;
+use crate::job::signals::SigSet;
 
 /// The kernel's `sigset_t` is 64 bits (glibc's is 1024, with the kernel's in its first word).
 const KERNEL_SIGSET: usize = 8;

@@ -1,7 +1,7 @@
 //! Finding the primary through Redis Sentinel: `redis+sentinel://` and `rediss+sentinel://`.
 //!
 //! Every sentinel is asked at once (`SENTINEL MASTER`), each from a short-lived thread, every
-//! exchange bounded by the time we have ([`crate::wire`]). Once a majority has answered, the
+//! exchange bounded by the time we have ([`crate::store::wire`]). Once a majority has answered, the
 //! primary named with the highest configuration epoch wins (after a failover, the new
 //! configuration's epoch is higher); that node must say with `ROLE` that it is a primary. A hung
 //! sentinel costs one thread until the deadline, never the lookup.
@@ -17,10 +17,10 @@ use anyhow::{anyhow, bail, Result};
 use redis::Value;
 
 use crate::clock::Instant;
-use crate::connect::{explain, HostsUrl};
-use crate::resp::{Bad, Reply};
-use crate::tls::TlsOptions;
-use crate::wire::{Addr, Session, Wire, WireError};
+use crate::store::connect::{explain, HostsUrl};
+use crate::store::resp::{Bad, Reply};
+use crate::store::tls::TlsOptions;
+use crate::store::wire::{Addr, Session, Wire, WireError};
 
 /// A connection that took longer than this to make is checked against the sentinels again.
 const RECHECK_AFTER: Duration = Duration::from_millis(200);
@@ -131,7 +131,7 @@ impl Service {
     }
 
     /// The primary the sentinels name now, and how to open a session on it (for a connection of
-    /// its own, see [`crate::tracking`]).
+    /// its own, see [`crate::store::tracking`]).
     pub fn side(&self, deadline: Instant) -> Result<(Addr, Session)> {
         Ok((self.primary(deadline)?, self.data.clone()))
     }
@@ -139,7 +139,7 @@ impl Service {
     /// Connect to `addr` and check that it is a primary.
     fn connect_to(&self, addr: &Addr, deadline: Instant) -> Result<Wire> {
         let named = |e: &WireError| {
-            crate::wire::failed(
+            crate::store::wire::failed(
                 e,
                 format!(
                     "the primary of service '{}' ({addr}): {}",

@@ -34,11 +34,11 @@ use anyhow::{anyhow, bail, Result};
 use serde_json::{json, Value};
 
 use crate::duration::Span;
+use crate::fleet::schedule::Schedule;
 use crate::host::{rfc3339, unix_millis};
-use crate::lock::{self, Keys};
 use crate::log::Log;
-use crate::quorum::Masters;
-use crate::schedule::Schedule;
+use crate::store::lock::{self, Keys};
+use crate::store::quorum::Masters;
 
 /// A holder in a few words for a log line: `host web-1 pid 42 since 2026-11-21T02:00:00Z`.
 pub fn describe_holder(value: &str) -> String {

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::admin::round_ms;
-use crate::lock::Snapshot;
-use crate::schedule::Schedule;
+use crate::fleet::admin::round_ms;
+use crate::fleet::schedule::Schedule;
+use crate::store::lock::Snapshot;
 
 /// The plugin states, with their exit statuses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

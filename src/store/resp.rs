@@ -5,7 +5,7 @@
 //! declares (`$1000000000`) into memory, and lets one reply nest or count without limit. Lock
 //! replies are small, so a reply that declares, nests or grows past the bound is refused as soon as
 //! it says so, before its bytes arrive. Parsing is incremental over the bytes read so far: the
-//! caller ([`crate::wire`]) reads until a whole reply is there, the deadline passes, or the bound
+//! caller ([`crate::store::wire`]) reads until a whole reply is there, the deadline passes, or the bound
 //! is crossed.
 
 use redis::Value;

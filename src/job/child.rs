@@ -1,5 +1,5 @@
-//! Running the command: spawn it (behind the [guard](crate::guard)) in its own process group and,
-//! where possible, its own [cgroup](crate::cgroup); forward signals to the group, and stop it —
+//! Running the command: spawn it (behind the [guard](crate::job::guard)) in its own process group and,
+//! where possible, its own [cgroup](crate::job::cgroup); forward signals to the group, and stop it —
 //! SIGTERM, grace, SIGKILL — when the lock is lost or `--max-runtime` passes. cronlock is a child
 //! subreaper and reaps orphans, which matters when it is PID 1 and when the guard dies.
 
@@ -14,13 +14,13 @@ use std::time::Duration;
 use nix::fcntl::OFlag;
 use nix::unistd::pipe2;
 
-use crate::cgroup::Cgroup;
 use crate::clock::Instant;
 use crate::exit::Exit;
-use crate::guard::{self, Prepared};
+use crate::job::cgroup::Cgroup;
+use crate::job::guard::{self, Prepared};
+use crate::job::shared::{self, Shared};
+use crate::job::signals;
 use crate::log::{Level, Log};
-use crate::shared::{self, Shared};
-use crate::signals;
 use crate::watchdog::{LockState, Watchdog};
 
 /// Why the command could not be started.

@@ -7,7 +7,7 @@
 //! orphaned (`setsid`, daemonizing, `timeout(1)`'s own group) comes back to it. It ends the whole
 //! job — the job's cgroup when there is one (`cgroup.kill`), every descendant, the group — when:
 //! - cronlock dies (the death signal);
-//! - the kill-by time cronlock publishes in the [shared page](crate::shared) passes without being
+//! - the kill-by time cronlock publishes in the [shared page](crate::job::shared) passes without being
 //!   moved on by a confirmed renewal (cronlock frozen or starved).
 //!
 //! Otherwise it is transparent: it ignores signals cronlock sends to the group (they reach the
@@ -17,7 +17,7 @@
 //! It is a `fork()` of cronlock ([`start`]) with an address space of its own, never a process
 //! that shares cronlock's memory: the kernel's OOM killer SIGKILLs its victim together with every
 //! process sharing the victim's memory, and the guard must outlive exactly that. It does nothing
-//! but raw system calls ([`crate::sys`]) on its copy of data prepared beforehand, so no lock that
+//! but raw system calls ([`crate::job::sys`]) on its copy of data prepared beforehand, so no lock that
 //! another thread of cronlock held at the fork can stop it. The command's process is started from
 //! the guard the way `posix_spawn` starts one, sharing the guard's memory until `execve`
 //! ([`start_command`]): that process is short-lived and execs at once.
@@ -26,9 +26,9 @@ use std::cell::Cell;
 use std::ffi::{CStr, CString};
 use std::os::fd::RawFd;
 
-use crate::shared::{self, Shared};
-use crate::signals::SigSet;
-use crate::sys;
+use crate::job::shared::{self, Shared};
+use crate::job::signals::SigSet;
+use crate::job::sys;
 
 /// Sent to the guard when cronlock dies. Not a signal cronlock forwards.
 pub const DEATH_SIGNAL: libc::c_int = libc::SIGPWR;
@@ -102,8 +102,8 @@ impl Prepared {
             .chain(std::iter::once(std::ptr::null()))
             .map(Cell::new)
             .collect();
-        let mut guarded = crate::signals::FORWARDED.to_vec();
-        guarded.extend([libc::SIGCHLD, DEATH_SIGNAL, crate::signals::WAKEUP]);
+        let mut guarded = crate::job::signals::FORWARDED.to_vec();
+        guarded.extend([libc::SIGCHLD, DEATH_SIGNAL, crate::job::signals::WAKEUP]);
         Ok(Prepared {
             argv_ptrs: ptrs(&argv),
             envp_ptrs: ptrs(&envp),
@@ -216,7 +216,9 @@ unsafe fn run(p: &Prepared) -> ! {
                     break;
                 }
             }
-        } else if sig > 0 && sig != DEATH_SIGNAL as isize && sig != crate::signals::WAKEUP as isize
+        } else if sig > 0
+            && sig != DEATH_SIGNAL as isize
+            && sig != crate::job::signals::WAKEUP as isize
         {
             // cronlock sent this to the whole group, so it reached the command already;
             // children that left the group (`timeout(1)` makes its own) get it from us.
@@ -431,7 +433,7 @@ fn relay_to_escaped_children(sig: libc::c_int) {
         let group = sys::getpgid(pid);
         if group > 0 && group != ours {
             sys::kill(pid, sig);
-            if !crate::signals::is_stop(sig) && sig != libc::SIGCONT {
+            if !crate::job::signals::is_stop(sig) && sig != libc::SIGCONT {
                 sys::kill(pid, libc::SIGCONT);
             }
         }

@@ -1,0 +1,10 @@
+//! The fleet: schedules, checks, metrics, pings, run records and the admin modes.
+//!
+//! What operators see of many runs across many hosts. Nothing here runs the command.
+
+pub mod admin;
+pub mod check;
+pub mod metrics;
+pub mod ping;
+pub mod record;
+pub mod schedule;

@@ -1,0 +1,17 @@
+//! The store: everything that talks to Redis.
+//!
+//! URLs resolve to one [`topology::Redis`] (a server, a Sentinel-named primary, a Cluster) or a
+//! [`quorum::Masters`] of several; the lock code asks it one thing: run this script for KEY by this
+//! deadline. Nothing here starts a process, handles a signal or writes a report.
+
+pub mod cluster;
+pub mod connect;
+pub mod lock;
+pub mod quorum;
+pub mod resp;
+pub mod sentinel;
+pub mod tls;
+pub mod topology;
+pub mod tracking;
+pub mod wait;
+pub mod wire;
