@@ -1,0 +1,429 @@
+//! The clap definition: every option, its variable, its default and its help text. One source for
+//! `--help`, the man page, the shell completions and the exit-status table.
+
+use std::ffi::OsString;
+
+use clap::parser::ValueSource;
+use clap::{ArgGroup, Parser, ValueEnum};
+
+use crate::duration::{self, Span};
+
+/// The default Redis URL when neither `--redis-url`, `CRONLOCK_REDIS_URL` nor `REDIS_URL` is set.
+pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+
+/// The exit-status table: one source for `--help`, the man page and the tests.
+pub const EXIT_STATUS: &[(&str, &str)] = &[
+    ("the child's own", "the command ran and exited"),
+    ("128+N", "the command was killed by signal N"),
+    (
+        "-E (default 0)",
+        "the lock is held elsewhere (or --wait ran out); the command did not run",
+    ),
+    (
+        "122",
+        "the lock was lost: the command was terminated (or not started, when the lock was granted \
+         too late to be safe)",
+    ),
+    (
+        "124",
+        "the command was terminated because it ran past --max-runtime",
+    ),
+    (
+        "125",
+        "cronlock itself failed (bad usage or value, Redis unreachable, authentication refused, \
+         unexpected reply); the command did not run",
+    ),
+    ("126", "the command was found but could not be executed"),
+    ("127", "the command was not found"),
+    (
+        "0, 1, 2, 3",
+        "with --check: OK, WARNING, CRITICAL, UNKNOWN (monitoring plugin conventions; never 125)",
+    ),
+];
+
+/// Examples for `--help` and the man page: (what it does, the command line).
+pub const EXAMPLES: &[(&str, &str)] = &[
+    (
+        "crontab on every host: the report runs once per night across the fleet",
+        "0 2 * * * cronlock nightly-report -- /usr/local/bin/report.sh",
+    ),
+    (
+        "a shell command line, run through /bin/sh -c; the password comes from the environment, not -u",
+        "CRONLOCK_REDIS_URL=redis://:secret@redis.internal:6379/2 cronlock backup -c 'pg_dump app | gzip > /backup/app.gz'",
+    ),
+    (
+        "wait up to 5 minutes for the lock; tell a skip (75) from a run in a script",
+        "cronlock -w 5m -E 75 migrate -- ./migrate.sh",
+    ),
+];
+
+/// What the child finds in its environment.
+pub const CHILD_ENV: &str =
+    "The command gets CRONLOCK_KEY, CRONLOCK_TOKEN and CRONLOCK_FENCING_TOKEN in its environment.";
+
+fn after_long_help() -> String {
+    let mut s = String::from("Examples:\n");
+    for (what, cmd) in EXAMPLES {
+        s += &format!("  # {what}\n  {cmd}\n\n");
+    }
+    s += "Exit status:\n";
+    for (code, meaning) in EXIT_STATUS {
+        // Wrap by hand so continuation lines stay in the meaning column.
+        let mut line = format!("  {code:<16}");
+        for word in meaning.split(' ') {
+            if line.len() + word.len() > 90 {
+                s += &line;
+                s += "\n";
+                line = " ".repeat(18);
+            }
+            line += " ";
+            line += word;
+        }
+        s += &line;
+        s += "\n";
+    }
+    s += "\n";
+    s += CHILD_ENV;
+    s
+}
+
+/// Run a command under a cluster-wide lock held in Redis.
+///
+/// cronlock takes the lock KEY atomically, runs COMMAND while holding it, releases it, and exits with
+/// the command's status. When the lock is held elsewhere the command does not run and cronlock exits
+/// with the -E status (0 by default, since on a fleet "another host runs this slot" is the normal
+/// outcome). Every option except -c and the modes --status, --list and --force-release can also be
+/// set from the environment variable shown; an option on the command line wins over its variable.
+#[derive(Debug, Parser)]
+#[command(
+    name = "cronlock",
+    version,
+    after_long_help = after_long_help(),
+    override_usage = "cronlock [OPTIONS] <KEY> [--] <COMMAND> [ARGS]...\n       \
+                      cronlock [OPTIONS] <KEY> -c <SHELL_COMMAND>\n       \
+                      cronlock --status [--json] <KEY>\n       \
+                      cronlock --check [--max-age <DURATION>] [--schedule <CRON>] [--json] <KEY>\n       \
+                      cronlock --list [--json]\n       \
+                      cronlock --force-release <KEY>",
+    group(ArgGroup::new("admin").args(["status", "check", "list", "force_release"]))
+)]
+pub struct Cli {
+    /// Redis URL: redis://[user][:password@]host[:port][/db], rediss://... (TLS),
+    /// redis+unix:///path, redis+sentinel://[user][:password@]host[:port][,host...]/SERVICE[/db]
+    /// or redis+cluster://[user][:password@]host:port[,host:port...]; repeat it (or separate URLs
+    /// with spaces in the variable) for a quorum of independent masters
+    ///
+    /// Falls back to REDIS_URL, then to redis://127.0.0.1:6379. rediss+sentinel:// and
+    /// rediss+cluster:// use TLS; ?sentinel_username=...&sentinel_password=... authenticate to the
+    /// sentinels (the userinfo is for the data nodes). With several URLs the lock is held when a
+    /// majority of them granted it.
+    // The value may hold a password: --help must not show it.
+    #[arg(
+        short = 'u',
+        long,
+        env = "CRONLOCK_REDIS_URL",
+        value_name = "URL",
+        hide_env_values = true,
+        action = clap::ArgAction::Append
+    )]
+    pub redis_url: Vec<String>,
+
+    /// Read the Redis URL(s) from this file instead (surrounding whitespace trimmed; several URLs
+    /// separated by whitespace), so no password shows in any command line or environment: a
+    /// Docker or Kubernetes secret mounted as a file
+    #[arg(long, env = "CRONLOCK_REDIS_URL_FILE", value_name = "PATH",
+          value_hint = clap::ValueHint::FilePath, conflicts_with = "redis_url")]
+    pub redis_url_file: Option<std::path::PathBuf>,
+
+    /// For rediss://: trust the CA certificates in this PEM file instead of the system's store
+    #[arg(long, env = "CRONLOCK_TLS_CA_CERT", value_name = "FILE",
+          value_hint = clap::ValueHint::FilePath)]
+    pub tls_ca_cert: Option<std::path::PathBuf>,
+
+    /// For rediss://: client certificate (PEM) for servers that require mutual TLS; needs
+    /// --tls-key
+    #[arg(long, env = "CRONLOCK_TLS_CERT", value_name = "FILE",
+          value_hint = clap::ValueHint::FilePath)]
+    pub tls_cert: Option<std::path::PathBuf>,
+
+    /// For rediss://: the private key (PEM) of --tls-cert
+    #[arg(long, env = "CRONLOCK_TLS_KEY", value_name = "FILE",
+          value_hint = clap::ValueHint::FilePath)]
+    pub tls_key: Option<std::path::PathBuf>,
+
+    /// Lock expiry in Redis; it only matters when the holder dies
+    #[arg(short, long, env = "CRONLOCK_TTL", value_name = "DURATION", default_value = "30s",
+          value_parser = duration::positive, allow_hyphen_values = true)]
+    pub ttl: Span,
+
+    /// How long to wait for a busy lock before giving up (0: do not wait)
+    #[arg(
+        short,
+        long,
+        env = "CRONLOCK_WAIT",
+        value_name = "DURATION",
+        default_value = "0",
+        allow_hyphen_values = true
+    )]
+    pub wait: Span,
+
+    /// Do not wait for a busy lock, like flock -n (same as --wait 0)
+    #[arg(short, long, env = "CRONLOCK_NONBLOCK", value_parser = switch,
+          default_value_t = false, num_args = 0, default_missing_value = "true")]
+    pub nonblock: bool,
+
+    /// Time between SIGTERM and SIGKILL when cronlock stops the command [default: 5s, at most
+    /// a quarter of --ttl]
+    ///
+    /// An explicit value must be at most half of --ttl: the command must be gone before the lock
+    /// can expire.
+    #[arg(
+        long,
+        env = "CRONLOCK_GRACE",
+        value_name = "DURATION",
+        allow_hyphen_values = true
+    )]
+    pub grace: Option<Span>,
+
+    /// Stop the command (SIGTERM, then SIGKILL after --grace) when it runs longer; exit 124
+    /// (0: no limit)
+    #[arg(
+        long,
+        env = "CRONLOCK_MAX_RUNTIME",
+        value_name = "DURATION",
+        allow_hyphen_values = true
+    )]
+    pub max_runtime: Option<Span>,
+
+    /// Keep the lock until at least this long after it was taken, even when the command
+    /// finishes sooner
+    ///
+    /// Hosts fire the same cron line seconds apart (clock skew, busy schedulers); a short job
+    /// released at once would let a lagging host run it again. Rule of thumb: a bit less than the
+    /// schedule period (e.g. 4m for a job every 5 minutes).
+    #[arg(
+        long,
+        env = "CRONLOCK_MIN_HOLD",
+        value_name = "DURATION",
+        default_value = "0",
+        allow_hyphen_values = true
+    )]
+    pub min_hold: Span,
+
+    /// Let up to N hosts hold KEY at once (a semaphore), each with a slot of its own: the command
+    /// gets CRONLOCK_SLOT (0..N-1). Every host must give the same N
+    #[arg(long, env = "CRONLOCK_LIMIT", value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=crate::store::lock::MAX_LIMIT as i64))]
+    pub limit: u32,
+
+    /// Run once per instant of this cron schedule across the fleet: a host firing for an
+    /// instant that already ran skips (exit -E), even after the lock was released
+    ///
+    /// The same expression as the crontab line, CronJob or timer: 5 fields, or 6 with seconds
+    /// first; ranges, steps, lists, names, @hourly/@daily/... A CRON_TZ=Zone or TZ=Zone prefix
+    /// sets the time zone, else TZ or the system's. The run belongs to the instant nearest to
+    /// Redis's clock, so host clock skew does not matter.
+    #[arg(long, env = "CRONLOCK_SCHEDULE", value_name = "CRON", value_parser = schedule)]
+    pub schedule: Option<crate::fleet::schedule::Schedule>,
+
+    /// Exit status when the lock is held elsewhere and the command does not run
+    #[arg(
+        short = 'E',
+        long,
+        env = "CRONLOCK_CONFLICT_EXIT_CODE",
+        value_name = "N",
+        default_value_t = 0,
+        allow_hyphen_values = true
+    )]
+    pub conflict_exit_code: u8,
+
+    /// Run SHELL_COMMAND with /bin/sh -c instead of COMMAND
+    #[arg(
+        short = 'c',
+        long = "command",
+        value_name = "SHELL_COMMAND",
+        allow_hyphen_values = true
+    )]
+    pub shell_command: Option<String>,
+
+    /// Print only errors
+    #[arg(short, long, env = "CRONLOCK_QUIET", value_parser = switch,
+          default_value_t = false, num_args = 0, default_missing_value = "true",
+          )]
+    pub quiet: bool,
+
+    /// Also report a busy lock, acquisition, release and renewals
+    #[arg(short, long, env = "CRONLOCK_VERBOSE", value_parser = switch,
+          default_value_t = false, num_args = 0, default_missing_value = "true")]
+    pub verbose: bool,
+
+    /// Namespace for cronlock's Redis keys
+    #[arg(
+        long,
+        env = "CRONLOCK_PREFIX",
+        value_name = "PREFIX",
+        default_value = "cronlock:"
+    )]
+    pub prefix: String,
+
+    /// Timeout for connecting to Redis and for each Redis command outside the watchdog
+    #[arg(long, env = "CRONLOCK_CONNECT_TIMEOUT", value_name = "DURATION", default_value = "5s",
+          value_parser = duration::positive, allow_hyphen_values = true)]
+    pub connect_timeout: Span,
+
+    /// Run the command only once N replicas acknowledged the lock (WAIT), and count a renewal
+    /// only once N replicas have it too
+    #[arg(
+        long,
+        env = "CRONLOCK_MIN_REPLICAS",
+        value_name = "N",
+        default_value_t = 0
+    )]
+    pub min_replicas: u32,
+
+    /// How many past run records to keep per KEY (0: only the last run); with --status, show the
+    /// kept runs (all, or the last N)
+    #[arg(long, env = "CRONLOCK_HISTORY", value_name = "N", num_args = 0..=1,
+          default_missing_value = "all", value_parser = history_count)]
+    pub history: Option<Count>,
+
+    /// Expire the last-run record and history this long after the last run [default: never]
+    #[arg(long, env = "CRONLOCK_HISTORY_TTL", value_name = "DURATION",
+          value_parser = duration::positive, allow_hyphen_values = true)]
+    pub history_ttl: Option<Span>,
+
+    /// After every attempt, write KEY's metrics to DIR/cronlock_KEY.prom (Prometheus text
+    /// format, for node_exporter's textfile collector): outcome, last run, last success
+    #[arg(long, env = "CRONLOCK_METRICS_DIR", value_name = "DIR",
+          value_hint = clap::ValueHint::DirPath)]
+    pub metrics_dir: Option<std::path::PathBuf>,
+
+    /// Healthchecks-style pings: URL/start when the command starts, URL on exit 0, URL/N on
+    /// status N; nothing when another host runs the job. Never printed; never changes the exit
+    /// status
+    #[arg(long = "ping", env = "CRONLOCK_PING_URL", value_name = "URL",
+          value_hint = clap::ValueHint::Url, hide_env_values = true)]
+    pub ping_url: Option<String>,
+
+    /// Read the --ping URL from this file instead (surrounding whitespace trimmed), so it shows in
+    /// no command line or environment
+    #[arg(long, env = "CRONLOCK_PING_URL_FILE", value_name = "PATH",
+          value_hint = clap::ValueHint::FilePath, conflicts_with = "ping_url")]
+    pub ping_url_file: Option<std::path::PathBuf>,
+
+    /// With --ping: send the last 10 KiB of the command's output (stdout and stderr) as the
+    /// final ping's body; the output then passes through cronlock on its way to yours
+    #[arg(long, env = "CRONLOCK_PING_BODY", value_parser = switch,
+          default_value_t = false, num_args = 0, default_missing_value = "true")]
+    pub ping_body: bool,
+
+    /// Format of cronlock's own messages on stderr
+    #[arg(long, env = "CRONLOCK_LOG_FORMAT", value_name = "FORMAT", value_enum,
+          default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Show whether KEY is held, by whom, and its last run; then exit
+    #[arg(long, requires = "key")]
+    pub status: bool,
+
+    /// Monitoring plugin: judge KEY's last run from its record in Redis and exit 0 OK,
+    /// 1 WARNING, 2 CRITICAL or 3 UNKNOWN, with one line on stdout (Nagios conventions)
+    ///
+    /// CRITICAL: the last run failed, none started within --max-age (with --schedule: no run
+    /// for the latest instant older than --max-age, default 5m), or it never ran. WARNING: a
+    /// run has been going on for longer than --max-age. UNKNOWN: Redis unreachable or any
+    /// other error.
+    #[arg(long, requires = "key")]
+    pub check: bool,
+
+    /// With --check: how old the last run may be (with --schedule: how long after an instant
+    /// its run may take to start)
+    #[arg(long, env = "CRONLOCK_MAX_AGE", value_name = "DURATION",
+          value_parser = duration::positive, allow_hyphen_values = true)]
+    pub max_age: Option<Span>,
+
+    /// List every lock currently held under --prefix; then exit
+    #[arg(long)]
+    pub list: bool,
+
+    /// Delete KEY's lock whoever holds it (the holder's command is then stopped, exit 122)
+    #[arg(long, requires = "key")]
+    pub force_release: bool,
+
+    /// With --force-release: release only the holder with this token (its CRONLOCK_TOKEN, shown
+    /// by --status)
+    #[arg(
+        long,
+        env = "CRONLOCK_RELEASE_TOKEN",
+        value_name = "TOKEN",
+        requires = "force_release"
+    )]
+    pub token: Option<String>,
+
+    /// Print --status, --list and --force-release results as JSON
+    #[arg(long, env = "CRONLOCK_JSON", value_parser = switch,
+          default_value_t = false, num_args = 0, default_missing_value = "true")]
+    pub json: bool,
+
+    /// Name of the lock; every host running the same job uses the same KEY (at most 1024 bytes)
+    #[arg(value_name = "KEY")]
+    pub key: Option<String>,
+
+    /// The command to run and its arguments, passed on untouched
+    #[arg(value_name = "COMMAND", trailing_var_arg = true, value_hint = clap::ValueHint::CommandWithArguments)]
+    pub command: Vec<OsString>,
+
+    /// Where each value came from (command line, environment, default).
+    #[arg(skip)]
+    pub given: Given,
+}
+
+/// What was given on the command line itself, as opposed to the environment or a default.
+#[derive(Debug, Clone, Default)]
+pub struct Given {
+    pub redis_url: Option<ValueSource>,
+    pub quiet: Option<ValueSource>,
+    pub verbose: Option<ValueSource>,
+    /// `--history` on the command line: with `--status`, show the kept runs.
+    pub history_flag: bool,
+}
+
+/// A boolean flag or variable: `1`/`true`/`yes`/`on` or `0`/`false`/`no`/`off` (empty: off).
+pub fn switch(s: &str) -> Result<bool, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" | "y" => Ok(true),
+        "" | "0" | "false" | "no" | "off" | "n" => Ok(false),
+        _ => Err("expected 1, true, yes or on, or 0, false, no or off".into()),
+    }
+}
+
+/// `--history [N]`: a count, or `all` when given bare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Count(pub Option<u32>);
+
+/// The number of run records kept when `--history` is not given.
+pub const DEFAULT_HISTORY: u32 = 10;
+
+pub(super) fn history_count(s: &str) -> Result<Count, String> {
+    if s == "all" {
+        return Ok(Count(None));
+    }
+    s.trim()
+        .parse::<u32>()
+        .map(|n| Count(Some(n)))
+        .map_err(|_| "expected a number of runs".into())
+}
+
+/// `--log-format` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// `cronlock: ...` lines
+    Text,
+    /// one JSON object per line
+    Json,
+}
+
+/// `--schedule`: a cron expression, checked now so a bad one is one line naming the field.
+pub(super) fn schedule(text: &str) -> Result<crate::fleet::schedule::Schedule, String> {
+    crate::fleet::schedule::Schedule::parse(text)
+}
