@@ -7,4 +7,5 @@ pub mod check;
 pub mod metrics;
 pub mod ping;
 pub mod record;
+pub mod report;
 pub mod schedule;

@@ -233,6 +233,27 @@ impl Child {
     }
 
     /// The job's cgroup, if the command actually joined it.
+    /// How the command is contained, for `-v`: the mechanism's name and a phrase ("its own
+    /// cgroup ..."); `no_cgroup` says why there is no cgroup, when there is none.
+    pub fn containment(&self, no_cgroup: Option<String>) -> (&'static str, String) {
+        match (self.cgroup(), no_cgroup) {
+            (Some(cg), _) => (
+                "cgroup",
+                format!(
+                    "its own cgroup {} (ended with cgroup.kill)",
+                    cg.dir.display()
+                ),
+            ),
+            (None, why) => (
+                "process-group",
+                format!(
+                    "its own process group under a subreaper guard ({})",
+                    why.unwrap_or_else(|| "the command could not join the cgroup".into())
+                ),
+            ),
+        }
+    }
+
     pub fn cgroup(&self) -> Option<&Cgroup> {
         self.cgroup
             .as_ref()
