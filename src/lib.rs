@@ -24,7 +24,7 @@ use clap::error::ErrorKind;
 use crate::cli::{Cli, LogFormat, Mode};
 use crate::exit::Exit;
 use crate::fleet::report::Report;
-use crate::fleet::{admin, check};
+use crate::fleet::{admin, check, status};
 use crate::job::signals;
 use crate::log::Log;
 use crate::store::lock::Keys;
@@ -190,7 +190,7 @@ fn admin_mode(cli: &Cli, mode: Mode, redis: &[Redis], log: &Log) -> Result<Exit>
             let keys = Keys::new(&cli.prefix, &key);
             let schedule = cli.schedule.as_ref();
             let mut masters = Masters::new(redis);
-            admin::status(&mut masters, io_timeout, &keys, cli.json, history, schedule)?
+            status::status(&mut masters, io_timeout, &keys, cli.json, history, schedule)?
         }
         Mode::Check(key) => {
             let verdict = check_key(cli, redis, &key);

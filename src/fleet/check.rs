@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::fleet::admin::round_ms;
+use crate::fleet::admin::text_field as text;
 use crate::fleet::schedule::Schedule;
 use crate::store::lock::Snapshot;
 
@@ -105,14 +106,6 @@ fn parse(raw: Option<&str>) -> Option<Value> {
     serde_json::from_str::<Value>(raw?).ok()
 }
 
-fn text(v: &Value, key: &str) -> String {
-    match &v[key] {
-        Value::String(s) => s.clone(),
-        Value::Null => "?".into(),
-        other => other.to_string(),
-    }
-}
-
 /// How a recorded run ended, in a few words; `None` when it succeeded.
 fn failure(run: &Value) -> Option<String> {
     let status = run["exit_status"].as_i64();
@@ -142,34 +135,8 @@ pub fn judge(
             .as_deref()
             .or(snap.slots.first().map(|s| s.value.as_str())),
     );
-    let since = |ms: u64| now_ms.saturating_sub(ms);
-
-    // A run in progress (a lock whose run has not finished: not one kept for --min-hold).
-    if let Some(h) = &holder {
-        let finished = last
-            .as_ref()
-            .is_some_and(|l| l.get("token").is_some() && l.get("token") == h.get("token"));
-        if let (false, Some(started)) = (finished, h["started"].as_u64()) {
-            let running = since(started);
-            let perf = vec![("running", running)];
-            let host = text(h, "host");
-            if max_age.is_some_and(|m| running > m.as_millis() as u64) {
-                return Verdict {
-                    state: State::Warning,
-                    message: format!(
-                        "{key} has been running on {host} for {}, longer than --max-age {}",
-                        coarse(running),
-                        coarse(max_age.unwrap_or_default().as_millis() as u64)
-                    ),
-                    perf,
-                };
-            }
-            return Verdict {
-                state: State::Ok,
-                message: format!("{key} is running on {host} for {}", coarse(running)),
-                perf,
-            };
-        }
+    if let Some(verdict) = running(key, holder.as_ref(), last.as_ref(), max_age, now_ms) {
+        return verdict;
     }
 
     // With a schedule: the latest instant whose run should have started by now.
@@ -194,13 +161,66 @@ pub fn judge(
             perf: Vec::new(),
         };
     };
+    judge_last(
+        key,
+        &run,
+        missed,
+        max_age.filter(|_| schedule.is_none()),
+        now_ms,
+    )
+}
+
+/// A run in progress (a lock whose run has not finished: not one kept for `--min-hold`): OK, or
+/// WARNING past `--max-age`.
+fn running(
+    key: &str,
+    holder: Option<&Value>,
+    last: Option<&Value>,
+    max_age: Option<Duration>,
+    now_ms: u64,
+) -> Option<Verdict> {
+    let h = holder?;
+    let finished =
+        last.is_some_and(|l| l.get("token").is_some() && l.get("token") == h.get("token"));
+    let started = h["started"].as_u64().filter(|_| !finished)?;
+    let running = now_ms.saturating_sub(started);
+    let perf = vec![("running", running)];
+    let host = text(h, "host");
+    if max_age.is_some_and(|m| running > m.as_millis() as u64) {
+        return Some(Verdict {
+            state: State::Warning,
+            message: format!(
+                "{key} has been running on {host} for {}, longer than --max-age {}",
+                coarse(running),
+                coarse(max_age.unwrap_or_default().as_millis() as u64)
+            ),
+            perf,
+        });
+    }
+    Some(Verdict {
+        state: State::Ok,
+        message: format!("{key} is running on {host} for {}", coarse(running)),
+        perf,
+    })
+}
+
+/// Judge the last recorded run: failed, a missed instant (`missed`), too old (`max_age`, without
+/// a schedule), or OK.
+fn judge_last(
+    key: &str,
+    run: &Value,
+    missed: Option<(&Schedule, i64)>,
+    max_age: Option<Duration>,
+    now_ms: u64,
+) -> Verdict {
+    let since = |ms: u64| now_ms.saturating_sub(ms);
     let started = run["started"].as_u64().unwrap_or(0);
     let age = since(started);
     let duration = run["duration_ms"].as_u64().unwrap_or(0);
     let perf = vec![("age", age), ("duration", duration)];
-    let host = text(&run, "host");
+    let host = text(run, "host");
     let when = format!("on {host} {} ago", coarse(age));
-    if let Some(how) = failure(&run) {
+    if let Some(how) = failure(run) {
         return Verdict {
             state: State::Critical,
             message: format!("{key} failed {when} ({how}, {})", coarse(duration)),
@@ -217,17 +237,15 @@ pub fn judge(
             perf,
         };
     }
-    if schedule.is_none() {
-        if let Some(m) = max_age.filter(|m| age > m.as_millis() as u64) {
-            return Verdict {
-                state: State::Critical,
-                message: format!(
-                    "{key}: no run started within --max-age {} (last run {when})",
-                    coarse(m.as_millis() as u64)
-                ),
-                perf,
-            };
-        }
+    if let Some(m) = max_age.filter(|m| age > m.as_millis() as u64) {
+        return Verdict {
+            state: State::Critical,
+            message: format!(
+                "{key}: no run started within --max-age {} (last run {when})",
+                coarse(m.as_millis() as u64)
+            ),
+            perf,
+        };
     }
     Verdict {
         state: State::Ok,
