@@ -152,6 +152,31 @@ impl Masters {
                 }),
             }
         });
+        if let Some(held) = self.granted(&answers, sent_at, ttl, budget) {
+            return Ok(Attempt::Held(Box::new(held)));
+        }
+        // Not ours: undo it wherever it may be ours.
+        let undo: Vec<bool> = answers
+            .iter()
+            .map(|a| matches!(a, Ok(Attempt::Held(_)) | Err(Lost { taken: true, .. })))
+            .collect();
+        let undone =
+            self.each(|i, link| undo[i].then(|| lock::abandon(link, within, keys, holder, ttl)));
+        if let Some(refusal) = refused(&answers, self.majority()) {
+            return refusal;
+        }
+        self.failed(&answers, &undone, keys, within, ttl)
+    }
+
+    /// The lock, when a majority granted it in time (and, with several masters, took the
+    /// highest fencing token).
+    fn granted(
+        &mut self,
+        answers: &[Answer],
+        sent_at: Instant,
+        ttl: Duration,
+        budget: Duration,
+    ) -> Option<Held> {
         let held: Vec<&Held> = answers
             .iter()
             .filter_map(|a| match a {
@@ -163,68 +188,20 @@ impl Masters {
         let drift = ttl / 100 + Duration::from_millis(2);
         // (One master: a late grant is the caller's to judge, as it always was: "too late", 122.)
         let valid = self.len() == 1 || sent_at.elapsed() + drift < ttl;
-        if held.len() >= self.majority() && valid {
-            let mut held = held[0].clone();
-            held.fence = answers
-                .iter()
-                .filter_map(|a| match a {
-                    Ok(Attempt::Held(h)) => Some(h.fence),
-                    _ => None,
-                })
-                .max()
-                .unwrap_or(held.fence);
-            held.sent_at = sent_at;
-            if self.len() == 1 || self.raise(&answers, &held, budget) {
-                return Ok(Attempt::Held(Box::new(held)));
-            }
+        if held.len() < self.majority() || !valid {
+            return None;
         }
-        // Not ours: undo it wherever it may be ours.
-        let undo: Vec<bool> = answers
+        let mut held = held[0].clone();
+        held.fence = answers
             .iter()
-            .map(|a| matches!(a, Ok(Attempt::Held(_)) | Err(Lost { taken: true, .. })))
-            .collect();
-        let undone =
-            self.each(|i, link| undo[i].then(|| lock::abandon(link, within, keys, holder, ttl)));
-        // Holders with another --limit: refused wherever one master says so.
-        if let Some(Ok(Attempt::Mismatch(other))) = answers
-            .iter()
-            .find(|a| matches!(a, Ok(Attempt::Mismatch(_))))
-        {
-            return Ok(Attempt::Mismatch(*other));
-        }
-        let majority = self.majority();
-        let count = |f: fn(&Answer) -> bool| answers.iter().filter(|a| f(a)).count();
-        let busy = count(|a| matches!(a, Ok(Attempt::Busy(..))));
-        let ran = count(|a| matches!(a, Ok(Attempt::AlreadyRan { .. })));
-        if ran >= majority || (ran > 0 && ran + busy >= majority) {
-            if let Some(Ok(Attempt::AlreadyRan { instant, ran })) = answers
-                .iter()
-                .find(|a| matches!(a, Ok(Attempt::AlreadyRan { .. })))
-            {
-                return Ok(Attempt::AlreadyRan {
-                    instant: *instant,
-                    ran: *ran,
-                });
-            }
-        }
-        if busy + ran >= majority {
-            let mut soonest: Option<Duration> = None;
-            let mut value = String::new();
-            let mut at = None;
-            for a in &answers {
-                if let Ok(Attempt::Busy(left, v, instant)) = a {
-                    if let Some(l) = left {
-                        soonest = Some(soonest.map_or(*l, |s| s.min(*l)));
-                    }
-                    if value.is_empty() {
-                        value = v.clone();
-                    }
-                    at = at.or(*instant);
-                }
-            }
-            return Ok(Attempt::Busy(soonest, value, at));
-        }
-        self.failed(&answers, &undone, keys, within, ttl)
+            .filter_map(|a| match a {
+                Ok(Attempt::Held(h)) => Some(h.fence),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(held.fence);
+        held.sent_at = sent_at;
+        (self.len() == 1 || self.raise(answers, &held, budget)).then_some(held)
     }
 
     /// The one line for an acquire that neither got the lock nor found it busy.
@@ -237,57 +214,8 @@ impl Masters {
         ttl: Duration,
     ) -> Outcome {
         let name = &keys.name;
-        let undo_text = |u: &Option<Result<bool, Failure>>| match u {
-            Some(Ok(true)) => "the lock it took anyway was released".to_string(),
-            Some(Ok(false)) => "it took no lock".into(),
-            _ => format!(
-                "if Redis took the lock anyway, it expires within {}",
-                Span(ttl)
-            ),
-        };
         if let ([answer], [undone]) = (answers, undone) {
-            return match answer {
-                Err(Lost {
-                    failure: Failure::Replicas { acked, wanted },
-                    ..
-                }) => Err(Refused {
-                    text: format!(
-                        "took lock '{name}', but only {acked} of {wanted} replicas confirmed it \
-                         (--min-replicas, within --connect-timeout {}); {}, and the command did \
-                         not run",
-                        Span(within),
-                        match undone {
-                            Some(Ok(true)) => "released it".to_string(),
-                            Some(Ok(false)) => "it was no longer ours".into(),
-                            _ => format!("it expires within {}", Span(ttl)),
-                        }
-                    ),
-                    transient: false,
-                }),
-                Err(Lost { failure, taken }) => {
-                    let mut text = match failure {
-                        // "cannot connect to Redis at ...": nothing was sent.
-                        Failure::Connect(_) | Failure::Refused(_) => failure.to_string(),
-                        _ => format!("cannot acquire lock '{name}': {failure}"),
-                    };
-                    if *taken {
-                        text += &format!(" ({})", undo_text(undone));
-                    }
-                    Err(Refused {
-                        text,
-                        transient: failure.transient(),
-                    })
-                }
-                // A single master's lock expired while it was being replicated.
-                _ => Err(Refused {
-                    text: format!(
-                        "cannot acquire lock '{name}': it was taken with no validity left \
-                         (--ttl {} is too short for this Redis)",
-                        Span(ttl)
-                    ),
-                    transient: true,
-                }),
-            };
+            return failed_alone(answer, undone, name, within, ttl);
         }
         let granted = answers
             .iter()
@@ -467,6 +395,110 @@ impl Masters {
             )),
             Err(e) => Err(e),
         })
+    }
+}
+
+/// A round that did not get the lock, when the masters' answers say why: holders with another
+/// `--limit` (wherever one master says so), the run for this instant already started, or held
+/// elsewhere (with the soonest expiry). `None`: failures, for [`Masters::failed`].
+fn refused(answers: &[Answer], majority: usize) -> Option<Outcome> {
+    if let Some(Ok(Attempt::Mismatch(other))) = answers
+        .iter()
+        .find(|a| matches!(a, Ok(Attempt::Mismatch(_))))
+    {
+        return Some(Ok(Attempt::Mismatch(*other)));
+    }
+    let count = |f: fn(&Answer) -> bool| answers.iter().filter(|a| f(a)).count();
+    let busy = count(|a| matches!(a, Ok(Attempt::Busy(..))));
+    let ran = count(|a| matches!(a, Ok(Attempt::AlreadyRan { .. })));
+    if ran >= majority || (ran > 0 && ran + busy >= majority) {
+        if let Some(Ok(Attempt::AlreadyRan { instant, ran })) = answers
+            .iter()
+            .find(|a| matches!(a, Ok(Attempt::AlreadyRan { .. })))
+        {
+            return Some(Ok(Attempt::AlreadyRan {
+                instant: *instant,
+                ran: *ran,
+            }));
+        }
+    }
+    if busy + ran < majority {
+        return None;
+    }
+    let mut soonest: Option<Duration> = None;
+    let mut value = String::new();
+    let mut at = None;
+    for a in answers {
+        if let Ok(Attempt::Busy(left, v, instant)) = a {
+            if let Some(l) = left {
+                soonest = Some(soonest.map_or(*l, |s| s.min(*l)));
+            }
+            if value.is_empty() {
+                value = v.clone();
+            }
+            at = at.or(*instant);
+        }
+    }
+    Some(Ok(Attempt::Busy(soonest, value, at)))
+}
+
+/// The one line for a single master's acquire that neither got the lock nor found it busy.
+fn failed_alone(
+    answer: &Answer,
+    undone: &Option<Result<bool, Failure>>,
+    name: &str,
+    within: Duration,
+    ttl: Duration,
+) -> Outcome {
+    let undo_text = |u: &Option<Result<bool, Failure>>| match u {
+        Some(Ok(true)) => "the lock it took anyway was released".to_string(),
+        Some(Ok(false)) => "it took no lock".into(),
+        _ => format!(
+            "if Redis took the lock anyway, it expires within {}",
+            Span(ttl)
+        ),
+    };
+    match answer {
+        Err(Lost {
+            failure: Failure::Replicas { acked, wanted },
+            ..
+        }) => Err(Refused {
+            text: format!(
+                "took lock '{name}', but only {acked} of {wanted} replicas confirmed it \
+                 (--min-replicas, within --connect-timeout {}); {}, and the command did \
+                 not run",
+                Span(within),
+                match undone {
+                    Some(Ok(true)) => "released it".to_string(),
+                    Some(Ok(false)) => "it was no longer ours".into(),
+                    _ => format!("it expires within {}", Span(ttl)),
+                }
+            ),
+            transient: false,
+        }),
+        Err(Lost { failure, taken }) => {
+            let mut text = match failure {
+                // "cannot connect to Redis at ...": nothing was sent.
+                Failure::Connect(_) | Failure::Refused(_) => failure.to_string(),
+                _ => format!("cannot acquire lock '{name}': {failure}"),
+            };
+            if *taken {
+                text += &format!(" ({})", undo_text(undone));
+            }
+            Err(Refused {
+                text,
+                transient: failure.transient(),
+            })
+        }
+        // A single master's lock expired while it was being replicated.
+        _ => Err(Refused {
+            text: format!(
+                "cannot acquire lock '{name}': it was taken with no validity left \
+                 (--ttl {} is too short for this Redis)",
+                Span(ttl)
+            ),
+            transient: true,
+        }),
     }
 }
 

@@ -87,25 +87,18 @@ pub fn acquire(
         limit,
     } = ask;
     let io_timeout = masters.redis().connect_timeout;
-    let deadline = Instant::now() + wait;
-    let mut announced = false;
-    let mut trouble_told = false;
+    let mut waiter = Waiter {
+        deadline: Instant::now() + wait,
+        wait,
+        keys,
+        log,
+        announced: false,
+        trouble_told: false,
+    };
     loop {
         if let Some(sig) = signals::pending_forwarded() {
             return Ok(Acquired::Signalled(sig));
         }
-        // Transient trouble is retried while --wait lasts; the last error is what we report.
-        let retry = |e: anyhow::Error, told: &mut bool| -> Result<Option<libc::c_int>> {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(e);
-            }
-            if !*told {
-                *told = true;
-                log.info("wait_retry", &format!("{e:#}; retrying while waiting"), &[]);
-            }
-            Ok(pause(jitter(POLL_CAP).min(left)))
-        };
         // A fresh holder per attempt, so `started` says when we got it.
         let holder = Holder::new(command);
         let (expires_in, busy_with) =
@@ -132,52 +125,89 @@ pub fn acquire(
                     if !transient {
                         return Err(anyhow!(text));
                     }
-                    match retry(anyhow!(text), &mut trouble_told)? {
+                    match waiter.retry(anyhow!(text))? {
                         Some(sig) => return Ok(Acquired::Signalled(sig)),
                         None => continue,
                     }
                 }
             };
         let now = Instant::now();
-        if now >= deadline {
+        if now >= waiter.deadline {
             return Ok(Acquired::Busy(busy_with));
         }
-        if !announced {
-            announced = true;
-            log.info(
-                "waiting",
-                &format!(
-                    "lock '{}' is held elsewhere; waiting up to {}",
-                    keys.name,
-                    Span(wait)
-                ),
-                &[("wait_ms", (wait.as_millis() as u64).into())],
-            );
+        waiter.announce();
+        if let Some(sig) = waiter.until_free(&mut masters, now, expires_in)? {
+            return Ok(Acquired::Signalled(sig));
         }
-        let mut block = jitter(POLL_CAP).min(deadline - now);
+    }
+}
+
+/// One `--wait`: its deadline, and what it has told already.
+struct Waiter<'a> {
+    deadline: Instant,
+    wait: Duration,
+    keys: &'a Keys,
+    log: &'a Log,
+    announced: bool,
+    trouble_told: bool,
+}
+
+impl Waiter<'_> {
+    /// Transient trouble is retried while `--wait` lasts (said once); the last error is what we
+    /// report. A signal that came during the pause ends the wait.
+    fn retry(&mut self, e: anyhow::Error) -> Result<Option<libc::c_int>> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(e);
+        }
+        if !self.trouble_told {
+            self.trouble_told = true;
+            self.log
+                .info("wait_retry", &format!("{e:#}; retrying while waiting"), &[]);
+        }
+        Ok(pause(jitter(POLL_CAP).min(left)))
+    }
+
+    /// "lock 'KEY' is held elsewhere; waiting up to D", once.
+    fn announce(&mut self) {
+        if self.announced {
+            return;
+        }
+        self.announced = true;
+        self.log.info(
+            "waiting",
+            &format!(
+                "lock '{}' is held elsewhere; waiting up to {}",
+                self.keys.name,
+                Span(self.wait)
+            ),
+            &[("wait_ms", (self.wait.as_millis() as u64).into())],
+        );
+    }
+
+    /// Block (from `now`, before the deadline) until the lock may be free: told by the holder's
+    /// release, its expiry (`expires_in`), or the next poll. A signal that came meanwhile ends
+    /// the wait.
+    fn until_free(
+        &mut self,
+        masters: &mut Masters,
+        now: Instant,
+        expires_in: Option<Duration>,
+    ) -> Result<Option<libc::c_int>> {
+        let name = &self.keys.name;
+        let mut block = jitter(POLL_CAP).min(self.deadline - now);
         if let Some(left) = expires_in {
             block = block.min(left + Duration::from_millis(1));
         }
         // Woken or timed out, the next step is the same: try again. With several masters,
         // waiters poll.
-        match masters.blpop(keys, block) {
-            None => {
-                if let Some(sig) = pause(block) {
-                    return Ok(Acquired::Signalled(sig));
-                }
-            }
-            Some(Ok(())) => {}
+        match masters.blpop(self.keys, block) {
+            None => Ok(pause(block)),
+            Some(Ok(())) => Ok(None),
             // Refused for good (an ACL without BLPOP, say): waiting longer cannot help.
-            Some(Err(e)) if !e.transient() => {
-                return Err(anyhow!("cannot wait for lock '{}': {e}", keys.name))
-            }
+            Some(Err(e)) if !e.transient() => Err(anyhow!("cannot wait for lock '{name}': {e}")),
             // The connection is gone or out of step: the next round makes a new one.
-            Some(Err(e)) => {
-                let e = anyhow!("cannot wait for lock '{}': {e}", keys.name);
-                if let Some(sig) = retry(e, &mut trouble_told)? {
-                    return Ok(Acquired::Signalled(sig));
-                }
-            }
+            Some(Err(e)) => self.retry(anyhow!("cannot wait for lock '{name}': {e}")),
         }
     }
 }
