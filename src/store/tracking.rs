@@ -168,27 +168,36 @@ impl Watcher {
 
     /// Set up the two connections and watch until told to stop or a connection fails.
     fn watch_once(&self, told: &mut bool) -> End {
+        match self.set_up(told) {
+            Ok((sub, reader)) => self.listen(sub, reader),
+            Err(end) => end,
+        }
+    }
+
+    /// The subscribed connection and the tracking one, with the watch on and the key checked
+    /// once (whatever happened before the watch was on).
+    fn set_up(&self, told: &mut bool) -> Result<(Wire, Wire), End> {
         let budget = self.redis.connect_timeout;
         let deadline = Instant::now() + budget;
         let (addr, session) = match self.redis.side(&self.key, deadline) {
             Ok(node) => node,
-            Err(e) => return End::Broken(format!("{e:#}")),
+            Err(e) => return Err(End::Broken(format!("{e:#}"))),
         };
         let connect = || Wire::connect(&addr, &session, deadline);
         let (mut sub, mut reader) = match (connect(), connect()) {
             (Ok(s), Ok(r)) => (s, r),
-            (Err(e), _) | (_, Err(e)) => return End::Broken(explain(&e)),
+            (Err(e), _) | (_, Err(e)) => return Err(End::Broken(explain(&e))),
         };
         let id = match sub.call(&[b"CLIENT", b"ID"], deadline).and_then(Reply::ok) {
             Ok(Value::Int(id)) => id.to_string(),
-            Ok(_) => return End::Refused("CLIENT ID answered oddly".into()),
-            Err(e) => return refused_or_broken(e),
+            Ok(_) => return Err(End::Refused("CLIENT ID answered oddly".into())),
+            Err(e) => return Err(refused_or_broken(e)),
         };
         match sub.call(&[b"SUBSCRIBE", CHANNEL], deadline) {
             Ok(Reply::Value(Value::Array(_))) => {}
-            Ok(Reply::Value(_)) => return End::Refused("SUBSCRIBE answered oddly".into()),
-            Ok(Reply::Error(e)) => return End::Refused(e),
-            Err(e) => return End::Broken(explain(&e)),
+            Ok(Reply::Value(_)) => return Err(End::Refused("SUBSCRIBE answered oddly".into())),
+            Ok(Reply::Error(e)) => return Err(End::Refused(e)),
+            Err(e) => return Err(End::Broken(explain(&e))),
         }
         let tracking: [&[u8]; 8] = [
             b"CLIENT",
@@ -205,9 +214,9 @@ impl Watcher {
             // The subscribed connection went away between SUBSCRIBE and here (killed, a
             // restart): a broken watch, not a refusal.
             Err(WireError::Server(e)) if e.to_ascii_lowercase().contains("redirect") => {
-                return End::Broken(e)
+                return Err(End::Broken(e))
             }
-            Err(e) => return refused_or_broken(e),
+            Err(e) => return Err(refused_or_broken(e)),
         }
         if !*told {
             *told = true;
@@ -222,8 +231,14 @@ impl Watcher {
         }
         // Whatever happened before the watch was on.
         if let Err(e) = self.check(&mut reader) {
-            return End::Broken(explain(&e));
+            return Err(End::Broken(explain(&e)));
         }
+        Ok((sub, reader))
+    }
+
+    /// Wait for invalidations (and look at the tracking connection) until told to stop or a
+    /// connection fails.
+    fn listen(&self, mut sub: Wire, mut reader: Wire) -> End {
         loop {
             if self.stopped() {
                 return End::Stopped;
