@@ -27,7 +27,7 @@ use crate::fleet::report::Report;
 use crate::fleet::{admin, check, status};
 use crate::job::signals;
 use crate::log::Log;
-use crate::store::lock::Keys;
+use crate::store::keys::Keys;
 use crate::store::quorum::Masters;
 use crate::store::topology::Redis;
 use crate::watchdog::Timing;

@@ -29,7 +29,8 @@ use serde_json::{json, Value};
 use crate::duration::Span;
 use crate::host::{rfc3339, unix_millis};
 use crate::log::Log;
-use crate::store::lock::{self, Keys};
+use crate::store::inspect;
+use crate::store::keys::Keys;
 use crate::store::quorum::Masters;
 
 /// A holder in a few words for a log line: `host web-1 pid 42 since 2026-11-21T02:00:00Z`.
@@ -238,15 +239,15 @@ fn list_line(row: &Row, on: &str) -> String {
 /// the newest run record; the highest counter) and each master's own answer. With one master,
 /// its answer.
 pub fn merge(
-    snaps: Vec<Result<lock::Snapshot>>,
+    snaps: Vec<Result<inspect::Snapshot>>,
     majority: usize,
-) -> Result<(lock::Snapshot, Vec<Result<lock::Snapshot>>)> {
+) -> Result<(inspect::Snapshot, Vec<Result<inspect::Snapshot>>)> {
     if snaps.len() == 1 {
         let mut snaps = snaps;
         let only = snaps.remove(0)?;
         return Ok((only.clone(), vec![Ok(only)]));
     }
-    let ok: Vec<&lock::Snapshot> = snaps.iter().filter_map(|s| s.as_ref().ok()).collect();
+    let ok: Vec<&inspect::Snapshot> = snaps.iter().filter_map(|s| s.as_ref().ok()).collect();
     if ok.len() < majority {
         let first = snaps
             .iter()
@@ -264,7 +265,7 @@ pub fn merge(
         .filter_map(|s| s.holder.as_ref())
         .find(|h| ok.iter().filter(|s| s.holder.as_ref() == Some(*h)).count() >= majority)
         .cloned();
-    let started = |s: &&&lock::Snapshot| {
+    let started = |s: &&&inspect::Snapshot| {
         s.last_run
             .as_deref()
             .and_then(|r| serde_json::from_str::<Value>(r).ok())
@@ -272,7 +273,7 @@ pub fn merge(
             .unwrap_or(0)
     };
     let newest = ok.iter().max_by_key(started).expect("a majority answered");
-    let merged = lock::Snapshot {
+    let merged = inspect::Snapshot {
         pttl: ok
             .iter()
             .filter(|s| holder.is_some() && s.holder == holder)

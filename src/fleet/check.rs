@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use crate::fleet::admin::round_ms;
 use crate::fleet::admin::text_field as text;
 use crate::fleet::schedule::Schedule;
-use crate::store::lock::Snapshot;
+use crate::store::inspect::Snapshot;
 
 /// The plugin states, with their exit statuses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,12 +10,13 @@ use serde_json::{json, Value};
 use crate::fleet::admin::{ago, holder_json, merge, round_ms, text_field, ttl_ms};
 use crate::fleet::schedule::Schedule;
 use crate::host::{rfc3339, unix_millis};
-use crate::store::lock::{self, Keys};
+use crate::store::inspect;
+use crate::store::keys::Keys;
 use crate::store::quorum::Masters;
 
 /// Everything `--status` shows, gathered from the masters.
 struct View {
-    snap: lock::Snapshot,
+    snap: inspect::Snapshot,
     /// Each master's own view (with several masters): its URL as shown, and what it holds.
     per_master: Vec<(String, Value)>,
     /// "N of M needed", with several masters.
@@ -278,7 +279,7 @@ struct Plan {
     next: Option<i64>,
 }
 
-fn plan(snap: &lock::Snapshot, given: Option<&Schedule>) -> Option<Plan> {
+fn plan(snap: &inspect::Snapshot, given: Option<&Schedule>) -> Option<Plan> {
     let schedule = match given {
         Some(s) => s.clone(),
         None => Schedule::parse(snap.schedule.as_deref()?).ok()?,
@@ -357,7 +358,7 @@ fn run_lines(r: &Value) -> Vec<String> {
 }
 
 /// One master's view of a lock, for `--status` with several masters.
-fn master_view(snap: &Result<lock::Snapshot>) -> Value {
+fn master_view(snap: &Result<inspect::Snapshot>) -> Value {
     match snap {
         Ok(s) => json!({
             "held": s.holder.is_some(),

@@ -3,7 +3,7 @@
 //! The slot map comes from `CLUSTER SLOTS`, asked of the first seed node that answers. Each call
 //! goes to the primary that serves its KEY's slot (CRC16 of the hash tag, as Redis computes it);
 //! a `MOVED` reply reads the map again from the node that sent it and tries there, an `ASK` reply
-//! is followed once with `ASKING`. All of a KEY's Redis keys share one hash tag (see `lock::Keys`),
+//! is followed once with `ASKING`. All of a KEY's Redis keys share one hash tag (see `keys::Keys`),
 //! so every script stays on one node. Every exchange is bounded by the caller's deadline
 //! ([`crate::store::wire`]); a call that fails drops the whole connection, so the next one starts from a
 //! fresh slot map (that is how a renewal finds the replica promoted after its primary died).

@@ -1,39 +1,23 @@
-//! The Redis lock itself: key layout, holder identity, and the Lua scripts that acquire, renew and
-//! release it. Every write compares the holder value inside Lua, so cronlock never deletes or
-//! extends a lock it does not own.
-//!
-//! Key layout for KEY under the default prefix `cronlock:`. All of a KEY's keys share the hash tag
-//! `{KEY}`, so on a Redis Cluster they live in one slot and every script runs on one node. A KEY
-//! with `{` or `}` would cut the tag short (or leave it empty): its tag is `{ENCODED}~`, with `%`,
-//! `{` and `}` percent-encoded and a `~` after the tag that no brace-free KEY's keys can have, so
-//! the KEY can be read back exactly. Brace-free KEYs keep the plain layout:
-//! - `cronlock:{KEY}`        the lock; its value identifies the holder
-//! - `cronlock:{KEY}:fence`  the fencing counter: the last token, max(last + 1, Redis TIME in µs)
-//! - `cronlock:{KEY}:last`   the last run's record (JSON)
-//! - `cronlock:{KEY}:history` the last runs' records, newest first, capped
-//! - `cronlock:{KEY}:notify` a one-element list that wakes one `--wait`er on release
-//! - `cronlock:{KEY}:schedule` with `--schedule`: the last started run's instant and schedule
-//! - `cronlock:{KEY}:abandoned:TOKEN` for a TTL after an acquire whose reply was lost
-//! - with `--limit N` above 1 (a semaphore): `cronlock:{KEY}:slot:I` for each holder (I in
-//!   0..N, held like the plain lock), `cronlock:{KEY}:limit` (N, while holders exist) and
-//!   `cronlock:{KEY}:fences` (each slot's fencing token)
+//! The Redis lock itself: holder identity and the Lua scripts that acquire, renew and release it.
+//! Every write compares the holder value inside Lua, so cronlock never deletes or extends a lock it
+//! does not own. The keys a KEY uses are [`Keys`] (`store/keys.rs`); what the admin modes read and
+//! force is in `store/inspect.rs`.
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use anyhow::{anyhow, Result};
+use anyhow::Result;
 use redis::{Script, Value};
 use serde_json::json;
 
 use crate::clock::Instant;
+use crate::store::keys::Keys;
 use crate::store::topology::{Failure, Link};
 
 // The scripts, hashed once: every call then sends EVALSHA with the SHA1.
 const ACQUIRE_LUA: &str = include_str!("lua/acquire.lua");
 const RENEW_LUA: &str = include_str!("lua/renew.lua");
 const RELEASE_LUA: &str = include_str!("lua/release.lua");
-const FORCE_RELEASE_LUA: &str = include_str!("lua/force_release.lua");
-const STATUS_LUA: &str = include_str!("lua/status.lua");
 const ABANDON_LUA: &str = include_str!("lua/abandon.lua");
 const RAISE_LUA: &str = include_str!("lua/raise.lua");
 const RESTORE_LUA: &str = include_str!("lua/restore.lua");
@@ -47,121 +31,9 @@ static RAISE: LazyLock<Script> = LazyLock::new(|| Script::new(RAISE_LUA));
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
-static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(FORCE_RELEASE_LUA));
-static STATUS: LazyLock<Script> = LazyLock::new(|| Script::new(STATUS_LUA));
 
 /// How long a release notification waits for a waiter before it expires.
 pub const NOTIFY_TTL: Duration = Duration::from_secs(10);
-
-/// The Redis keys that belong to one KEY.
-#[derive(Debug, Clone)]
-pub struct Keys {
-    pub name: String,
-    pub lock: String,
-    pub fence: String,
-    pub last: String,
-    pub history: String,
-    pub notify: String,
-    pub schedule: String,
-    /// With `--limit` above 1: N, kept while holders exist (see `semaphore.lua`).
-    pub limit: String,
-    /// With `--limit` above 1: each slot's fencing token (a hash).
-    pub fences: String,
-}
-
-impl Keys {
-    pub fn new(prefix: &str, name: &str) -> Keys {
-        let lock = format!("{prefix}{}", tag(name));
-        Keys {
-            name: name.to_string(),
-            fence: format!("{lock}:fence"),
-            last: format!("{lock}:last"),
-            history: format!("{lock}:history"),
-            notify: format!("{lock}:notify"),
-            schedule: format!("{lock}:schedule"),
-            limit: format!("{lock}:limit"),
-            fences: format!("{lock}:fences"),
-            lock,
-        }
-    }
-
-    /// Slot `i` of a `--limit` above 1: a lock of its own, held like the plain one.
-    pub fn slot(&self, i: u32) -> String {
-        format!("{}:slot:{i}", self.lock)
-    }
-
-    /// Slots `0..n`.
-    pub fn slots(&self, n: u32) -> Vec<String> {
-        (0..n).map(|i| self.slot(i)).collect()
-    }
-
-    /// The marker that makes a late-running acquire of the attempt `token` take nothing.
-    pub fn abandoned(&self, token: &str) -> String {
-        format!("{}:abandoned:{token}", self.lock)
-    }
-
-    /// The SCAN pattern that finds every lock key under `prefix` (and some others, which
-    /// [`Keys::name_of`] tells apart).
-    pub fn pattern(prefix: &str) -> String {
-        let mut out = String::with_capacity(prefix.len() + 4);
-        for c in prefix.chars() {
-            if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-                out.push('\\');
-            }
-            out.push(c);
-        }
-        out + "{*}*"
-    }
-
-    /// The KEY of a lock key found by SCAN, if `redis_key` is one (not a `:fence` or other key).
-    pub fn name_of(prefix: &str, redis_key: &str) -> Option<String> {
-        let inner = redis_key.strip_prefix(prefix)?.strip_prefix('{')?;
-        if let Some(name) = inner.strip_suffix('}') {
-            return Some(name.to_string()).filter(|n| !n.is_empty() && !n.contains(['{', '}']));
-        }
-        let encoded = inner.strip_suffix("}~")?;
-        if encoded.contains(['{', '}']) {
-            return None;
-        }
-        let name = decode(encoded)?;
-        Some(name).filter(|n| n.contains(['{', '}']))
-    }
-}
-
-/// The hash tag of KEY: `{KEY}`, or `{ENCODED}~` for a KEY with a brace (see the module comment).
-fn tag(name: &str) -> String {
-    if !name.contains(['{', '}']) {
-        return format!("{{{name}}}");
-    }
-    let mut out = String::from("{");
-    for c in name.chars() {
-        match c {
-            '%' => out.push_str("%25"),
-            '{' => out.push_str("%7B"),
-            '}' => out.push_str("%7D"),
-            c => out.push(c),
-        }
-    }
-    out + "}~"
-}
-
-/// Undo [`tag`]'s encoding; None for text it cannot have made.
-fn decode(text: &str) -> Option<String> {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(i) = rest.find('%') {
-        out.push_str(&rest[..i]);
-        out.push(match rest.get(i + 1..i + 3)? {
-            "25" => '%',
-            "7B" => '{',
-            "7D" => '}',
-            _ => return None,
-        });
-        rest = &rest[i + 3..];
-    }
-    out.push_str(rest);
-    Some(out)
-}
 
 /// How many characters of the command line the lock value and the run record keep.
 pub const MAX_COMMAND: usize = 256;
@@ -275,14 +147,14 @@ pub enum Attempt {
     Mismatch(u32),
 }
 
-fn ms(d: Duration) -> u64 {
+pub(super) fn ms(d: Duration) -> u64 {
     d.as_millis().max(1) as u64
 }
 
 /// Run `script` with `keys` and `args` on the node that serves `keys[0]`, within `within` in all:
 /// by SHA1 (`EVALSHA`), and with its text when the server does not have it yet (a new server, a
 /// restart, a promoted replica: the script cache is not replicated).
-fn eval(
+pub(super) fn eval(
     link: &mut Link,
     within: Duration,
     script: &Script,
@@ -309,7 +181,7 @@ fn eval(
 }
 
 /// The integer a script returns; anything else is a failure of the call, never an answer.
-fn int(v: &Value, what: &'static str) -> Result<i64, Failure> {
+pub(super) fn int(v: &Value, what: &'static str) -> Result<i64, Failure> {
     match v {
         Value::Int(n) => Ok(*n),
         _ => Err(Failure::shape(what)),
@@ -317,7 +189,7 @@ fn int(v: &Value, what: &'static str) -> Result<i64, Failure> {
 }
 
 /// A string or nothing (Lua's `false`).
-fn text_or_nil(v: &Value, what: &'static str) -> Result<Option<String>, Failure> {
+pub(super) fn text_or_nil(v: &Value, what: &'static str) -> Result<Option<String>, Failure> {
     match v {
         Value::Nil => Ok(None),
         Value::BulkString(b) => Ok(Some(String::from_utf8_lossy(b).into_owned())),
@@ -583,192 +455,9 @@ pub fn release(
     )
 }
 
-/// Delete the lock whoever holds it (every holder, with `--limit` above 1), or only the holder
-/// whose token is `token`; returns the holder values deleted (none when it was free).
-pub fn force_release(
-    link: &mut Link,
-    within: Duration,
-    keys: &Keys,
-    token: Option<&str>,
-) -> Result<Vec<String>> {
-    let slots = keys.slots(MAX_LIMIT);
-    let mut all: Vec<&str> = vec![&keys.lock, &keys.notify, &keys.limit];
-    all.extend(slots.iter().map(String::as_str));
-    eval(
-        link,
-        within,
-        &FORCE_RELEASE,
-        FORCE_RELEASE_LUA,
-        &all,
-        &[ms(NOTIFY_TTL).to_string(), token.unwrap_or("").to_string()],
-    )
-    .and_then(|v| match v {
-        Value::Array(items) => items
-            .iter()
-            .map(|i| text_or_nil(i, "a force-release reply that is not the holders"))
-            .filter_map(Result::transpose)
-            .collect(),
-        _ => Err(Failure::shape(
-            "a force-release reply that is not the holders",
-        )),
-    })
-    .map_err(|e| anyhow!("cannot release lock '{}': {e}", keys.name))
-}
-
-/// A consistent snapshot of one lock.
-#[derive(Debug, Clone)]
-pub struct Snapshot {
-    pub holder: Option<String>,
-    pub pttl: i64,
-    pub fence: Option<i64>,
-    pub last_run: Option<String>,
-    /// The newest kept run records, when asked for.
-    pub history: Vec<String>,
-    /// With `--schedule`: the last started run's instant (Unix ms) and the schedule it used.
-    pub instant: Option<i64>,
-    pub schedule: Option<String>,
-    /// With `--limit` above 1: N, and each held slot.
-    pub limit: Option<u32>,
-    pub slots: Vec<SlotHolder>,
-}
-
-/// One holder of a `--limit` above 1.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SlotHolder {
-    pub slot: u32,
-    pub value: String,
-    pub pttl: i64,
-    pub fence: i64,
-}
-
-/// Read the lock, its expiry, its fencing counter, its last run and up to `history` kept runs at
-/// one instant.
-pub fn snapshot(
-    link: &mut Link,
-    within: Duration,
-    keys: &Keys,
-    history: Option<u32>,
-) -> Result<Snapshot> {
-    type Reply = (
-        Option<String>,
-        i64,
-        Option<i64>,
-        Option<String>,
-        Vec<String>,
-        (Option<i64>, Option<String>),
-        Option<u32>,
-        Vec<(u32, String, i64, i64)>,
-    );
-    let slot_keys = keys.slots(MAX_LIMIT);
-    let mut all: Vec<&str> = vec![
-        &keys.lock,
-        &keys.fence,
-        &keys.last,
-        &keys.history,
-        &keys.schedule,
-        &keys.limit,
-        &keys.fences,
-    ];
-    all.extend(slot_keys.iter().map(String::as_str));
-    let (holder, pttl, fence, last_run, history, (instant, schedule), limit, slots): Reply = eval(
-        link,
-        within,
-        &STATUS,
-        STATUS_LUA,
-        &all,
-        &[history.map_or(0, i64::from).to_string()],
-    )
-    .and_then(|v| {
-        redis::from_redis_value(v).map_err(|_| Failure::shape("a status reply of the wrong shape"))
-    })
-    .map_err(|e| anyhow!("cannot read lock '{}': {e}", keys.name))?;
-    let slots = slots
-        .into_iter()
-        .map(|(slot, value, pttl, fence)| SlotHolder {
-            slot,
-            value,
-            pttl,
-            fence,
-        })
-        .collect();
-    Ok(Snapshot {
-        holder,
-        pttl,
-        fence,
-        last_run,
-        history,
-        instant,
-        schedule,
-        limit,
-        slots,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn keys_share_a_hash_slot() {
-        let k = Keys::new("cronlock:", "nightly");
-        assert_eq!(k.lock, "cronlock:{nightly}");
-        assert_eq!(k.fence, "cronlock:{nightly}:fence");
-        assert_eq!(k.notify, "cronlock:{nightly}:notify");
-        assert_eq!(
-            Keys::name_of("cronlock:", &k.lock).as_deref(),
-            Some("nightly")
-        );
-        assert_eq!(Keys::name_of("cronlock:", &k.fence), None);
-        assert_eq!(Keys::name_of("cronlock:", "other:{x}"), None);
-    }
-
-    /// Redis's rule: the tag is between the first `{` and the first `}` after it, if non-empty.
-    fn hash_tag(key: &str) -> &str {
-        if let Some(open) = key.find('{') {
-            if let Some(len) = key[open + 1..].find('}') {
-                if len > 0 {
-                    return &key[open + 1..open + 1 + len];
-                }
-            }
-        }
-        key
-    }
-
-    #[test]
-    fn every_key_keeps_one_tag_and_reads_back() {
-        for name in [
-            "}",
-            "{",
-            "{}",
-            "a{b}c",
-            "a}b",
-            "x y",
-            "50%",
-            "%7D",
-            "}~",
-            "a}~:fence",
-        ] {
-            let k = Keys::new("cronlock:", name);
-            let tag = hash_tag(&k.lock);
-            assert!(!tag.is_empty() && tag != k.lock, "{name}: {}", k.lock);
-            for other in [&k.fence, &k.last, &k.history, &k.notify, &k.schedule] {
-                assert_eq!(hash_tag(other), tag, "{name}: {other}");
-            }
-            assert_eq!(hash_tag(&k.abandoned("t")), tag);
-            assert_eq!(
-                Keys::name_of("cronlock:", &k.lock).as_deref(),
-                Some(name),
-                "{}",
-                k.lock
-            );
-            for other in [&k.fence, &k.last, &k.notify] {
-                assert_eq!(Keys::name_of("cronlock:", other), None, "{other}");
-            }
-        }
-        // Brace-free KEYs keep the layout earlier versions used.
-        assert_eq!(Keys::new("cronlock:", "50%").lock, "cronlock:{50%}");
-        assert_eq!(Keys::new("cronlock:", "a}b").lock, "cronlock:{a%7Db}~");
-    }
 
     #[test]
     fn long_commands_are_cut_with_a_marker() {

@@ -6,9 +6,12 @@
 
 pub mod cluster;
 pub mod connect;
+pub mod inspect;
+pub mod keys;
 pub mod lock;
 pub mod quorum;
 pub mod resp;
+pub mod round;
 pub mod sentinel;
 pub mod tls;
 pub mod topology;

@@ -21,10 +21,10 @@
 use std::time::Duration;
 
 use crate::clock::Instant;
-use crate::duration::Span;
-use crate::store::lock::{
-    self, Attempt, Held, Holder, Keys, ReleaseOptions, Released, Slot, Snapshot,
-};
+use crate::store::inspect::{self, Snapshot};
+use crate::store::keys::Keys;
+use crate::store::lock::{self, Attempt, Held, Holder, ReleaseOptions, Released, Slot};
+use crate::store::round::{failed_alone, refused, Answer, Lost};
 use crate::store::topology::{Failure, Link, Redis};
 
 /// The masters, each with its own link.
@@ -40,16 +40,6 @@ pub type Outcome = Result<Attempt, Refused>;
 pub struct Refused {
     pub text: String,
     pub transient: bool,
-}
-
-/// One master's answer to an acquire.
-type Answer = Result<Attempt, Lost>;
-
-/// A master whose acquire failed; `taken`: the lock may be ours there all the same (a lost
-/// reply, or taken but not replicated).
-struct Lost {
-    failure: Failure,
-    taken: bool,
 }
 
 impl Masters {
@@ -337,7 +327,7 @@ impl Masters {
         keys: &Keys,
         history: Option<u32>,
     ) -> Vec<anyhow::Result<Snapshot>> {
-        self.each(|_, link| lock::snapshot(link, within, keys, history))
+        self.each(|_, link| inspect::snapshot(link, within, keys, history))
     }
 
     /// Each master's answer to a force-release: the holder values it deleted.
@@ -347,7 +337,7 @@ impl Masters {
         keys: &Keys,
         token: Option<&str>,
     ) -> Vec<anyhow::Result<Vec<String>>> {
-        self.each(|_, link| lock::force_release(link, within, keys, token))
+        self.each(|_, link| inspect::force_release(link, within, keys, token))
     }
 
     /// Every lock key under the pattern, on every master (merged).
@@ -395,110 +385,6 @@ impl Masters {
             )),
             Err(e) => Err(e),
         })
-    }
-}
-
-/// A round that did not get the lock, when the masters' answers say why: holders with another
-/// `--limit` (wherever one master says so), the run for this instant already started, or held
-/// elsewhere (with the soonest expiry). `None`: failures, for [`Masters::failed`].
-fn refused(answers: &[Answer], majority: usize) -> Option<Outcome> {
-    if let Some(Ok(Attempt::Mismatch(other))) = answers
-        .iter()
-        .find(|a| matches!(a, Ok(Attempt::Mismatch(_))))
-    {
-        return Some(Ok(Attempt::Mismatch(*other)));
-    }
-    let count = |f: fn(&Answer) -> bool| answers.iter().filter(|a| f(a)).count();
-    let busy = count(|a| matches!(a, Ok(Attempt::Busy(..))));
-    let ran = count(|a| matches!(a, Ok(Attempt::AlreadyRan { .. })));
-    if ran >= majority || (ran > 0 && ran + busy >= majority) {
-        if let Some(Ok(Attempt::AlreadyRan { instant, ran })) = answers
-            .iter()
-            .find(|a| matches!(a, Ok(Attempt::AlreadyRan { .. })))
-        {
-            return Some(Ok(Attempt::AlreadyRan {
-                instant: *instant,
-                ran: *ran,
-            }));
-        }
-    }
-    if busy + ran < majority {
-        return None;
-    }
-    let mut soonest: Option<Duration> = None;
-    let mut value = String::new();
-    let mut at = None;
-    for a in answers {
-        if let Ok(Attempt::Busy(left, v, instant)) = a {
-            if let Some(l) = left {
-                soonest = Some(soonest.map_or(*l, |s| s.min(*l)));
-            }
-            if value.is_empty() {
-                value = v.clone();
-            }
-            at = at.or(*instant);
-        }
-    }
-    Some(Ok(Attempt::Busy(soonest, value, at)))
-}
-
-/// The one line for a single master's acquire that neither got the lock nor found it busy.
-fn failed_alone(
-    answer: &Answer,
-    undone: &Option<Result<bool, Failure>>,
-    name: &str,
-    within: Duration,
-    ttl: Duration,
-) -> Outcome {
-    let undo_text = |u: &Option<Result<bool, Failure>>| match u {
-        Some(Ok(true)) => "the lock it took anyway was released".to_string(),
-        Some(Ok(false)) => "it took no lock".into(),
-        _ => format!(
-            "if Redis took the lock anyway, it expires within {}",
-            Span(ttl)
-        ),
-    };
-    match answer {
-        Err(Lost {
-            failure: Failure::Replicas { acked, wanted },
-            ..
-        }) => Err(Refused {
-            text: format!(
-                "took lock '{name}', but only {acked} of {wanted} replicas confirmed it \
-                 (--min-replicas, within --connect-timeout {}); {}, and the command did \
-                 not run",
-                Span(within),
-                match undone {
-                    Some(Ok(true)) => "released it".to_string(),
-                    Some(Ok(false)) => "it was no longer ours".into(),
-                    _ => format!("it expires within {}", Span(ttl)),
-                }
-            ),
-            transient: false,
-        }),
-        Err(Lost { failure, taken }) => {
-            let mut text = match failure {
-                // "cannot connect to Redis at ...": nothing was sent.
-                Failure::Connect(_) | Failure::Refused(_) => failure.to_string(),
-                _ => format!("cannot acquire lock '{name}': {failure}"),
-            };
-            if *taken {
-                text += &format!(" ({})", undo_text(undone));
-            }
-            Err(Refused {
-                text,
-                transient: failure.transient(),
-            })
-        }
-        // A single master's lock expired while it was being replicated.
-        _ => Err(Refused {
-            text: format!(
-                "cannot acquire lock '{name}': it was taken with no validity left \
-                 (--ttl {} is too short for this Redis)",
-                Span(ttl)
-            ),
-            transient: true,
-        }),
     }
 }
 

@@ -15,7 +15,8 @@ use crate::clock::Instant;
 use crate::duration::Span;
 use crate::job::signals;
 use crate::log::Log;
-use crate::store::lock::{self, Attempt, Held, Holder, Keys};
+use crate::store::keys::Keys;
+use crate::store::lock::{self, Attempt, Held, Holder};
 use crate::store::quorum::{Masters, Refused};
 
 /// The longest a waiter blocks between attempts.

@@ -1,0 +1,138 @@
+//! What the admin modes read and force: a consistent snapshot of a lock (`--status`, `--check`,
+//! `--list`) and a forced release (`--force-release`), each one script.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use anyhow::{anyhow, Result};
+use redis::{Script, Value};
+
+use crate::store::keys::Keys;
+use crate::store::lock::{eval, ms, text_or_nil, MAX_LIMIT, NOTIFY_TTL};
+use crate::store::topology::{Failure, Link};
+
+const FORCE_RELEASE_LUA: &str = include_str!("lua/force_release.lua");
+const STATUS_LUA: &str = include_str!("lua/status.lua");
+static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(FORCE_RELEASE_LUA));
+static STATUS: LazyLock<Script> = LazyLock::new(|| Script::new(STATUS_LUA));
+
+/// Delete the lock whoever holds it (every holder, with `--limit` above 1), or only the holder
+/// whose token is `token`; returns the holder values deleted (none when it was free).
+pub fn force_release(
+    link: &mut Link,
+    within: Duration,
+    keys: &Keys,
+    token: Option<&str>,
+) -> Result<Vec<String>> {
+    let slots = keys.slots(MAX_LIMIT);
+    let mut all: Vec<&str> = vec![&keys.lock, &keys.notify, &keys.limit];
+    all.extend(slots.iter().map(String::as_str));
+    eval(
+        link,
+        within,
+        &FORCE_RELEASE,
+        FORCE_RELEASE_LUA,
+        &all,
+        &[ms(NOTIFY_TTL).to_string(), token.unwrap_or("").to_string()],
+    )
+    .and_then(|v| match v {
+        Value::Array(items) => items
+            .iter()
+            .map(|i| text_or_nil(i, "a force-release reply that is not the holders"))
+            .filter_map(Result::transpose)
+            .collect(),
+        _ => Err(Failure::shape(
+            "a force-release reply that is not the holders",
+        )),
+    })
+    .map_err(|e| anyhow!("cannot release lock '{}': {e}", keys.name))
+}
+
+/// A consistent snapshot of one lock.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub holder: Option<String>,
+    pub pttl: i64,
+    pub fence: Option<i64>,
+    pub last_run: Option<String>,
+    /// The newest kept run records, when asked for.
+    pub history: Vec<String>,
+    /// With `--schedule`: the last started run's instant (Unix ms) and the schedule it used.
+    pub instant: Option<i64>,
+    pub schedule: Option<String>,
+    /// With `--limit` above 1: N, and each held slot.
+    pub limit: Option<u32>,
+    pub slots: Vec<SlotHolder>,
+}
+
+/// One holder of a `--limit` above 1.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotHolder {
+    pub slot: u32,
+    pub value: String,
+    pub pttl: i64,
+    pub fence: i64,
+}
+
+/// Read the lock, its expiry, its fencing counter, its last run and up to `history` kept runs at
+/// one instant.
+pub fn snapshot(
+    link: &mut Link,
+    within: Duration,
+    keys: &Keys,
+    history: Option<u32>,
+) -> Result<Snapshot> {
+    type Reply = (
+        Option<String>,
+        i64,
+        Option<i64>,
+        Option<String>,
+        Vec<String>,
+        (Option<i64>, Option<String>),
+        Option<u32>,
+        Vec<(u32, String, i64, i64)>,
+    );
+    let slot_keys = keys.slots(MAX_LIMIT);
+    let mut all: Vec<&str> = vec![
+        &keys.lock,
+        &keys.fence,
+        &keys.last,
+        &keys.history,
+        &keys.schedule,
+        &keys.limit,
+        &keys.fences,
+    ];
+    all.extend(slot_keys.iter().map(String::as_str));
+    let (holder, pttl, fence, last_run, history, (instant, schedule), limit, slots): Reply = eval(
+        link,
+        within,
+        &STATUS,
+        STATUS_LUA,
+        &all,
+        &[history.map_or(0, i64::from).to_string()],
+    )
+    .and_then(|v| {
+        redis::from_redis_value(v).map_err(|_| Failure::shape("a status reply of the wrong shape"))
+    })
+    .map_err(|e| anyhow!("cannot read lock '{}': {e}", keys.name))?;
+    let slots = slots
+        .into_iter()
+        .map(|(slot, value, pttl, fence)| SlotHolder {
+            slot,
+            value,
+            pttl,
+            fence,
+        })
+        .collect();
+    Ok(Snapshot {
+        holder,
+        pttl,
+        fence,
+        last_run,
+        history,
+        instant,
+        schedule,
+        limit,
+        slots,
+    })
+}

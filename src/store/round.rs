@@ -1,0 +1,124 @@
+//! How the masters' answers to one acquisition round read, when they did not grant the lock:
+//! another `--limit`, the run already started, busy (with the soonest expiry), or the one line
+//! that says what failed. Split from [`crate::store::quorum`], which asks and undoes.
+
+use std::time::Duration;
+
+use crate::duration::Span;
+use crate::store::lock::Attempt;
+use crate::store::quorum::{Outcome, Refused};
+use crate::store::topology::Failure;
+
+/// One master's answer to an acquire.
+pub(super) type Answer = Result<Attempt, Lost>;
+
+/// A master whose acquire failed; `taken`: the lock may be ours there all the same (a lost
+/// reply, or taken but not replicated).
+pub(super) struct Lost {
+    pub failure: Failure,
+    pub taken: bool,
+}
+
+/// A round that did not get the lock, when the masters' answers say why: holders with another
+/// `--limit` (wherever one master says so), the run for this instant already started, or held
+/// elsewhere (with the soonest expiry). `None`: failures, for [`Masters::failed`].
+pub(super) fn refused(answers: &[Answer], majority: usize) -> Option<Outcome> {
+    if let Some(Ok(Attempt::Mismatch(other))) = answers
+        .iter()
+        .find(|a| matches!(a, Ok(Attempt::Mismatch(_))))
+    {
+        return Some(Ok(Attempt::Mismatch(*other)));
+    }
+    let count = |f: fn(&Answer) -> bool| answers.iter().filter(|a| f(a)).count();
+    let busy = count(|a| matches!(a, Ok(Attempt::Busy(..))));
+    let ran = count(|a| matches!(a, Ok(Attempt::AlreadyRan { .. })));
+    if ran >= majority || (ran > 0 && ran + busy >= majority) {
+        if let Some(Ok(Attempt::AlreadyRan { instant, ran })) = answers
+            .iter()
+            .find(|a| matches!(a, Ok(Attempt::AlreadyRan { .. })))
+        {
+            return Some(Ok(Attempt::AlreadyRan {
+                instant: *instant,
+                ran: *ran,
+            }));
+        }
+    }
+    if busy + ran < majority {
+        return None;
+    }
+    let mut soonest: Option<Duration> = None;
+    let mut value = String::new();
+    let mut at = None;
+    for a in answers {
+        if let Ok(Attempt::Busy(left, v, instant)) = a {
+            if let Some(l) = left {
+                soonest = Some(soonest.map_or(*l, |s| s.min(*l)));
+            }
+            if value.is_empty() {
+                value = v.clone();
+            }
+            at = at.or(*instant);
+        }
+    }
+    Some(Ok(Attempt::Busy(soonest, value, at)))
+}
+
+/// The one line for a single master's acquire that neither got the lock nor found it busy.
+pub(super) fn failed_alone(
+    answer: &Answer,
+    undone: &Option<Result<bool, Failure>>,
+    name: &str,
+    within: Duration,
+    ttl: Duration,
+) -> Outcome {
+    let undo_text = |u: &Option<Result<bool, Failure>>| match u {
+        Some(Ok(true)) => "the lock it took anyway was released".to_string(),
+        Some(Ok(false)) => "it took no lock".into(),
+        _ => format!(
+            "if Redis took the lock anyway, it expires within {}",
+            Span(ttl)
+        ),
+    };
+    match answer {
+        Err(Lost {
+            failure: Failure::Replicas { acked, wanted },
+            ..
+        }) => Err(Refused {
+            text: format!(
+                "took lock '{name}', but only {acked} of {wanted} replicas confirmed it \
+                 (--min-replicas, within --connect-timeout {}); {}, and the command did \
+                 not run",
+                Span(within),
+                match undone {
+                    Some(Ok(true)) => "released it".to_string(),
+                    Some(Ok(false)) => "it was no longer ours".into(),
+                    _ => format!("it expires within {}", Span(ttl)),
+                }
+            ),
+            transient: false,
+        }),
+        Err(Lost { failure, taken }) => {
+            let mut text = match failure {
+                // "cannot connect to Redis at ...": nothing was sent.
+                Failure::Connect(_) | Failure::Refused(_) => failure.to_string(),
+                _ => format!("cannot acquire lock '{name}': {failure}"),
+            };
+            if *taken {
+                text += &format!(" ({})", undo_text(undone));
+            }
+            Err(Refused {
+                text,
+                transient: failure.transient(),
+            })
+        }
+        // A single master's lock expired while it was being replicated.
+        _ => Err(Refused {
+            text: format!(
+                "cannot acquire lock '{name}': it was taken with no validity left \
+                 (--ttl {} is too short for this Redis)",
+                Span(ttl)
+            ),
+            transient: true,
+        }),
+    }
+}
