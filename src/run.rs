@@ -20,7 +20,8 @@ use crate::fleet::record::{self, Ending};
 use crate::fleet::report::Report;
 use crate::fleet::{admin, metrics};
 use crate::host;
-use crate::job::child::{self, Child, Ended, Limits, Stop};
+use crate::job::child::{self, Child, Ended, Stop};
+use crate::job::supervise::{self, Limits};
 use crate::job::{capture, cgroup, signals};
 use crate::log::{Level, Log};
 use crate::store::keys::Keys;
@@ -269,7 +270,7 @@ fn run_child(
         log: log.clone(),
     };
     watchdog.track(plan, started);
-    let ended = child::supervise(child, watchdog, limits, log);
+    let ended = supervise::supervise(child, watchdog, limits, log);
     RUNNING_GROUP.store(0, Ordering::SeqCst);
     report.body = report
         .capture

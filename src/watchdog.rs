@@ -15,7 +15,7 @@
 //!    it still ours and the job goes on. With `--min-replicas`, a renewal counts only once that
 //!    many replicas acknowledged it (`WAIT`); otherwise it is retried like any failed call.
 //! 2. At `deadline - grace - margin` the main thread fears the loss and sends SIGTERM; at
-//!    `deadline - margin` it sends SIGKILL ([`crate::job::child::supervise`]).
+//!    `deadline - margin` it sends SIGKILL ([`crate::job::supervise`]).
 //! 3. Independently, every confirmed renewal moves the kill-by time (`deadline - margin`) in the
 //!    [shared page](crate::job::shared); the [guard](crate::job::guard) kills the job by itself when it
 //!    passes, so a frozen cronlock changes nothing.

@@ -108,7 +108,7 @@ impl Cgroup {
         Cgroup { dir, kill }
     }
 
-    /// `cgroup.kill`, for [`crate::job::guard::kill_descendants`].
+    /// `cgroup.kill`, for [`crate::job::tree::kill_descendants`].
     pub fn kill_fd(&self) -> Option<RawFd> {
         self.kill.as_ref().map(AsRawFd::as_raw_fd)
     }

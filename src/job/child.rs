@@ -9,19 +9,15 @@ use std::io::{self, Read};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use nix::fcntl::OFlag;
 use nix::unistd::pipe2;
 
-use crate::clock::Instant;
 use crate::exit::Exit;
 use crate::job::cgroup::Cgroup;
 use crate::job::guard::{self, Prepared};
 use crate::job::shared::{self, Shared};
 use crate::job::signals;
-use crate::log::{Level, Log};
-use crate::watchdog::{LockState, Watchdog};
 
 /// Why the command could not be started.
 #[derive(Debug)]
@@ -106,6 +102,27 @@ fn candidates(program: &OsStr) -> io::Result<Vec<CString>> {
 /// use it for its own work), and so do the `_FILE` forms, which name a file, not a secret.
 pub const HIDDEN_FROM_COMMAND: &[&str] = &["CRONLOCK_REDIS_URL", "CRONLOCK_PING_URL"];
 
+/// The command's environment: ours without [`HIDDEN_FROM_COMMAND`], with `extra_env` set.
+fn command_env(extra_env: &[(&str, String)]) -> io::Result<Vec<CString>> {
+    let mut env: Vec<CString> = Vec::new();
+    for (k, v) in std::env::vars_os() {
+        let hidden = HIDDEN_FROM_COMMAND.iter().any(|name| OsStr::new(name) == k);
+        if hidden || extra_env.iter().any(|(name, _)| OsStr::new(name) == k) {
+            continue;
+        }
+        let mut kv = k.clone();
+        kv.push("=");
+        kv.push(v);
+        if let Ok(c) = cstring(&kv) {
+            env.push(c);
+        }
+    }
+    for (k, v) in extra_env {
+        env.push(cstring(OsStr::new(&format!("{k}={v}")))?);
+    }
+    Ok(env)
+}
+
 /// Start `argv` with `extra_env` added, behind a guard, in a new process group (and in a cgroup
 /// the guard makes at `cgroup`, when it can).
 /// The guard and the command read the kill-by time from `shared`.
@@ -127,22 +144,7 @@ pub fn spawn(
         .map(|a| cstring(a))
         .collect::<io::Result<Vec<_>>>()
         .map_err(fail)?;
-    let mut env: Vec<CString> = Vec::new();
-    for (k, v) in std::env::vars_os() {
-        let hidden = HIDDEN_FROM_COMMAND.iter().any(|name| OsStr::new(name) == k);
-        if hidden || extra_env.iter().any(|(name, _)| OsStr::new(name) == k) {
-            continue;
-        }
-        let mut kv = k.clone();
-        kv.push("=");
-        kv.push(v);
-        if let Ok(c) = cstring(&kv) {
-            env.push(c);
-        }
-    }
-    for (k, v) in extra_env {
-        env.push(cstring(OsStr::new(&format!("{k}={v}"))).map_err(fail)?);
-    }
+    let env = command_env(extra_env).map_err(fail)?;
     let (read_end, write_end) = pipe2(OFlag::O_CLOEXEC).map_err(|e| fail(e.into()))?;
     let mut prepared = Prepared::new(
         candidates(&argv[0]).map_err(fail)?,
@@ -219,7 +221,7 @@ impl Child {
     }
 
     /// SIGKILL the whole job: its cgroup when there is one, and its process group.
-    fn kill_all(&self) {
+    pub(super) fn kill_all(&self) {
         self.killed.set(true);
         if let Some(cg) = &self.cgroup {
             cg.kill();
@@ -263,7 +265,7 @@ impl Child {
     /// Reap whatever has exited. Returns the command's wait status once the guard has ended, after
     /// killing anything the command left running (the lock is about to be released): its group,
     /// its cgroup, and orphans that reached us because the guard died.
-    fn try_finish(&mut self) -> Option<Finished> {
+    pub(super) fn try_finish(&mut self) -> Option<Finished> {
         loop {
             // SAFETY: zeroed siginfo_t is a valid out-parameter for waitid.
             let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
@@ -296,7 +298,7 @@ impl Child {
                 // SAFETY: reaping our own child.
                 unsafe { libc::waitpid(pid, &mut status, 0) };
                 // Orphans that reached us because the guard died; no child's status matters now.
-                guard::kill_descendants(self.cgroup.as_ref().and_then(Cgroup::kill_fd));
+                crate::job::tree::kill_descendants(self.cgroup.as_ref().and_then(Cgroup::kill_fd));
                 // Dropping it kills what is left in it and removes it.
                 drop(self.cgroup.take());
                 let guard_died = (ended.is_none() && unexpected).then_some(status);
@@ -312,15 +314,15 @@ impl Child {
 }
 
 /// What [`Child::try_finish`] found once the guard had ended.
-struct Finished {
+pub(super) struct Finished {
     /// The command's wait status (the guard's own when the guard died first).
-    status: libc::c_int,
+    pub(super) status: libc::c_int,
     /// The guard's wait status, when it died without ending the job by itself.
-    guard_died: Option<libc::c_int>,
+    pub(super) guard_died: Option<libc::c_int>,
 }
 
 /// The line that says the guard died: the job was stopped with it.
-fn guard_died_message(group: libc::pid_t, status: libc::c_int) -> String {
+pub(super) fn guard_died_message(group: libc::pid_t, status: libc::c_int) -> String {
     let how = match Exit::from_wait_status(status) {
         Exit::Signal(n) => format!("killed by {}", signals::name(n)),
         e => format!("exited with status {}", e.code()),
@@ -328,177 +330,4 @@ fn guard_died_message(group: libc::pid_t, status: libc::c_int) -> String {
     format!(
         "the guard process ({group}) died unexpectedly ({how}); the command was stopped with it"
     )
-}
-
-/// The reason given when the guard ended the job by itself.
-const GUARD_REASON: &str = "no renewal was confirmed in time because cronlock itself was \
-                              stopped or starved, so the guard ended the command at the lock's \
-                              deadline";
-
-/// When and how to stop the command.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    /// Between SIGTERM and SIGKILL.
-    pub grace: Duration,
-    pub max_runtime: Option<Duration>,
-}
-
-/// Wait for the command, forwarding signals and enforcing the lock's validity and `--max-runtime`.
-///
-/// On the safety path the signal always goes out before anything is logged: a log line may wait
-/// for a stalled stderr reader (it is queued, see [`crate::log`]), a kill must not.
-pub fn supervise(mut child: Child, watchdog: &mut Watchdog, limits: Limits, log: &Log) -> Ended {
-    let watch = watchdog.watch.clone();
-    let set = signals::watched();
-    let started = Instant::now();
-    let mut stopped: Option<Stop> = None;
-    let mut kill_at: Option<Instant> = None;
-    let mut killed = false;
-    let mut forwarded_once = false;
-    loop {
-        if let Some(Finished { status, guard_died }) = child.try_finish() {
-            if let Some(guard) = guard_died {
-                log.event(
-                    Level::Error,
-                    "guard_died",
-                    &guard_died_message(child.group, guard),
-                    &[],
-                );
-            }
-            if stopped.is_some() && !killed && child.guard_enforced() {
-                log.event(
-                    Level::Warn,
-                    "killed",
-                    "the command did not stop in time; the guard sent SIGKILL",
-                    &[],
-                );
-            }
-            if stopped.is_none() && child.guard_enforced() {
-                log.event(
-                    Level::Error,
-                    "lost",
-                    &format!("lock lost: {GUARD_REASON}"),
-                    &[],
-                );
-                stopped = Some(Stop::LockLost(GUARD_REASON.into()));
-            }
-            return Ended {
-                status: Exit::from_wait_status(status),
-                stopped,
-            };
-        }
-        let now = Instant::now();
-        // The renewal thread starts when the first renewal is due; if it cannot, the lock is
-        // marked lost and this very round stops the command.
-        watchdog.start_if_due(now);
-        let lock = watch.state();
-        let (term_at, hard_kill_at) = match &lock {
-            LockState::Valid { until } => (
-                until.checked_sub(limits.grace + watch.margin),
-                until.checked_sub(watch.margin),
-            ),
-            // No validity left to protect but what was confirmed before: the grace, cut short by
-            // the last known deadline.
-            LockState::Lost { until, .. } => (Some(now), until.checked_sub(watch.margin)),
-        };
-        if stopped.is_none() {
-            let why = match &lock {
-                LockState::Lost { reason, .. } => Some(Stop::LockLost(reason.clone())),
-                // The guard acted while we were frozen: say so, not what we would have done.
-                _ if child.guard_enforced() => Some(Stop::LockLost(GUARD_REASON.into())),
-                LockState::Valid { .. } if term_at.is_some_and(|t| now >= t) => {
-                    Some(Stop::LockLost(format!(
-                        "no renewal was confirmed in time ({}), so it may expire soon",
-                        watch.last_error().unwrap_or_else(|| "no reply".into())
-                    )))
-                }
-                _ => limits
-                    .max_runtime
-                    .filter(|m| now >= started + *m)
-                    .map(|_| Stop::MaxRuntime),
-            };
-            if let Some(why) = why {
-                if hard_kill_at.is_some_and(|k| now >= k) {
-                    // No time left for a grace period: the kill below is part of this stop.
-                    child.kill_all();
-                    killed = true;
-                } else {
-                    child.terminate(libc::SIGTERM);
-                }
-                kill_at = Some(now + limits.grace);
-                let (event, msg) = match &why {
-                    Stop::LockLost(reason) => (
-                        "lost",
-                        format!("lock lost: {reason}; terminating the command"),
-                    ),
-                    Stop::MaxRuntime => (
-                        "max_runtime",
-                        format!(
-                            "the command ran past --max-runtime ({}); terminating it",
-                            crate::duration::Span(limits.max_runtime.unwrap_or_default())
-                        ),
-                    ),
-                };
-                stopped = Some(why);
-                log.event(Level::Error, event, &msg, &[]);
-            }
-        }
-        let must_kill = kill_at.is_some_and(|k| now >= k) || hard_kill_at.is_some_and(|k| now >= k);
-        if must_kill && !killed {
-            child.kill_all();
-            killed = true;
-            if stopped.is_some() {
-                log.event(
-                    Level::Warn,
-                    "killed",
-                    "the command did not stop in time; sent SIGKILL",
-                    &[],
-                );
-            }
-        }
-        // Sleep until the next moment something may have to happen, or a signal.
-        let mut next = now + Duration::from_secs(1);
-        for t in [
-            watchdog.due(),
-            kill_at.filter(|_| !killed),
-            hard_kill_at.filter(|_| !killed),
-            term_at.filter(|_| stopped.is_none()),
-            limits
-                .max_runtime
-                .map(|m| started + m)
-                .filter(|_| stopped.is_none()),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            next = next.min(t);
-        }
-        let timeout = next.saturating_duration_since(now);
-        if let Some(sig) = signals::wait(&set, timeout) {
-            if signals::forwarded().contains(&sig) {
-                if matches!(
-                    sig,
-                    libc::SIGTERM | libc::SIGINT | libc::SIGHUP | libc::SIGQUIT
-                ) {
-                    child.terminate(sig);
-                } else {
-                    child.signal_group(sig);
-                }
-                log.event(
-                    if forwarded_once || sig == libc::SIGWINCH {
-                        Level::Debug
-                    } else {
-                        Level::Info
-                    },
-                    "signal",
-                    &format!(
-                        "received {}; forwarding it to the command",
-                        signals::name(sig)
-                    ),
-                    &[("signal", sig.into())],
-                );
-                forwarded_once = true;
-            }
-        }
-    }
 }

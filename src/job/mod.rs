@@ -8,4 +8,6 @@ pub mod child;
 pub mod guard;
 pub mod shared;
 pub mod signals;
+pub mod supervise;
 pub mod sys;
+pub mod tree;
