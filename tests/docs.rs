@@ -246,17 +246,43 @@ fn bash_completes_commands_after_the_double_dash() {
     assert_eq!(opts, ["--ttl"]);
 }
 
-/// Every crontab line in the README and in examples/crontab works under cron's default PATH
-/// (`/usr/bin:/bin`): its block sets a PATH with `/usr/local/bin`, or it names cronlock in full.
+/// The README and the manual under docs/, as (path, text).
+fn manual() -> Vec<(String, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut paths = vec![root.join("README.md")];
+    let mut docs: Vec<_> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    docs.sort();
+    paths.extend(docs);
+    paths
+        .into_iter()
+        .map(|p| {
+            (
+                p.display().to_string(),
+                std::fs::read_to_string(&p).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Every crontab line in the README, in docs/ and in examples/crontab works under cron's default
+/// PATH (`/usr/bin:/bin`): its block sets a PATH with `/usr/local/bin`, or it names cronlock in
+/// full.
 #[test]
 fn crontab_lines_work_under_crons_path() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
-    let mut blocks: Vec<String> = readme
-        .split("```")
-        .skip(1)
-        .step_by(2)
-        .map(str::to_string)
+    let mut blocks: Vec<String> = manual()
+        .iter()
+        .flat_map(|(_, text)| {
+            text.split("```")
+                .skip(1)
+                .step_by(2)
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
         .collect();
     blocks.push(std::fs::read_to_string(root.join("examples/crontab")).unwrap());
     let schedule = |l: &str| {
@@ -284,4 +310,76 @@ fn crontab_lines_work_under_crons_path() {
         }
     }
     assert!(checked >= 6, "only {checked} crontab lines found");
+}
+
+/// The README's exit-status table lists the codes of the one table in the CLI (`--help`, the man
+/// page), in the same order.
+#[test]
+fn the_readme_exit_table_is_the_cli_table() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let table = readme
+        .split("## Exit status")
+        .nth(1)
+        .expect("the README has an exit status section");
+    let codes: Vec<String> = table
+        .lines()
+        .skip_while(|l| !l.starts_with("| status"))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| l.split('|').nth(1).unwrap().trim().replace('`', ""))
+        .collect();
+    let expected: Vec<&str> = cli::EXIT_STATUS.iter().map(|(code, _)| *code).collect();
+    assert_eq!(codes, expected);
+}
+
+/// Every relative link in the README and docs/ names a file that exists, and every `#anchor` a
+/// heading of that file.
+#[test]
+fn manual_links_resolve() {
+    let anchor = |heading: &str| -> String {
+        heading
+            .to_lowercase()
+            .chars()
+            .filter(|c| c.is_alphanumeric() || *c == '-' || *c == ' ' || *c == '_')
+            .map(|c| if c == ' ' { '-' } else { c })
+            .collect()
+    };
+    let mut checked = 0;
+    for (path, text) in manual() {
+        let dir = Path::new(&path).parent().unwrap().to_path_buf();
+        for link in text.split("](").skip(1) {
+            let target = link.split(')').next().unwrap();
+            if target.starts_with("http") || target.contains(' ') {
+                continue;
+            }
+            let (file, frag) = target.split_once('#').unwrap_or((target, ""));
+            let file = if file.is_empty() {
+                Path::new(&path).to_path_buf()
+            } else {
+                dir.join(file)
+            };
+            assert!(
+                file.exists(),
+                "{path}: a link to a missing {}",
+                file.display()
+            );
+            checked += 1;
+            if frag.is_empty() || file.is_dir() {
+                continue;
+            }
+            let target_text = std::fs::read_to_string(&file).unwrap();
+            let found = target_text
+                .lines()
+                .filter_map(|l| l.strip_prefix('#'))
+                .map(|l| anchor(l.trim_start_matches('#').trim()))
+                .any(|a| a == frag);
+            assert!(
+                found,
+                "{path}: no heading for #{frag} in {}",
+                file.display()
+            );
+        }
+    }
+    assert!(checked >= 20, "only {checked} links checked");
 }

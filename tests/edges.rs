@@ -343,14 +343,15 @@ fn list_skips_a_key_of_another_type() {
     assert!(one_line(&out).contains("skipped 'cronlock:{odd}'"));
 }
 
-/// The README's minimal ACL line, with `PASSWORD` replaced.
+/// The minimal ACL line of docs/deployments.md (linked from the README), with `PASSWORD` replaced.
 fn readme_acl(password: &str) -> Vec<String> {
     let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/deployments.md"))
+            .unwrap();
     let line = readme
         .lines()
         .find(|l| l.starts_with("ACL SETUSER cronlock "))
-        .expect("the README has the ACL line");
+        .expect("docs/deployments.md has the ACL line");
     line.split(' ')
         .map(|w| w.replace("PASSWORD", password))
         .collect()

@@ -250,12 +250,13 @@ fn without_tracking_renewals_alone_still_work() {
     assert_eq!(code(&out), 122, "{}", stderr(&out));
 }
 
-/// The README's ACL allows the watch.
+/// The documented ACL (docs/deployments.md) allows the watch.
 #[test]
 fn the_readme_acl_allows_the_watch() {
     let r = Redis::start();
     let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/deployments.md"))
+            .unwrap();
     let line = readme
         .lines()
         .find(|l| l.starts_with("ACL SETUSER cronlock "))

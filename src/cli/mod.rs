@@ -1,5 +1,6 @@
-//! The command line: one clap definition that is also the source of `--help`, the man page and the
-//! shell completions, plus the checks clap cannot express (one of COMMAND or `-c`, KEY non-empty).
+//! The command line: the clap definition ([`args`]: the source of `--help`, the man page and the
+//! shell completions), the clap-free common case ([`common`]), and the checks clap cannot express
+//! (one of COMMAND or `-c`, KEY non-empty and short, secrets read from files).
 
 use std::ffi::OsString;
 
@@ -7,8 +8,8 @@ use anyhow::{bail, Result};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches};
 
-mod args;
-mod common;
+pub mod args;
+pub mod common;
 
 pub use args::*;
 use common::common_case;

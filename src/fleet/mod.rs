@@ -1,6 +1,8 @@
-//! The fleet: schedules, checks, metrics, pings, run records and the admin modes.
+//! The fleet: what operators see of many runs across many hosts: schedules, checks, metrics,
+//! pings, run records and the admin modes (`--status`, `--list`, `--force-release`, `--check`).
 //!
-//! What operators see of many runs across many hosts. Nothing here runs the command.
+//! May not: run or signal the command, or hold a lock; the admin modes read and force the store
+//! through [`crate::store::quorum::Masters`] like every other caller.
 
 /// `writeln!` into a `String`, which cannot fail.
 macro_rules! w {

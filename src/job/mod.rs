@@ -1,6 +1,8 @@
-//! The job: the command's process, its guard, and the raw system calls they use.
+//! The job: the command's process, its guard, the loop that supervises it, and the raw system
+//! calls the guard and the pre-exec code use.
 //!
-//! Nothing here talks to Redis; the watchdog tells the job when to stop.
+//! May not: talk to Redis (the watchdog tells the job when to stop), or use anything but
+//! [`sys`] in the guard and between `clone` and `execve`.
 
 pub mod capture;
 pub mod cgroup;

@@ -2,7 +2,10 @@
 //!
 //! URLs resolve to one [`topology::Redis`] (a server, a Sentinel-named primary, a Cluster) or a
 //! [`quorum::Masters`] of several; the lock code asks it one thing: run this script for KEY by this
-//! deadline. Nothing here starts a process, handles a signal or writes a report.
+//! deadline, through [`wire`] (every exchange bounded in time and size).
+//!
+//! May not: start or stop a process (only [`crate::job::signals`], so a wait ends on a signal),
+//! write reports, or open a connection other than through [`wire`].
 
 pub mod cluster;
 pub mod connect;
