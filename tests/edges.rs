@@ -343,25 +343,11 @@ fn list_skips_a_key_of_another_type() {
     assert!(one_line(&out).contains("skipped 'cronlock:{odd}'"));
 }
 
-/// The minimal ACL line of docs/deployments.md (linked from the README), with `PASSWORD` replaced.
-fn readme_acl(password: &str) -> Vec<String> {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/deployments.md"))
-            .unwrap();
-    let line = readme
-        .lines()
-        .find(|l| l.starts_with("ACL SETUSER cronlock "))
-        .expect("docs/deployments.md has the ACL line");
-    line.split(' ')
-        .map(|w| w.replace("PASSWORD", password))
-        .collect()
-}
-
 #[test]
 fn the_readme_acl_is_enough_for_everything() {
     let r = Redis::start();
-    let mut acl = redis::cmd(&readme_acl("pw")[0]);
-    for w in &readme_acl("pw")[1..] {
+    let mut acl = redis::cmd(&documented_acl("pw")[0]);
+    for w in &documented_acl("pw")[1..] {
         acl.arg(w);
     }
     r.query::<()>(&acl);

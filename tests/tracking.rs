@@ -254,15 +254,8 @@ fn without_tracking_renewals_alone_still_work() {
 #[test]
 fn the_readme_acl_allows_the_watch() {
     let r = Redis::start();
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/deployments.md"))
-            .unwrap();
-    let line = readme
-        .lines()
-        .find(|l| l.starts_with("ACL SETUSER cronlock "))
-        .unwrap()
-        .replace("PASSWORD", "pw");
-    let mut words = line.split_whitespace();
+    let acl_words = documented_acl("pw");
+    let mut words = acl_words.iter();
     let mut acl = redis::cmd(words.next().unwrap());
     for w in words {
         acl.arg(w);

@@ -1192,3 +1192,17 @@ pub fn limit_two_of_four(cmd: impl Fn() -> Command, key: &str) {
     assert_eq!(codes, vec![0, 0, 75, 75]);
     assert_eq!(started(), 2);
 }
+
+/// The minimal ACL line of docs/deployments.md (linked from the README), split into words, with
+/// `PASSWORD` replaced.
+pub fn documented_acl(password: &str) -> Vec<String> {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/deployments.md"))
+        .unwrap();
+    let line = doc
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER cronlock "))
+        .expect("docs/deployments.md has the ACL line");
+    line.split(' ')
+        .map(|w| w.replace("PASSWORD", password))
+        .collect()
+}
