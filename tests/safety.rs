@@ -541,7 +541,7 @@ fn fencing_token_survives_data_loss() {
 /// returns its output and the command's pid, if it started.
 fn injected(r: &Redis, injected: &str, args: &[&str]) -> (std::process::Output, Option<i32>) {
     let dir = scratch(injected);
-    let c = cronlock(r)
+    let c = cronlock_debug(r)
         .env("CRONLOCK_DEBUG_PANIC", injected)
         .args(args)
         .args(["k", "-c"])
@@ -598,7 +598,7 @@ fn a_watchdog_that_cannot_start_stops_the_command() {
     assert!(!r.exists(LOCK));
 
     // A job shorter than one renewal interval never needs the thread at all.
-    let out = run(cronlock(&r)
+    let out = run(cronlock_debug(&r)
         .env("CRONLOCK_DEBUG_PANIC", "watchdog-start")
         .args(["--ttl", "3s", "k", "true"]));
     assert_eq!(code(&out), 0, "{}", stderr(&out));

@@ -69,3 +69,53 @@ fn the_binary_runs_in_an_empty_root() {
     assert_eq!(code(&out), 125, "{}", stderr(&out));
     assert!(one_line(&out).contains("no-such-host"), "{}", stderr(&out));
 }
+
+/// Under scripts/test.sh (CI's test command) the integration tests run the release binary, built
+/// with `cargo build --release --locked` just before: the build users get and scripts/dist.sh
+/// packages, whose dependencies' features are those of `[dependencies]` alone. A test build has
+/// the dev-dependencies' features too, so a feature the release lacks (TLS, once) would pass
+/// every test of the test build. This fails when the run was meant to test the release binary
+/// (CI, or CRONLOCK_TEST_RELEASE) and the binary under test is another, or older than the source.
+#[test]
+fn the_tested_binary_is_the_release_build() {
+    if std::env::var_os("CI").is_none() && std::env::var_os("CRONLOCK_TEST_RELEASE").is_none() {
+        return;
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let release = root.join("target/x86_64-unknown-linux-gnu/release/cronlock");
+    let tested = std::env::var("CRONLOCK_TEST_BIN").unwrap_or_else(|_| {
+        panic!("CRONLOCK_TEST_BIN is not set: the tests ran {BIN}, not the release build")
+    });
+    assert_eq!(
+        std::fs::canonicalize(&tested).unwrap(),
+        std::fs::canonicalize(&release).unwrap(),
+        "the tests ran {tested}, not the release build"
+    );
+    let built = std::fs::metadata(&release).unwrap().modified().unwrap();
+    let mut sources = vec![
+        root.join("Cargo.toml"),
+        root.join("Cargo.lock"),
+        root.join(".cargo/config.toml"),
+    ];
+    let mut dirs = vec![root.join("src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                sources.push(path);
+            }
+        }
+    }
+    for source in sources {
+        let changed = std::fs::metadata(&source).unwrap().modified().unwrap();
+        assert!(
+            changed <= built,
+            "{} changed after the release binary was built: rebuild it (scripts/test.sh does)",
+            source.display()
+        );
+    }
+    let out = Command::new(&tested).arg("--version").output().unwrap();
+    assert!(out.status.success());
+}

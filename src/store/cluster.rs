@@ -39,7 +39,12 @@ const REDIRECTS: usize = 3;
 impl Cluster {
     /// Parse `redis+cluster://[user][:password@]host:port[,host:port...]`.
     pub fn parse(url: &str, source: &str, shown: &str, tls: &TlsOptions) -> Result<Cluster> {
-        let invalid = |problem: &str| anyhow!("invalid {source} '{shown}': {problem}");
+        let invalid = |problem: &str| {
+            anyhow!(
+                "invalid {source}{}: {problem}",
+                crate::store::connect::scheme_shown(url)
+            )
+        };
         let u = HostsUrl::parse(url, Some(6379)).map_err(|p| invalid(&p))?;
         if !u.path.is_empty() {
             return Err(invalid(

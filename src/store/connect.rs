@@ -3,8 +3,7 @@
 
 use std::time::Duration;
 
-use anyhow::{bail, Result};
-use redis::{ConnectionAddr, IntoConnectionInfo};
+use anyhow::{anyhow, bail, Result};
 
 use crate::clock::Instant;
 use crate::store::tls::TlsOptions;
@@ -19,41 +18,89 @@ pub struct Node {
 
 impl Node {
     /// Parse a one-server URL, which came from `source` (a flag or variable, for messages), and
-    /// read the TLS files for a `rediss://` URL. Errors name the redacted URL, never the password.
+    /// read the TLS files for a `rediss://` URL. The URL is cronlock's own business (no feature of
+    /// a client library decides which schemes a build understands), and a URL that does not
+    /// parse is never echoed: the message names the source and the scheme at most.
     pub fn parse(url: &str, source: &str, tls: &TlsOptions) -> Result<Node> {
-        let shown_url = redact_url(url);
-        if url.starts_with("rediss+unix:") {
-            bail!(
-                "invalid {source} '{shown_url}': TLS over a Unix socket is not a thing; use \
-                 redis+unix:// (the socket is local) or rediss://host:port"
-            );
-        }
-        let invalid = |e: redis::RedisError| {
-            anyhow::anyhow!("invalid {source} '{shown_url}': {}", url_problem(&e))
+        let invalid = |problem: &str| anyhow!("invalid {source}{}: {problem}", scheme_shown(url));
+        let Some((scheme, rest)) = url.split_once("://") else {
+            return Err(invalid(EXPECTED));
         };
-        let info = url.into_connection_info().map_err(invalid)?;
-        let (addr, is_tls) = match info.addr() {
-            ConnectionAddr::Tcp(h, p) => (Addr::Tcp(h.clone(), *p), false),
-            ConnectionAddr::TcpTls { host, port, .. } => (Addr::Tcp(host.clone(), *port), true),
-            ConnectionAddr::Unix(path) => (Addr::Unix(path.clone()), false),
-            _ => bail!("invalid {source} '{shown_url}': an address cronlock cannot use"),
+        let (addr, is_tls, user, password, db) = match scheme.to_ascii_lowercase().as_str() {
+            "redis" | "rediss" => {
+                let u = HostsUrl::parse(url, Some(6379)).map_err(|p| invalid(&p))?;
+                let [(host, port)] = u.hosts.as_slice() else {
+                    return Err(invalid(
+                        "several hosts in a redis:// URL (for a Sentinel or a Cluster use                          redis+sentinel:// or redis+cluster://; for several masters give several URLs)",
+                    ));
+                };
+                if let Some((k, _)) = u.query.first() {
+                    return Err(invalid(&unknown_parameter(k, "none for redis:// URLs")));
+                }
+                let db = match u.path.as_slice() {
+                    [] => 0,
+                    [db] => database(db).map_err(|p| invalid(&p))?,
+                    _ => {
+                        return Err(invalid(
+                            "expected redis://[user][:password@]host[:port][/db]",
+                        ))
+                    }
+                };
+                let addr = Addr::Tcp(host.clone(), *port);
+                (addr, u.tls, u.user, u.password, db)
+            }
+            "redis+unix" | "unix" => {
+                let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+                if path.contains('@') {
+                    return Err(invalid(
+                        "credentials go in the query of a socket URL:                          redis+unix:///path/to/socket?user=NAME&pass=PASSWORD",
+                    ));
+                }
+                let path = decode(path).map_err(|p| invalid(&p))?;
+                if !path.starts_with('/') {
+                    return Err(invalid(
+                        "expected redis+unix:///path/to/socket (an absolute path, three slashes)",
+                    ));
+                }
+                let (mut user, mut password, mut db) = (None, None, 0);
+                for pair in query.split('&').filter(|p| !p.is_empty()) {
+                    let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+                    let (k, v) = (decode(k), decode(v));
+                    let k = k.map_err(|p| invalid(&p))?.to_ascii_lowercase();
+                    let v = v.map_err(|p| invalid(&p))?;
+                    match k.as_str() {
+                        "db" => db = database(&v).map_err(|p| invalid(&p))?,
+                        "user" | "username" => user = Some(v).filter(|u| !u.is_empty()),
+                        "pass" | "password" => password = Some(v),
+                        _ => return Err(invalid(&unknown_parameter(&k, "db, user, pass"))),
+                    }
+                }
+                (Addr::Unix(path.into()), false, user, password, db)
+            }
+            "rediss+unix" => {
+                return Err(invalid(
+                    "TLS over a Unix socket is not a thing; use redis+unix:// (the socket is \
+                     local) or rediss://host:port",
+                ))
+            }
+            _ => return Err(invalid(EXPECTED)),
         };
         if !is_tls && tls.any() {
+            let shown_url = redact_url(url);
             bail!(
                 "--tls-ca-cert, --tls-cert and --tls-key are for rediss:// URLs, and \
                  {source} is '{shown_url}'"
             );
         }
-        let settings = info.redis_settings();
         let session = Session {
             tls: if is_tls {
                 Some(tls.client_config()?)
             } else {
                 None
             },
-            user: settings.username().map(str::to_string),
-            password: settings.password().map(str::to_string),
-            db: settings.db(),
+            user,
+            password,
+            db,
         };
         Ok(Node { addr, session })
     }
@@ -170,17 +217,46 @@ fn decode(text: &str) -> Result<String, String> {
     String::from_utf8(out).map_err(|_| "percent-encoding that is not UTF-8".into())
 }
 
-/// What is wrong with a URL, in words a user can act on.
-fn url_problem(e: &redis::RedisError) -> String {
-    let text = e.to_string();
-    let text = text.trim_end_matches(" - InvalidClientConfig");
-    if text.contains("did not parse") {
-        "expected redis://[user][:password@]host[:port][/db], rediss://... (TLS), \
-         redis+unix:///path/to/socket, redis+sentinel://host[:port][,host...]/SERVICE or \
-         redis+cluster://host:port[,host:port...]"
-            .into()
+/// The URLs cronlock understands, for a URL that is none of them.
+const EXPECTED: &str = "expected redis://[user][:password@]host[:port][/db], rediss://... (TLS), \
+     redis+unix:///path/to/socket, redis+sentinel://host[:port][,host...]/SERVICE or \
+     redis+cluster://host:port[,host:port...]";
+
+/// ` (a 'SCHEME://' URL)` for a message about a URL that did not parse: the scheme is shown
+/// when it looks like one (lowercase letters, `+`, `-`), the rest of the text never.
+pub fn scheme_shown(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, _))
+            if !scheme.is_empty()
+                && scheme.len() <= 16
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || "+-".contains(c)) =>
+        {
+            format!(" (a '{scheme}://' URL)")
+        }
+        _ => String::new(),
+    }
+}
+
+/// A database number: a non-negative integer.
+fn database(text: &str) -> Result<i64, String> {
+    text.parse::<i64>()
+        .ok()
+        .filter(|d| *d >= 0)
+        .ok_or_else(|| "the database is not a number (expected /0, /1, ...)".to_string())
+}
+
+/// An unknown query parameter, named only when it looks like a parameter's name (a value
+/// typed where a name goes could be a secret).
+fn unknown_parameter(key: &str, known: &str) -> String {
+    if !key.is_empty()
+        && key.len() <= 32
+        && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    {
+        format!("unknown parameter '{key}' (known: {known})")
     } else {
-        text.to_lowercase()
+        format!("a parameter cronlock does not know (known: {known})")
     }
 }
 
@@ -280,7 +356,60 @@ const SECRET_PARAMS: &[&str] = &["pass", "password", "sentinel_password"];
 
 #[cfg(test)]
 mod tests {
-    use super::redact_url;
+    use super::{redact_url, Node};
+    use crate::store::tls::TlsOptions;
+    use crate::store::wire::Addr;
+
+    fn node(url: &str) -> Result<Node, String> {
+        Node::parse(url, "--redis-url", &TlsOptions::default()).map_err(|e| format!("{e:#}"))
+    }
+
+    #[test]
+    fn parses_the_urls_of_one_server() {
+        let n = node("redis://u:p%40ss@h.example:6380/3").unwrap();
+        assert_eq!(n.addr, Addr::Tcp("h.example".into(), 6380));
+        assert_eq!(n.session.user.as_deref(), Some("u"));
+        assert_eq!(n.session.password.as_deref(), Some("p@ss"));
+        assert_eq!(n.session.db, 3);
+        assert!(n.session.tls.is_none());
+        let n = node("redis://:a/b@c@[::1]").unwrap();
+        assert_eq!(n.addr, Addr::Tcp("::1".into(), 6379));
+        assert_eq!(n.session.password.as_deref(), Some("a/b@c"));
+        // TLS needs no feature of any library: the configuration comes from rustls.
+        assert!(node("rediss://127.0.0.1:6380")
+            .unwrap()
+            .session
+            .tls
+            .is_some());
+        let n = node("redis+unix:///run/r%20s.sock?db=2&pa%73s=S3cr3t&USER=me").unwrap();
+        assert_eq!(n.addr, Addr::Unix("/run/r s.sock".into()));
+        assert_eq!(n.session.password.as_deref(), Some("S3cr3t"));
+        assert_eq!(n.session.user.as_deref(), Some("me"));
+        assert_eq!(n.session.db, 2);
+        assert!(node("unix:///run/redis.sock").is_ok());
+    }
+
+    #[test]
+    fn a_url_that_does_not_parse_is_never_echoed() {
+        for (url, says) in [
+            ("S3cr3t", "expected redis://"),
+            ("http://S3cr3t@h", "(a 'http://' URL): expected redis://"),
+            ("redis://:S3cr3t@", "empty host"),
+            ("redis://:S3cr3t@h:99999", "not a port"),
+            ("redis://:S3cr3t@h/x", "database"),
+            ("redis://:S3cr3t@h?pass=S3cr3t", "unknown parameter 'pass'"),
+            ("redis+unix://S3cr3t", "absolute path"),
+            ("redis+unix:///s?S3cr3t=1", "known: db, user, pass"),
+            ("redis+unix:///s?x=%zzS3cr3t", "two hex digits"),
+            ("rediss+unix:///s?pass=S3cr3t", "not a thing"),
+            ("S3cr3t://h", "expected redis://"),
+        ] {
+            let e = node(url).err().unwrap_or_else(|| panic!("{url} parsed"));
+            assert!(e.starts_with("invalid --redis-url"), "{url}: {e}");
+            assert!(e.contains(says), "{url}: {e}");
+            assert!(!e.contains("S3cr3t"), "{url}: {e}");
+        }
+    }
 
     #[test]
     fn redacts_passwords() {

@@ -50,7 +50,12 @@ enum Named {
 impl Service {
     /// Parse `redis+sentinel://[user][:password@]host[:port][,host[:port]...]/SERVICE[/db]`.
     pub fn parse(url: &str, source: &str, shown: &str, tls: &TlsOptions) -> Result<Service> {
-        let invalid = |problem: &str| anyhow!("invalid {source} '{shown}': {problem}");
+        let invalid = |problem: &str| {
+            anyhow!(
+                "invalid {source}{}: {problem}",
+                crate::store::connect::scheme_shown(url)
+            )
+        };
         let u = HostsUrl::parse(url, Some(PORT)).map_err(|p| invalid(&p))?;
         let (name, db) = match u.path.as_slice() {
             [name] => (name.clone(), 0),

@@ -7,9 +7,10 @@
 //! to what is left. Replies are read with [`crate::store::resp`]'s bound on their size.
 
 use std::io::{self, Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -146,22 +147,101 @@ pub fn failed(e: &WireError, message: String) -> anyhow::Error {
     }
 }
 
+/// A socket whose every read and write is bounded by the exchange's deadline: the socket's
+/// timeout is set to what is left before each call, and a call with nothing left fails as a
+/// timeout. It sits beneath the TLS layer too, where one `read` of a record (or the handshake's
+/// `complete_io`) makes as many socket reads as the server chooses to split its bytes into.
+struct Bounded<S> {
+    sock: S,
+    deadline: Instant,
+}
+
+/// A socket with timeouts: TCP or Unix.
+trait Timed: Read + Write + AsFd {
+    fn set_timeouts(&self, d: Option<Duration>) -> io::Result<()>;
+}
+
+impl Timed for TcpStream {
+    fn set_timeouts(&self, d: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(d).and(self.set_write_timeout(d))
+    }
+}
+
+impl Timed for UnixStream {
+    fn set_timeouts(&self, d: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(d).and(self.set_write_timeout(d))
+    }
+}
+
+impl<S: Timed> Bounded<S> {
+    fn new(sock: S, deadline: Instant) -> Bounded<S> {
+        Bounded { sock, deadline }
+    }
+
+    /// Set the socket's timeout to what is left, or fail as a timeout.
+    fn arm(&self) -> io::Result<()> {
+        let d = self.deadline.saturating_duration_since(Instant::now());
+        if d.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        self.sock
+            .set_timeouts(Some(d.max(Duration::from_micros(100))))
+    }
+}
+
+impl<S: Timed> Read for Bounded<S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.arm()?;
+        self.sock.read(buf)
+    }
+}
+
+impl<S: Timed> Write for Bounded<S> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.arm()?;
+        self.sock.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.sock.flush()
+    }
+}
+
 enum Stream {
-    Tcp(TcpStream),
-    Unix(UnixStream),
-    Tls(Box<StreamOwned<ClientConnection, TcpStream>>),
+    Tcp(Bounded<TcpStream>),
+    Unix(Bounded<UnixStream>),
+    Tls(Box<StreamOwned<ClientConnection, Bounded<TcpStream>>>),
 }
 
 impl Stream {
-    fn set_timeout(&self, d: Duration) -> io::Result<()> {
-        let d = Some(d.max(Duration::from_micros(100)));
+    /// Every socket call from now on ends by `deadline`.
+    fn bound(&mut self, deadline: Instant) {
         match self {
-            Stream::Tcp(s) => s.set_read_timeout(d).and(s.set_write_timeout(d)),
-            Stream::Unix(s) => s.set_read_timeout(d).and(s.set_write_timeout(d)),
-            Stream::Tls(s) => s.sock.set_read_timeout(d).and(s.sock.set_write_timeout(d)),
+            Stream::Tcp(s) => s.deadline = deadline,
+            Stream::Unix(s) => s.deadline = deadline,
+            Stream::Tls(s) => s.sock.deadline = deadline,
+        }
+    }
+
+    fn io(&mut self) -> &mut dyn ReadWrite {
+        match self {
+            Stream::Tcp(s) => s,
+            Stream::Unix(s) => s,
+            Stream::Tls(s) => &mut **s,
+        }
+    }
+
+    fn fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Stream::Tcp(s) => s.sock.as_fd(),
+            Stream::Unix(s) => s.sock.as_fd(),
+            Stream::Tls(s) => s.sock.sock.as_fd(),
         }
     }
 }
+
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
 
 /// An open connection; the caller drops it after any failure (see [`crate::store::topology`]).
 pub struct Wire {
@@ -205,15 +285,12 @@ impl Wire {
     /// Connect to `addr` and open a session, all by `deadline`.
     pub fn connect(addr: &Addr, session: &Session, deadline: Instant) -> Result<Wire, WireError> {
         let stream = match addr {
-            Addr::Unix(path) => {
-                let s = UnixStream::connect(path).map_err(io_error)?;
-                Stream::Unix(s)
-            }
+            Addr::Unix(path) => Stream::Unix(Bounded::new(unix_connect(path, deadline)?, deadline)),
             Addr::Tcp(host, port) => {
-                let tcp = tcp_connect(host, *port, deadline)?;
+                let tcp = Bounded::new(tcp_connect(host, *port, deadline)?, deadline);
                 match &session.tls {
                     None => Stream::Tcp(tcp),
-                    Some(config) => Stream::Tls(Box::new(handshake(host, tcp, config, deadline)?)),
+                    Some(config) => Stream::Tls(Box::new(handshake(host, tcp, config)?)),
                 }
             }
         };
@@ -244,41 +321,27 @@ impl Wire {
     }
 
     fn send(&mut self, bytes: &[u8], deadline: Instant) -> Result<(), WireError> {
+        self.stream.bound(deadline);
         let mut sent = 0;
         while sent < bytes.len() {
-            self.stream.set_timeout(left(deadline)?).map_err(io_error)?;
-            let n = match &mut self.stream {
-                Stream::Tcp(s) => s.write(&bytes[sent..]),
-                Stream::Unix(s) => s.write(&bytes[sent..]),
-                Stream::Tls(s) => s.write(&bytes[sent..]),
-            };
-            match n {
+            match self.stream.io().write(&bytes[sent..]) {
                 Ok(0) => return Err(WireError::Io("the connection was closed".into())),
                 Ok(n) => sent += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(io_error(e)),
             }
         }
-        if let Stream::Tls(s) = &mut self.stream {
-            s.flush().map_err(io_error)?;
-        }
-        Ok(())
+        self.stream.io().flush().map_err(io_error)
     }
 
     /// Whether the server has sent something or closed the connection, without waiting. On a
     /// connection that only answers our calls, either means the connection is no longer good.
     pub fn readable(&self) -> bool {
         use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-        use std::os::fd::AsFd;
         if !self.buf.is_empty() {
             return true;
         }
-        let fd = match &self.stream {
-            Stream::Tcp(s) => s.as_fd(),
-            Stream::Unix(s) => s.as_fd(),
-            Stream::Tls(s) => s.sock.as_fd(),
-        };
-        let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+        let mut fds = [PollFd::new(self.stream.fd(), PollFlags::POLLIN)];
         // An error of poll itself (EINTR) is "nothing seen": the caller looks again.
         matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
     }
@@ -287,18 +350,14 @@ impl Wire {
     /// timeout keeps what arrived of a reply: the next read goes on from there.
     pub fn read(&mut self, deadline: Instant) -> Result<Reply, WireError> {
         let mut chunk = [0u8; 16 * 1024];
+        self.stream.bound(deadline);
         loop {
             if let Some((reply, used)) = resp::parse(&self.buf).map_err(WireError::Bad)? {
                 self.buf.drain(..used);
                 return Ok(reply);
             }
-            self.stream.set_timeout(left(deadline)?).map_err(io_error)?;
-            let n = match &mut self.stream {
-                Stream::Tcp(s) => s.read(&mut chunk),
-                Stream::Unix(s) => s.read(&mut chunk),
-                Stream::Tls(s) => s.read(&mut chunk),
-            };
-            match n {
+            left(deadline)?;
+            match self.stream.io().read(&mut chunk) {
                 Ok(0) => return Err(WireError::Io("the server closed the connection".into())),
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -318,13 +377,75 @@ impl Reply {
     }
 }
 
-fn tcp_connect(host: &str, port: u16, deadline: Instant) -> Result<TcpStream, WireError> {
-    let addrs = (host, port).to_socket_addrs().map_err(|e| {
+/// The addresses of `host`, by `deadline`. An address needs no look-up; a name is looked up on a
+/// thread of its own, so that a resolver that never answers (the C library waits 5 s per try and
+/// server) costs the caller no more than what is left. A look-up that outlives its caller ends
+/// on its own, with the resolver's timeouts.
+fn resolve(host: &str, port: u16, deadline: Instant) -> Result<Vec<SocketAddr>, WireError> {
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    let cannot = |e: &io::Error| {
         WireError::Io(format!(
             "cannot resolve '{host}': {}",
-            crate::log::io_text(&e)
+            crate::log::io_text(e)
         ))
-    })?;
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let name = host.to_string();
+    std::thread::Builder::new()
+        .name("resolve".into())
+        .spawn(move || {
+            let found = (name.as_str(), port)
+                .to_socket_addrs()
+                .map(|a| a.collect::<Vec<_>>());
+            let _ = tx.send(found);
+        })
+        .map_err(|e| cannot(&e))?;
+    match rx.recv_timeout(left(deadline)?) {
+        Ok(Ok(addrs)) => Ok(addrs),
+        Ok(Err(e)) => Err(cannot(&e)),
+        Err(_) => Err(WireError::Io(format!(
+            "cannot resolve '{host}': the resolver did not answer in time"
+        ))),
+    }
+}
+
+/// Connect a Unix socket by `deadline`. A listener that does not accept (its queue full) would
+/// hold a plain `connect` for ever: the send timeout bounds it (Linux waits for room in the
+/// queue for at most that long, then says EAGAIN).
+fn unix_connect(path: &Path, deadline: Instant) -> Result<UnixStream, WireError> {
+    use nix::errno::Errno;
+    use nix::sys::socket::{connect, setsockopt, socket, sockopt, AddressFamily, SockFlag};
+    use nix::sys::socket::{SockType, UnixAddr};
+    use nix::sys::time::TimeVal;
+    let failed = |e: Errno| io_error(io::Error::from(e));
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(failed)?;
+    let addr = UnixAddr::new(path).map_err(failed)?;
+    loop {
+        let d = left(deadline)?.max(Duration::from_micros(100));
+        let tv = TimeVal::new(
+            d.as_secs().try_into().unwrap_or(i64::MAX),
+            d.subsec_micros().into(),
+        );
+        setsockopt(&fd, sockopt::SendTimeout, &tv).map_err(failed)?;
+        match connect(fd.as_raw_fd(), &addr) {
+            Ok(()) => return Ok(UnixStream::from(fd)),
+            Err(Errno::EINTR) => continue,
+            Err(Errno::EAGAIN | Errno::ETIMEDOUT) => return Err(WireError::Timeout),
+            Err(e) => return Err(failed(e)),
+        }
+    }
+}
+
+fn tcp_connect(host: &str, port: u16, deadline: Instant) -> Result<TcpStream, WireError> {
+    let addrs = resolve(host, port, deadline)?;
     let mut last = WireError::Io(format!("'{host}' resolves to no address"));
     for a in addrs {
         match TcpStream::connect_timeout(&a, left(deadline)?) {
@@ -338,23 +459,24 @@ fn tcp_connect(host: &str, port: u16, deadline: Instant) -> Result<TcpStream, Wi
     Err(last)
 }
 
+/// The TLS handshake, on a socket whose every read and write is bounded by the deadline.
 fn handshake(
     host: &str,
-    mut tcp: TcpStream,
+    mut tcp: Bounded<TcpStream>,
     config: &Arc<ClientConfig>,
-    deadline: Instant,
-) -> Result<StreamOwned<ClientConnection, TcpStream>, WireError> {
+) -> Result<StreamOwned<ClientConnection, Bounded<TcpStream>>, WireError> {
     let name = ServerName::try_from(host.to_string())
         .map_err(|_| WireError::Tls(format!("'{host}' is not a valid TLS server name")))?;
     let mut tls = ClientConnection::new(Arc::clone(config), name)
         .map_err(|e| WireError::Tls(tls_text(&e)))?;
+    // A plain Redis reads a ClientHello as the start of a command and waits.
+    let no_answer = || {
+        WireError::Io(
+            "no TLS answer in time (a plain port? use redis:// for it; or a server too slow)"
+                .into(),
+        )
+    };
     while tls.is_handshaking() {
-        let d = left(deadline).map_err(|_| {
-            // A plain Redis reads a ClientHello as the start of a command and waits.
-            WireError::Io("no TLS answer in time: is it a plain port? use redis:// for it".into())
-        })?;
-        tcp.set_read_timeout(Some(d)).map_err(io_error)?;
-        tcp.set_write_timeout(Some(d)).map_err(io_error)?;
         match tls.complete_io(&mut tcp) {
             Ok((0, 0)) if tls.is_handshaking() => {
                 return Err(WireError::Io(
@@ -368,9 +490,7 @@ fn handshake(
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                 ) =>
             {
-                return Err(WireError::Io(
-                    "no TLS answer in time: is it a plain port? use redis:// for it".into(),
-                ))
+                return Err(no_answer())
             }
             Err(e) => return Err(io_error(e)),
         }

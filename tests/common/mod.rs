@@ -389,7 +389,17 @@ pub fn cronlock(redis: &Redis) -> Command {
 
 /// The cronlock binary with a clean environment pointing at `url`.
 pub fn cronlock_at(url: &str) -> Command {
-    let mut cmd = Command::new(bin());
+    cronlock_of(&bin(), url)
+}
+
+/// This test build's binary, whatever `CRONLOCK_TEST_BIN` says: the only one with the fault
+/// injection hooks (`CRONLOCK_DEBUG_PANIC`), which a release build leaves out.
+pub fn cronlock_debug(redis: &Redis) -> Command {
+    cronlock_of(BIN, &redis.url())
+}
+
+fn cronlock_of(bin: &str, url: &str) -> Command {
+    let mut cmd = Command::new(bin);
     for (k, _) in std::env::vars() {
         if k.starts_with("CRONLOCK_") || k == "REDIS_URL" {
             cmd.env_remove(k);
@@ -1054,6 +1064,120 @@ impl Hostile {
 }
 
 impl Drop for Hostile {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// A loopback relay of raw bytes in front of a server's TCP port, for what a proxy that cannot
+/// read the conversation (TLS) can do: pass the bytes, or pass the server's bytes one every
+/// 200 ms, each of them on time, so that no single socket read ever times out.
+pub struct Relay {
+    pub port: u16,
+    /// Every connection drips from now on.
+    dripping: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Relay {
+    /// A relay in front of `upstream`. With `drip_after: Some(n)`, each connection drips the
+    /// server's bytes once its client has sent `n` TLS application-data records (0: from the
+    /// first byte, the handshake; 2: after the client's Finished and its first command).
+    pub fn start(upstream: u16, drip_after: Option<usize>) -> Relay {
+        use std::io::{Read, Write};
+        use std::net::{Shutdown, TcpStream};
+        use std::sync::atomic::{AtomicBool, AtomicUsize};
+        use std::sync::Arc;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let dripping = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (all, st) = (dripping.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !st.load(Ordering::SeqCst) {
+                let Ok((client, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                client.set_nonblocking(false).unwrap();
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                let records = Arc::new(AtomicUsize::new(0));
+                // Client to server, counting the client's application-data records (TLS record
+                // type 23: in TLS 1.3 the client's Finished is one too).
+                let (mut from, mut to) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                let (counted, st2) = (records.clone(), st.clone());
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 16 * 1024];
+                    let mut pending: Vec<u8> = Vec::new();
+                    while !st2.load(Ordering::SeqCst) {
+                        let n = match from.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        pending.extend_from_slice(&buf[..n]);
+                        while pending.len() >= 5 {
+                            let len = u16::from_be_bytes([pending[3], pending[4]]) as usize;
+                            if pending.len() < 5 + len {
+                                break;
+                            }
+                            if pending[0] == 23 {
+                                counted.fetch_add(1, Ordering::SeqCst);
+                            }
+                            pending.drain(..5 + len);
+                        }
+                        if to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to.shutdown(Shutdown::Both);
+                });
+                // Server to client, dripping when told.
+                let (mut from, mut to) = (server, client);
+                let (all, st2) = (all.clone(), st.clone());
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 16 * 1024];
+                    while !st2.load(Ordering::SeqCst) {
+                        let n = match from.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        let drip = all.load(Ordering::SeqCst)
+                            || drip_after.is_some_and(|k| records.load(Ordering::SeqCst) >= k);
+                        if !drip {
+                            if to.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                            continue;
+                        }
+                        for b in &buf[..n] {
+                            if st2.load(Ordering::SeqCst) || to.write_all(&[*b]).is_err() {
+                                let _ = to.shutdown(Shutdown::Both);
+                                return;
+                            }
+                            std::thread::sleep(Duration::from_millis(200));
+                        }
+                    }
+                    let _ = to.shutdown(Shutdown::Both);
+                });
+            }
+        });
+        Relay {
+            port,
+            dripping,
+            stop,
+        }
+    }
+
+    /// Drip the server's bytes on every connection from now on.
+    pub fn drip_now(&self) {
+        self.dripping.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Relay {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
     }
