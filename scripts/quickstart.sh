@@ -89,4 +89,4 @@ say "step 4/4: running a job under the lock 'hello'"
 "$PREFIX/bin/cronlock" -v -u "redis://127.0.0.1:$REDIS_PORT" hello -- \
   sh -c 'echo "ran under the lock, fencing token $CRONLOCK_FENCING_TOKEN"'
 say "done: try 'man cronlock'. A crontab line (crontab -e) for every host, as it is:"
-say "  * * * * * CRONLOCK_REDIS_URL=redis://127.0.0.1:$REDIS_PORT $PREFIX/bin/cronlock hello -- date"
+say "  * * * * * $PREFIX/bin/cronlock -u redis://127.0.0.1:$REDIS_PORT hello -- date"

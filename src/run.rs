@@ -76,6 +76,7 @@ pub fn run_job(
     let limits = Limits {
         grace: timing.grace,
         max_runtime: cli.max_runtime(),
+        look_every: timing.interval,
     };
     let (exit, ending) = run_child(job, &held, redis, &mut watchdog, limits, log, report);
     finish(cli, redis, watchdog, &held, (exit, ending), log, report)?;
@@ -343,6 +344,22 @@ fn start(
     let child = match child::spawn(&job.argv, &env, watch.shared(), cgroup, stdio) {
         Ok(c) => c,
         Err(e) if e.too_late => return Err(too_late()),
+        Err(e) if e.no_process => {
+            let text = crate::log::io_text(&e.error);
+            let hint = match e.error.raw_os_error() {
+                Some(libc::EAGAIN) => " (too many processes for this user: ulimit -u?)",
+                _ => "",
+            };
+            log.error(
+                "spawn_failed",
+                &format!(
+                    "cannot make a process to run '{}' (the guard or the command): \
+                     {text}{hint}; the command did not run",
+                    e.program
+                ),
+            );
+            return Err(e.exit());
+        }
         Err(e) => {
             let text = crate::log::io_text(&e.error);
             log.error(
@@ -354,6 +371,10 @@ fn start(
     };
     RUNNING_GROUP.store(child.group, Ordering::SeqCst);
     report.started();
+    // While the command runs: cgroups that runs killed with their guards left beside ours.
+    if let Some(ours) = &planned {
+        cgroup::sweep(ours);
+    }
     contained(&child, watch, planned, no_cgroup, log);
     #[cfg(debug_assertions)]
     if std::env::var_os("CRONLOCK_DEBUG_PANIC").is_some_and(|v| v == "main") {

@@ -494,3 +494,69 @@ fn help_never_shows_the_url_from_the_environment() {
     assert_eq!(code(&out), 0);
     assert!(!stdout(&out).contains("env-secret-pw"));
 }
+
+/// One run under `limit`, its command printing the fencing token it got: the token, or the run's
+/// output when it was refused.
+fn token_of(r: &Redis, limit: &str) -> Result<u64, std::process::Output> {
+    let out = run(cronlock(r).args(["--limit", limit, "k", "-c", "echo $CRONLOCK_FENCING_TOKEN"]));
+    match (code(&out), stdout(&out).trim().parse::<u64>()) {
+        (0, Ok(t)) => Ok(t),
+        _ => Err(out),
+    }
+}
+
+/// Fencing tokens are exact and strictly increasing past 2^53 (Lua's numbers are doubles): a
+/// counter at 2^53 - 1 or 2^53 + 1 gives the next integers, exactly; at 2^63 - 1 (the largest
+/// integer) or holding something cronlock never wrote (negative, not a number, too long), the
+/// acquire is refused in one line naming the key and the value, nothing written, no lock left.
+#[test]
+fn fencing_tokens_are_exact_and_never_go_back() {
+    let r = Redis::start();
+    const FENCE: &str = "cronlock:{k}:fence";
+    for limit in ["1", "3"] {
+        for start in [
+            9_007_199_254_740_991_u64,
+            9_007_199_254_740_993,
+            9_223_372_036_854_775_805,
+        ] {
+            r.set(FENCE, &start.to_string());
+            let first = token_of(&r, limit).unwrap_or_else(|o| panic!("{start}: {}", stderr(&o)));
+            let second = token_of(&r, limit).unwrap_or_else(|o| panic!("{start}: {}", stderr(&o)));
+            assert_eq!((first, second), (start + 1, start + 2), "--limit {limit}");
+            assert_eq!(r.get(FENCE).as_deref(), Some(&*second.to_string()));
+            // Now at 2^63 - 1: no greater token exists.
+            if second == i64::MAX as u64 {
+                let out = token_of(&r, limit).expect_err("a token past 2^63 - 1");
+                assert_eq!(code(&out), 125, "{}", stderr(&out));
+                let line = one_line(&out);
+                assert!(
+                    line.contains(FENCE) && line.contains("9223372036854775807"),
+                    "{line}"
+                );
+            }
+            assert!(r
+                .keys()
+                .iter()
+                .all(|k| !k.starts_with("cronlock:{k}:slot") && k != LOCK));
+        }
+        for bad in ["-5", "12abc", "99999999999999999999", "9223372036854775808"] {
+            r.set(FENCE, bad);
+            let out = token_of(&r, limit).expect_err(bad);
+            assert_eq!(code(&out), 125, "{bad}: {}", stderr(&out));
+            let line = one_line(&out);
+            assert!(line.contains(FENCE) && line.contains(bad), "{bad}: {line}");
+            assert_eq!(
+                r.get(FENCE).as_deref(),
+                Some(bad),
+                "{bad}: the counter was written"
+            );
+            assert!(!r.exists(LOCK), "{bad}: a lock was left behind");
+            assert!(
+                r.keys().iter().all(|k| !k.contains(":slot")),
+                "{bad}: {:?}",
+                r.keys()
+            );
+        }
+        r.del(FENCE);
+    }
+}

@@ -375,3 +375,164 @@ fn which(name: &str) -> String {
         .find(|p| Path::new(p).exists())
         .unwrap_or_else(|| panic!("{name} is required for the tests"))
 }
+
+/// cronlock and its guard SIGKILLed together (as a crashing host kills them): the command goes
+/// with them, and the job cgroup they leave (empty: nobody is left to remove it) is removed by
+/// the next run that starts, so a crash-looping host does not pile them up. A live run's cgroup
+/// is never touched.
+#[test]
+fn cgroups_left_by_killed_runs_are_removed_by_the_next_run() {
+    let r = Redis::start();
+    // A live run beside it, whose cgroup must survive the sweep.
+    let live_dir = scratch("sweep-live");
+    let mut live = cronlock(&r);
+    live.args(["--ttl", "30s", "other", "-c"])
+        .arg(job(&live_dir));
+    let mut live = live.spawn().unwrap();
+    read_pid(&live_dir.join("pid"));
+    let live_cg = job_cgroup(&live_dir);
+
+    // (No setsid escapee: with its guard gone too, nothing would end one, and a cgroup with a
+    // process in it is not empty.)
+    let dir = scratch("sweep");
+    let mut c = cronlock(&r);
+    let mut c = c
+        .args(["--ttl", "2s", "k", "-c"])
+        .arg(format!(
+            "cd {} && grep ^0:: /proc/$$/cgroup > cgroup && echo $$ > pid && exec sleep 60",
+            dir.display()
+        ))
+        .spawn()
+        .unwrap();
+    let cmd = read_pid(&dir.join("pid"));
+    let Some(left) = job_cgroup(&dir) else {
+        lacks("a writable cgroup v2 hierarchy", "the orphaned-cgroup test")
+    };
+    let stat = std::fs::read_to_string(format!("/proc/{cmd}/stat")).unwrap();
+    let guard: i32 = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    signal(guard, libc::SIGKILL);
+    signal(c.id() as i32, libc::SIGKILL);
+    let _ = c.wait();
+    assert!(
+        wait_for(Duration::from_secs(3), || !alive(cmd)),
+        "the command survived"
+    );
+    assert!(
+        left.exists(),
+        "nothing was left behind: the test tests nothing"
+    );
+    // The next runs (once the killed run's lock expired) remove it.
+    let mut last = String::new();
+    assert!(
+        wait_for(Duration::from_secs(20), || {
+            let out = run(cronlock(&r).args(["-v", "k", "true"]));
+            last = stderr(&out);
+            assert!(matches!(code(&out), 0), "{last}");
+            !left.exists()
+        }),
+        "{} was left behind: {last}",
+        left.display()
+    );
+    if let Some(cg) = live_cg {
+        assert!(cg.exists(), "a live run's cgroup was removed");
+    }
+    std::fs::write(live_dir.join("stop"), "").unwrap();
+    signal(live.id() as i32, libc::SIGTERM);
+    let _ = live.wait();
+}
+
+/// A stopped guard reaps nothing and reports nothing: cronlock notices the command's end itself
+/// (a zombie whose parent is the guard), ends the guard, releases the lock within a renewal
+/// interval (1 s for a 3 s TTL) and passes the command's status through (not 124, although the
+/// lock is held no longer than --max-runtime would allow).
+#[test]
+fn a_stopped_guard_does_not_keep_the_lock_after_the_job() {
+    let r = Redis::start();
+    let dir = scratch("stopped-guard");
+    let c = cronlock(&r)
+        .args(["--ttl", "3s", "--max-runtime", "20s", "k", "-c"])
+        .arg(format!(
+            "cd {} && echo $$ > pid && while [ ! -e go ]; do sleep 0.05; done; exit 3",
+            dir.display()
+        ))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let cmd = read_pid(&dir.join("pid"));
+    let stat = std::fs::read_to_string(format!("/proc/{cmd}/stat")).unwrap();
+    let guard: i32 = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    signal(guard, libc::SIGSTOP);
+    std::fs::write(dir.join("go"), "").unwrap();
+    let ended = std::time::Instant::now();
+    assert!(
+        wait_for(Duration::from_secs(5), || !r.exists("cronlock:{k}")),
+        "the lock outlived the job"
+    );
+    let released = ended.elapsed();
+    assert!(
+        released < Duration::from_millis(1500),
+        "released {released:?} after the job ended"
+    );
+    let out = c.wait_with_output().unwrap();
+    assert_eq!(code(&out), 3, "{}", stderr(&out));
+    assert!(
+        wait_for(Duration::from_secs(2), || !alive(guard)),
+        "the stopped guard was left"
+    );
+}
+
+/// So few processes allowed (`ulimit -u`, as an unprivileged user: root is exempt) that the
+/// guard, or then the command's process, cannot be made: the command never ran, so it is
+/// cronlock's own failure (125, as timeout(1)'s failed fork), one line, the lock released.
+#[test]
+fn no_process_for_the_guard_or_the_command_is_cronlocks_failure() {
+    let r = Redis::start_tcp();
+    let dir = scratch("nproc");
+    std::fs::set_permissions(&*dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let marker = dir.join("ran");
+    // 1: the guard cannot be forked; 2: the guard can, the command's process cannot.
+    for nproc in ["1", "2"] {
+        let c = cronlock(&r);
+        let program = c.get_program().to_owned();
+        let mut limited = Command::new(which("prlimit"));
+        limited
+            .arg(format!("--nproc={nproc}"))
+            .arg(which("setpriv"))
+            .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+            .arg(program)
+            .args(["k", "touch"])
+            .arg(&marker);
+        for (k, v) in c.get_envs() {
+            match v {
+                Some(v) => limited.env(k, v),
+                None => limited.env_remove(k),
+            };
+        }
+        limited.stdin(Stdio::null());
+        let out = run(&mut limited);
+        let err = stderr(&out);
+        assert_eq!(code(&out), 125, "nproc {nproc}: {err}");
+        assert!(one_line(&out).contains("ulimit -u"), "nproc {nproc}: {err}");
+        assert!(!marker.exists(), "nproc {nproc}: the command ran");
+        assert!(
+            !r.exists("cronlock:{k}"),
+            "nproc {nproc}: the lock was left behind"
+        );
+    }
+}

@@ -324,3 +324,204 @@ fn a_unix_socket_that_never_accepts_is_bounded() {
     assert!(took < Duration::from_millis(3500), "took {took:?}");
     assert!(!marker.exists(), "the command ran");
 }
+
+/// Frames nobody asked for: an extra integer, a RESP3 push, a RESP3 attribute.
+const UNASKED: [&[u8]; 3] = [
+    b":0\r\n",
+    b">2\r\n$10\r\ninvalidate\r\n*0\r\n",
+    b"|1\r\n+ttl\r\n:3600\r\n",
+];
+
+/// A job that records, when it runs, who holds the lock in Redis and which fencing token Redis
+/// handed out last, beside what cronlock told it.
+fn witness(r: &Redis, dir: &std::path::Path) -> String {
+    let cli = format!("{} -s {}", cli_bin(), r.sock.display());
+    format!(
+        "cd {} && {cli} GET 'cronlock:{{k}}' > holder && {cli} GET 'cronlock:{{k}}:fence' > fence \
+         && echo \"$CRONLOCK_TOKEN\" > token && echo \"$CRONLOCK_FENCING_TOKEN\" > granted",
+        dir.display()
+    )
+}
+
+/// The job ran under a lock that Redis really gave to this run.
+fn ran_with_the_lock(dir: &std::path::Path, what: &str) {
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    let token = read("token");
+    assert!(!token.trim().is_empty(), "{what}: the job did not run");
+    assert!(
+        read("holder").contains(token.trim()),
+        "{what}: the job ran while Redis's lock was {:?}, not this run's",
+        read("holder")
+    );
+    assert_eq!(
+        read("fence").trim(),
+        read("granted").trim(),
+        "{what}: the fencing token the job got is not the one Redis handed out"
+    );
+}
+
+/// An unasked frame before, after or late after every acquire reply: never a grant. 125, one
+/// line, the command never ran, and the undo (on a fresh connection) left no lock behind.
+#[test]
+fn unasked_frames_at_the_acquire_never_grant_the_lock() {
+    let r = Redis::start_tcp();
+    let proxy = Hostile::start(r.port);
+    for frame in UNASKED {
+        for mischief in [
+            Mischief::Before(frame),
+            Mischief::After(frame),
+            Mischief::Late(frame),
+        ] {
+            let what = format!("{mischief:?}");
+            proxy.set(mischief);
+            let dir = scratch("unasked-acquire");
+            let out = run(cronlock_at(&proxy.url())
+                .args(["--connect-timeout", "1s", "k", "-c"])
+                .arg(witness(&r, &dir)));
+            let err = stderr(&out);
+            no_panic(&err);
+            if code(&out) == 0 {
+                // A late frame arrives after a whole, well-shaped reply: the grant was real.
+                assert!(matches!(mischief, Mischief::Late(_)), "{what}: {err}");
+                ran_with_the_lock(&dir, &what);
+            } else {
+                assert_eq!(code(&out), 125, "{what}: {err}");
+                assert_eq!(own_lines(&err).len(), 1, "{what}: {err}");
+                assert!(!dir.join("token").exists(), "{what}: the command ran");
+            }
+            assert!(
+                wait_for(Duration::from_secs(2), || !r.exists(LOCK)),
+                "{what}: a lock was left behind"
+            );
+        }
+    }
+}
+
+/// The attack seen in the wild: one acquire answered by a frame of the wrong shape before the
+/// real reply, under --wait. The connection is dropped unread; the undo and the next attempt go
+/// on fresh connections, and the command runs only under the lock Redis really gave it.
+#[test]
+fn a_stale_frame_at_the_acquire_is_never_read_as_a_later_grant() {
+    let r = Redis::start_tcp();
+    let proxy = Hostile::start(r.port);
+    for frame in [&b":7\r\n"[..], b":0\r\n", UNASKED[1], UNASKED[2]] {
+        let what = String::from_utf8_lossy(frame).into_owned();
+        proxy.set(Mischief::BeforeOnce(frame));
+        let dir = scratch("stale-grant");
+        let out = run(cronlock_at(&proxy.url())
+            .args(["--connect-timeout", "1s", "--wait", "5s", "k", "-c"])
+            .arg(witness(&r, &dir)));
+        assert_eq!(code(&out), 0, "{what}: {}", stderr(&out));
+        ran_with_the_lock(&dir, &what);
+        assert!(!r.exists(LOCK), "{what}: a lock was left behind");
+    }
+}
+
+/// A renewal reply preceded by `:1` ("still ours") or followed by a frame: never a confirmed
+/// renewal, whichever frame would be read next. The job is stopped (122) before the lock could
+/// lapse.
+#[test]
+fn unasked_frames_at_renewals_never_confirm_one() {
+    for mischief in [Mischief::Before(b":1\r\n"), Mischief::After(UNASKED[0])] {
+        let r = Redis::start_tcp();
+        let proxy = Hostile::start(r.port);
+        let dir = scratch("unasked-renew");
+        let mut cmd = cronlock_at(&proxy.url());
+        cmd.args(["--ttl", "3s", "--connect-timeout", "1s", "k", "sh", "-c"])
+            .arg(format!("echo $$ > {}/pid; exec sleep 30", dir.display()))
+            .stderr(std::process::Stdio::piped());
+        let holder = cmd.spawn().unwrap();
+        let job = read_pid(&dir.join("pid"));
+        let turned = Instant::now();
+        proxy.set(mischief);
+        let mut died = None;
+        assert!(
+            wait_for(Duration::from_secs(10), || {
+                died = (!alive(job)).then(Instant::now);
+                died.is_some()
+            }),
+            "{mischief:?}: the job outlived the lock"
+        );
+        assert!(
+            died.unwrap() - turned < Duration::from_secs(3),
+            "{mischief:?}"
+        );
+        let out = holder.wait_with_output().unwrap();
+        assert_eq!(code(&out), 122, "{mischief:?}: {}", stderr(&out));
+    }
+}
+
+/// At the release, in a wait and in the admin modes: a frame nobody asked for is a failure of
+/// that call, said in one line, never a wrong answer; the lock is gone after the release (the
+/// script ran; only its reply was spoiled).
+#[test]
+fn unasked_frames_at_release_wait_and_admin() {
+    let r = Redis::start_tcp();
+    let proxy = Hostile::start(r.port);
+    // Release: the job waits for the test, which spoils replies just before it ends. The server
+    // is broken, so the release fails: one line that says the lock will expire, and it does.
+    let dir = scratch("unasked-release");
+    let mut cmd = cronlock_at(&proxy.url());
+    cmd.args(["--connect-timeout", "1s", "--ttl", "10s", "k"]);
+    let holder = spawn_holding(&mut cmd, &dir);
+    proxy.set(Mischief::After(UNASKED[0]));
+    std::fs::write(dir.join("go"), "").unwrap();
+    let out = holder.wait_with_output().unwrap();
+    let err = stderr(&out);
+    no_panic(&err);
+    assert_eq!(own_lines(&err).len(), 1, "{err}");
+    assert!(
+        err.contains("cannot release") && err.contains("expire"),
+        "{err}"
+    );
+    let left = r.pttl(LOCK);
+    assert!(
+        left == -2 || (0..=10_000).contains(&left),
+        "the lock would not expire: {left}"
+    );
+    r.del(LOCK);
+    // Admin modes: one line, 125, never a made-up answer.
+    for args in [
+        &["--status", "k"][..],
+        &["--force-release", "k"],
+        &["--list"],
+    ] {
+        let out = run(cronlock_at(&proxy.url())
+            .args(["--connect-timeout", "1s"])
+            .args(args));
+        no_panic(&stderr(&out));
+        assert_eq!(code(&out), 125, "{args:?}: {}", stderr(&out));
+        assert_eq!(
+            own_lines(&stderr(&out)).len(),
+            1,
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+    // Wait: the BLPOP replies spoiled while another holds the lock; then a clean release.
+    proxy.set(Mischief::Pass);
+    let held = scratch("unasked-wait-holder");
+    let mut direct = cronlock(&r);
+    direct.arg("k");
+    let other = spawn_holding(&mut direct, &held);
+    let dir = scratch("unasked-wait");
+    let mut waiter = cronlock_at(&proxy.url());
+    waiter
+        .args(["--connect-timeout", "1s", "--wait", "20s", "k", "-c"])
+        .arg(witness(&r, &dir))
+        .stderr(std::process::Stdio::piped());
+    proxy.set(Mischief::Late(UNASKED[0]));
+    let spoiled = proxy.replies();
+    let waiter = waiter.spawn().unwrap();
+    // Several spoiled replies to the waiter (its acquire attempts and BLPOPs).
+    assert!(
+        wait_for(Duration::from_secs(10), || proxy.replies() >= spoiled + 4),
+        "the waiter did not ask"
+    );
+    proxy.set(Mischief::Pass);
+    std::fs::write(held.join("go"), "").unwrap();
+    assert_eq!(code(&other.wait_with_output().unwrap()), 0);
+    let out = waiter.wait_with_output().unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    ran_with_the_lock(&dir, "wait");
+}

@@ -292,3 +292,106 @@ fn a_non_utf8_variable_is_named() {
     assert_eq!(code(&out), 125, "{}", stderr(&out));
     assert!(one_line(&out).contains("CRONLOCK_TTL"), "{}", stderr(&out));
 }
+
+/// Every form of a secret seen echoed before: whitespace in the password, a percent-encoded or
+/// capitalised query name, a URL without a scheme, a URL that does not parse. None of them is in
+/// anything cronlock prints, in text, with -v, as JSON, in the admin modes, from the variable or
+/// from the file.
+#[test]
+fn no_form_of_a_secret_is_ever_printed() {
+    let dir = scratch("secret-forms");
+    let urls = [
+        "redis://:hunter2 S3cr3t@127.0.0.1:1",
+        "redis://:hunter2\tS3cr3t@127.0.0.1:1",
+        "redis+unix:///nonexistent/redis.sock?pa%73s=S3cr3t&db=99",
+        "redis+unix:///nonexistent/redis.sock?PASS=S3cr3t",
+        "redis+unix:///nonexistent/redis.sock?Password=S3cr3t",
+        "S3cr3t",
+        "hunter2:S3cr3t",
+        "redis://:S3cr3t@",
+        "redis://:S3cr3t@h:99999",
+        "redis+sentinel://:S3cr3t@",
+        "redis+cluster://:S3cr3t@h/1",
+        "rediss+unix:///s?pass=S3cr3t",
+    ];
+    let modes: [&[&str]; 6] = [
+        &["k", "true"],
+        &["-v", "k", "true"],
+        &["-v", "--log-format", "json", "k", "true"],
+        &["--status", "k"],
+        &["--status", "--json", "k"],
+        &["--list", "--json"],
+    ];
+    for url in urls {
+        std::fs::write(dir.join("url"), url).unwrap();
+        for mode in modes {
+            let from_var = run(cronlock_at(url)
+                .args(["--connect-timeout", "1s"])
+                .args(mode));
+            let from_file = run(cronlock_at("redis://unused")
+                .env_remove("CRONLOCK_REDIS_URL")
+                .env("CRONLOCK_REDIS_URL_FILE", dir.join("url"))
+                .args(["--connect-timeout", "1s"])
+                .args(mode));
+            for out in [from_var, from_file] {
+                assert_eq!(code(&out), 125, "{url:?} {mode:?}: {}", stderr(&out));
+                let all = format!("{}{}", stdout(&out), stderr(&out));
+                assert!(
+                    !all.contains("S3cr3t") && !all.contains("hunter2"),
+                    "{url:?} {mode:?}: {all}"
+                );
+            }
+        }
+    }
+}
+
+/// A crontab header's CRONLOCK_REDIS_URL_FILE and a line's own setting: a flag on the line wins
+/// over either variable; both variables, or both flags, are refused in one line naming them.
+#[test]
+fn the_url_and_the_url_file_combine_as_a_user_expects() {
+    let r = Redis::start();
+    let dir = scratch("url-sources");
+    std::fs::write(dir.join("good"), r.url()).unwrap();
+    std::fs::write(dir.join("bad"), "redis://127.0.0.1:1").unwrap();
+    // -u on the line beats the header's file.
+    let out = run(cronlock_at(&r.url())
+        .env_remove("CRONLOCK_REDIS_URL")
+        .env("CRONLOCK_REDIS_URL_FILE", dir.join("bad"))
+        .args(["-u", &r.url(), "k", "true"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    // --redis-url-file on the line beats the variable.
+    let out = run(cronlock_at("redis://127.0.0.1:1")
+        .arg("--redis-url-file")
+        .arg(dir.join("good"))
+        .args(["k", "true"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    // Both variables: one line naming both.
+    let out = run(cronlock_at(&r.url())
+        .env("CRONLOCK_REDIS_URL_FILE", dir.join("good"))
+        .args(["k", "true"]));
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
+    let line = one_line(&out);
+    assert!(
+        line.contains("CRONLOCK_REDIS_URL and CRONLOCK_REDIS_URL_FILE"),
+        "{line}"
+    );
+    // Both flags.
+    let out = run(cronlock_at(&r.url())
+        .args(["-u", &r.url(), "--redis-url-file"])
+        .arg(dir.join("good"))
+        .args(["k", "true"]));
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
+    assert!(
+        one_line(&out).contains("--redis-url and --redis-url-file"),
+        "{}",
+        stderr(&out)
+    );
+    // A mistyped flag gets a suggestion.
+    let out = run(cronlock(&r).args(["--ttll", "5s", "k", "true"]));
+    assert_eq!(code(&out), 125);
+    assert!(
+        one_line(&out).contains("a similar argument exists: '--ttl'"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -130,9 +130,11 @@ pub struct Cli {
 
     /// Read the Redis URL(s) from this file instead (surrounding whitespace trimmed; several URLs
     /// separated by whitespace), so no password shows in any command line or environment: a
-    /// Docker or Kubernetes secret mounted as a file
+    /// Docker or Kubernetes secret mounted as a file. A flag wins over a variable (-u over
+    /// CRONLOCK_REDIS_URL_FILE, --redis-url-file over CRONLOCK_REDIS_URL); both flags, or both
+    /// variables, are refused
     #[arg(long, env = "CRONLOCK_REDIS_URL_FILE", value_name = "PATH",
-          value_hint = clap::ValueHint::FilePath, conflicts_with = "redis_url")]
+          value_hint = clap::ValueHint::FilePath)]
     pub redis_url_file: Option<std::path::PathBuf>,
 
     /// For rediss://: trust the CA certificates in this PEM file instead of the system's store
@@ -382,6 +384,7 @@ pub struct Cli {
 #[derive(Debug, Clone, Default)]
 pub struct Given {
     pub redis_url: Option<ValueSource>,
+    pub redis_url_file: Option<ValueSource>,
     pub quiet: Option<ValueSource>,
     pub verbose: Option<ValueSource>,
     /// `--history` on the command line: with `--status`, show the kept runs.

@@ -101,6 +101,7 @@ fn defaults(key: String, command: Vec<OsString>) -> Option<Cli> {
         command,
         given: Given {
             redis_url: None,
+            redis_url_file: None,
             quiet: Some(ValueSource::DefaultValue),
             verbose: Some(ValueSource::DefaultValue),
             history_flag: false,

@@ -78,20 +78,29 @@ impl Cli {
     /// The Redis URLs after the documented fallbacks (a value may hold several, separated by
     /// whitespace), and where they came from (for messages).
     pub fn redis_urls(&self) -> Result<(Vec<String>, &'static str)> {
-        let (urls, source): (Vec<String>, &'static str) = if let Some(path) = &self.redis_url_file {
+        use ValueSource::{CommandLine, EnvVariable};
+        let url_given = (!self.redis_url.is_empty())
+            .then_some(self.given.redis_url)
+            .flatten();
+        let file = match (url_given, self.given.redis_url_file) {
+            (Some(CommandLine), Some(CommandLine)) => bail!(
+                "--redis-url and --redis-url-file cannot be used together: give the URL one way"
+            ),
+            (Some(EnvVariable), Some(EnvVariable)) => bail!(
+                "CRONLOCK_REDIS_URL and CRONLOCK_REDIS_URL_FILE are both set (a crontab's \
+                 header and its line?): set one, or give -u or --redis-url-file on the line, \
+                 which wins over both variables"
+            ),
+            // A flag wins over a variable: it is the more specific setting.
+            (Some(CommandLine), _) => None,
+            _ => self.redis_url_file.as_ref(),
+        };
+        let (urls, source): (Vec<String>, &'static str) = if let Some(path) = file {
             let source = source_of("--redis-url-file", "CRONLOCK_REDIS_URL_FILE");
             let text = read_secret(path, source)?;
-            (
-                text.split_whitespace().map(str::to_string).collect(),
-                source,
-            )
+            (split_urls(&text), source)
         } else {
-            let urls: Vec<String> = self
-                .redis_url
-                .iter()
-                .flat_map(|u| u.split_whitespace())
-                .map(str::to_string)
-                .collect();
+            let urls: Vec<String> = self.redis_url.iter().flat_map(|u| split_urls(u)).collect();
             if !urls.is_empty() {
                 let source = if self.given.redis_url == Some(ValueSource::EnvVariable) {
                     "CRONLOCK_REDIS_URL"
@@ -304,6 +313,7 @@ fn from_matches(matches: &ArgMatches) -> std::result::Result<Cli, clap::Error> {
     let mut cli = Cli::from_arg_matches(matches)?;
     cli.given = Given {
         redis_url: matches.value_source("redis_url"),
+        redis_url_file: matches.value_source("redis_url_file"),
         quiet: matches.value_source("quiet"),
         verbose: matches.value_source("verbose"),
         history_flag: matches.value_source("history") == Some(ValueSource::CommandLine),
@@ -369,12 +379,27 @@ pub fn one_line(err: &clap::Error) -> String {
             message.replace_range(start..quote + 1, &named);
         }
     }
+    use clap::error::{ContextKind, ContextValue};
+    if let Some(ContextValue::String(similar)) = err.get(ContextKind::SuggestedArg) {
+        message += &format!("; a similar argument exists: '{similar}'");
+    }
     format!("{message} (see 'cronlock --help')")
 }
 
 /// The clap command, for the man page and completion generators.
 pub fn command() -> clap::Command {
     Cli::command()
+}
+
+/// The URLs in one value: several masters' URLs separated by whitespace, or one URL whose
+/// password holds whitespace. Split only when every part is a URL (has a scheme): otherwise a
+/// password with a space would be cut in two, and half of it shown as a URL that does not parse.
+fn split_urls(text: &str) -> Vec<String> {
+    let parts: Vec<&str> = text.split_whitespace().collect();
+    if parts.len() > 1 && !parts.iter().all(|p| p.contains("://")) {
+        return vec![text.trim().to_string()];
+    }
+    parts.into_iter().map(str::to_string).collect()
 }
 
 #[cfg(test)]

@@ -98,6 +98,45 @@ pub fn plan(token: &str) -> Result<PathBuf, String> {
     Ok(own_dir()?.join(format!("cronlock-{token}")))
 }
 
+/// How long a `cronlock-*` cgroup must have been empty-and-unchanged before [`sweep`] takes it
+/// for an orphan: a starting run's guard creates the command inside its new cgroup within
+/// microseconds of making it, so one this old and empty belongs to no run that is starting.
+const ORPHAN_AGE: Duration = Duration::from_secs(5);
+
+/// Remove the empty `cronlock-*` cgroups beside `ours` (in the same parent) that runs killed
+/// together with their guards (SIGKILL to both, as a crashing host does) left behind, so that a
+/// host that crash-loops does not pile them up. Only cgroups with no process in them (`populated
+/// 0`: no live run's command is there) and older than [`ORPHAN_AGE`]; a run that is ending
+/// removes its own too, and whichever `rmdir` comes first wins. Best effort: errors are ignored.
+pub fn sweep(ours: &Path) {
+    let Some(parent) = ours.parent() else {
+        return;
+    };
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        let named = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with("cronlock-"));
+        if !named || dir == ours {
+            continue;
+        }
+        let empty = std::fs::read_to_string(dir.join("cgroup.events"))
+            .is_ok_and(|e| e.lines().any(|l| l == "populated 0"));
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|age| age >= ORPHAN_AGE));
+        if empty && old {
+            // rmdir: a cgroup with a process (or a child cgroup) in it is refused (EBUSY).
+            let _ = std::fs::remove_dir(&dir);
+        }
+    }
+}
+
 impl Cgroup {
     /// Take charge of the cgroup the guard made at `dir`.
     pub fn adopt(dir: PathBuf) -> Cgroup {

@@ -26,12 +26,16 @@ pub struct SpawnError {
     pub error: io::Error,
     /// The lock's kill-by time had passed when the command was about to start: it did not.
     pub too_late: bool,
+    /// No process could be made for the guard or the command (`fork`/`clone` failed): cronlock's
+    /// own failure, as timeout(1)'s failed fork is, not the command's.
+    pub no_process: bool,
 }
 
 impl SpawnError {
     pub fn exit(&self) -> Exit {
         match self.error.kind() {
             _ if self.too_late => Exit::LockLost,
+            _ if self.no_process => Exit::Failure,
             io::ErrorKind::NotFound => Exit::NotFound,
             _ => Exit::CannotExecute,
         }
@@ -45,6 +49,8 @@ pub struct Child {
     cgroup: Option<Cgroup>,
     /// cronlock SIGKILLed the group, the guard (its leader) included.
     killed: Cell<bool>,
+    /// The command's wait status, read by cronlock itself when the guard could not hand it over.
+    taken_over: Cell<Option<i32>>,
 }
 
 /// Why cronlock stopped the command itself.
@@ -138,6 +144,7 @@ pub fn spawn(
         program: program.clone(),
         error,
         too_late: false,
+        no_process: false,
     };
     let args = argv
         .iter()
@@ -167,7 +174,10 @@ pub fn spawn(
     drop(write_end);
     drop(prepared);
     if pid < 0 {
-        return Err(fail(io::Error::from_raw_os_error(-pid as i32)));
+        return Err(SpawnError {
+            no_process: true,
+            ..fail(io::Error::from_raw_os_error(-pid as i32))
+        });
     }
     let pid = pid as libc::pid_t;
     // Also from the parent, so the group exists before we could signal it.
@@ -194,6 +204,15 @@ pub fn spawn(
                 program,
                 error: io::Error::other("the lock could expire before it started"),
                 too_late: true,
+                no_process: false,
+            });
+        }
+        if code >= guard::REPORT_NO_PROCESS {
+            return Err(SpawnError {
+                no_process: true,
+                ..fail(io::Error::from_raw_os_error(
+                    code - guard::REPORT_NO_PROCESS,
+                ))
             });
         }
         return Err(fail(io::Error::from_raw_os_error(code)));
@@ -203,6 +222,7 @@ pub fn spawn(
         shared,
         cgroup,
         killed: Cell::new(false),
+        taken_over: Cell::new(None),
     })
 }
 
@@ -262,6 +282,27 @@ impl Child {
             .filter(|_| self.shared.has(shared::CGROUP_JOINED))
     }
 
+    /// The command's wait status when it has exited but its guard has not reaped it (the guard is
+    /// stopped, or frozen): a zombie still shows its status in /proc. The parent's pid is checked,
+    /// so a pid the guard reaped and the system gave to another process is never taken for it.
+    pub(super) fn unreaped(&self) -> Option<i32> {
+        let pid = self.shared.command()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // After "pid (comm)": (3) state, (4) ppid, ... (52) exit_code.
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        if fields.first() != Some(&"Z") || fields.get(1)?.parse::<i32>().ok()? != self.group {
+            return None;
+        }
+        fields.get(49)?.parse().ok()
+    }
+
+    /// The command ended with `status` and the guard cannot say so: end the guard (SIGKILL stops
+    /// a stopped process too) and what the job left, and finish with that status.
+    pub(super) fn take_over(&self, status: i32) {
+        self.taken_over.set(Some(status));
+        self.kill_all();
+    }
+
     /// Reap whatever has exited. Returns the command's wait status once the guard has ended, after
     /// killing anything the command left running (the lock is about to be released): its group,
     /// its cgroup, and orphans that reached us because the guard died.
@@ -303,7 +344,7 @@ impl Child {
                 drop(self.cgroup.take());
                 let guard_died = (ended.is_none() && unexpected).then_some(status);
                 return Some(Finished {
-                    status: ended.unwrap_or(status),
+                    status: self.taken_over.get().or(ended).unwrap_or(status),
                     guard_died,
                 });
             }

@@ -37,6 +37,10 @@ pub const DEATH_SIGNAL: libc::c_int = libc::SIGPWR;
 /// How the guard reports an exec failure on the report pipe when the deadline had passed.
 pub const REPORT_TOO_LATE: i32 = -1;
 
+/// Added to the errno when the guard could not create the command's process at all (`clone`
+/// failed: too many processes), as opposed to an `execve` that failed in it.
+pub const REPORT_NO_PROCESS: i32 = 1 << 16;
+
 /// The job's cgroup, as the guard made and opened it (see [`make_cgroup`]).
 #[derive(Debug, Clone, Copy)]
 struct CgroupFds {
@@ -179,10 +183,12 @@ unsafe fn run(p: &Prepared) -> ! {
     // SAFETY: we are the guard, and `p` outlives us.
     let pid = unsafe { start_command(p, cgroup) };
     if pid < 0 {
-        report(p.report_fd, -pid as i32);
+        report(p.report_fd, REPORT_NO_PROCESS + (-pid as i32));
         sys::exit(crate::exit::CANNOT_EXECUTE as libc::c_int);
     }
     let pid = pid as libc::pid_t;
+    // For cronlock, which notices the command's end itself when this guard cannot (stopped).
+    p.shared.set_command(pid);
     sys::close(p.report_fd);
     if let Some(fds) = p.stdio {
         // Only the command writes there: the pipes end when the job does.

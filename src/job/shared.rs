@@ -39,6 +39,8 @@ struct Page {
     status: AtomicI32,
     /// Why the guard could not make the job's cgroup (an errno; 0: it did, or did not try).
     cgroup_errno: AtomicI32,
+    /// The command's pid, once the guard started it (0: not yet).
+    command: AtomicI32,
 }
 
 /// A handle on the shared page. The mapping lives as long as the process (it is never unmapped:
@@ -111,6 +113,16 @@ impl Shared {
     /// Why the guard could not make the job's cgroup, if it could not.
     pub fn cgroup_error(&self) -> Option<i32> {
         Some(self.page().cgroup_errno.load(Ordering::SeqCst)).filter(|&e| e != 0)
+    }
+
+    /// The guard started the command as `pid`.
+    pub fn set_command(&self, pid: i32) {
+        self.page().command.store(pid, Ordering::SeqCst);
+    }
+
+    /// The command's pid, once the guard started it.
+    pub fn command(&self) -> Option<i32> {
+        Some(self.page().command.load(Ordering::SeqCst)).filter(|&p| p > 0)
     }
 
     /// The command's wait status, if the guard handed it over.

@@ -22,6 +22,9 @@ pub struct Limits {
     /// Between SIGTERM and SIGKILL.
     pub grace: Duration,
     pub max_runtime: Option<Duration>,
+    /// The longest the loop sleeps (a renewal interval; a second at most): how soon it notices a
+    /// command that ended while its guard could not say so.
+    pub look_every: Duration,
 }
 
 /// Wait for the command, forwarding signals and enforcing the lock's validity and `--max-runtime`.
@@ -84,9 +87,26 @@ pub fn supervise(mut child: Child, watchdog: &mut Watchdog, limits: Limits, log:
         }
         // Sleep until the next moment something may have to happen, or a signal.
         let next = s.next_moment(watchdog.due(), term_at, hard_kill_at, now);
-        if let Some(sig) = signals::wait(&set, next.saturating_duration_since(now)) {
-            if signals::forwarded().contains(&sig) {
-                s.forward(&child, sig, log);
+        match signals::wait(&set, next.saturating_duration_since(now)) {
+            Some(sig) if signals::forwarded().contains(&sig) => s.forward(&child, sig, log),
+            Some(_) => {}
+            // A wake-up on time (a renewal due, at the latest): has the command ended without its
+            // guard saying so? A stopped guard reaps nothing, and the lock would be kept for a
+            // job that is over for as long as the guard stays stopped.
+            None => {
+                if let Some(status) = child.unreaped() {
+                    child.take_over(status);
+                    log.event(
+                        Level::Warn,
+                        "guard_stuck",
+                        &format!(
+                            "the command ended but its guard process ({}) did not report it \
+                             (stopped?); ended the guard",
+                            child.group
+                        ),
+                        &[],
+                    );
+                }
             }
         }
     }
@@ -195,7 +215,8 @@ impl Supervision {
         log.event(Level::Error, event, &msg, &[]);
     }
 
-    /// The next moment something may have to happen (at most a second away).
+    /// The next moment something may have to happen (at most a second, and a renewal interval,
+    /// away).
     fn next_moment(
         &self,
         renewal_due: Option<Instant>,
@@ -216,7 +237,10 @@ impl Supervision {
         ]
         .into_iter()
         .flatten()
-        .fold(now + Duration::from_secs(1), Instant::min)
+        .fold(
+            now + self.limits.look_every.min(Duration::from_secs(1)),
+            Instant::min,
+        )
     }
 
     /// Pass a signal we received on to the command (the ones that ask it to end, as cronlock's

@@ -340,7 +340,7 @@ pub fn redact_url(url: &str) -> String {
             let query: Vec<String> = query
                 .split('&')
                 .map(|kv| match kv.split_once('=') {
-                    Some((k, _)) if SECRET_PARAMS.contains(&k) => format!("{k}=***"),
+                    Some((k, _)) if secret_param(k) => format!("{k}=***"),
                     _ => kv.to_string(),
                 })
                 .collect();
@@ -351,8 +351,17 @@ pub fn redact_url(url: &str) -> String {
     format!("{scheme}{authority}{tail}")
 }
 
-/// Query parameters that hold a password.
-const SECRET_PARAMS: &[&str] = &["pass", "password", "sentinel_password"];
+/// A query parameter that may hold a secret: its name, decoded (`pa%73s` is `pass`) and in any
+/// case (`PASS`), says password, secret, token or auth, or cannot be decoded at all.
+fn secret_param(key: &str) -> bool {
+    let Ok(key) = decode(key) else {
+        return true;
+    };
+    let key = key.to_ascii_lowercase();
+    ["pass", "secret", "token", "auth"]
+        .iter()
+        .any(|s| key.contains(s))
+}
 
 #[cfg(test)]
 mod tests {
@@ -436,6 +445,19 @@ mod tests {
         assert_eq!(
             redact_url("redis://h/0?password=x&db=1"),
             "redis://h/0?password=***&db=1"
+        );
+        // Encoded and capitalised names, and a password with a space.
+        assert_eq!(
+            redact_url("redis+unix:///run/redis.sock?pa%73s=S3cr3t&db=99"),
+            "redis+unix:///run/redis.sock?pa%73s=***&db=99"
+        );
+        assert_eq!(
+            redact_url("redis+unix:///s?PASS=S3cr3t"),
+            "redis+unix:///s?PASS=***"
+        );
+        assert_eq!(
+            redact_url("redis://:hunter2 secret@host:6379"),
+            "redis://:***@host:6379"
         );
     }
 }

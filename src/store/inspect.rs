@@ -34,17 +34,17 @@ pub fn force_release(
         FORCE_RELEASE_LUA,
         &all,
         &[ms(NOTIFY_TTL).to_string(), token.unwrap_or("").to_string()],
+        |v| match v {
+            Value::Array(items) => items
+                .iter()
+                .map(|i| text_or_nil(i, "a force-release reply that is not the holders"))
+                .filter_map(Result::transpose)
+                .collect(),
+            _ => Err(Failure::shape(
+                "a force-release reply that is not the holders",
+            )),
+        },
     )
-    .and_then(|v| match v {
-        Value::Array(items) => items
-            .iter()
-            .map(|i| text_or_nil(i, "a force-release reply that is not the holders"))
-            .filter_map(Result::transpose)
-            .collect(),
-        _ => Err(Failure::shape(
-            "a force-release reply that is not the holders",
-        )),
-    })
     .map_err(|e| anyhow!("cannot release lock '{}': {e}", keys.name))
 }
 
@@ -110,10 +110,11 @@ pub fn snapshot(
         STATUS_LUA,
         &all,
         &[history.map_or(0, i64::from).to_string()],
+        |v| {
+            redis::from_redis_value(v.clone())
+                .map_err(|_| Failure::shape("a status reply of the wrong shape"))
+        },
     )
-    .and_then(|v| {
-        redis::from_redis_value(v).map_err(|_| Failure::shape("a status reply of the wrong shape"))
-    })
     .map_err(|e| anyhow!("cannot read lock '{}': {e}", keys.name))?;
     let slots = slots
         .into_iter()

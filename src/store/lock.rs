@@ -15,13 +15,22 @@ use crate::store::keys::Keys;
 use crate::store::topology::{Failure, Link};
 
 // The scripts, hashed once: every call then sends EVALSHA with the SHA1.
-const ACQUIRE_LUA: &str = include_str!("lua/acquire.lua");
+const ACQUIRE_LUA: &str = concat!(
+    include_str!("lua/fence.lua"),
+    include_str!("lua/acquire.lua")
+);
 const RENEW_LUA: &str = include_str!("lua/renew.lua");
 const RELEASE_LUA: &str = include_str!("lua/release.lua");
 const ABANDON_LUA: &str = include_str!("lua/abandon.lua");
-const RAISE_LUA: &str = include_str!("lua/raise.lua");
-const RESTORE_LUA: &str = include_str!("lua/restore.lua");
-const SEMAPHORE_LUA: &str = include_str!("lua/semaphore.lua");
+const RAISE_LUA: &str = concat!(include_str!("lua/fence.lua"), include_str!("lua/raise.lua"));
+const RESTORE_LUA: &str = concat!(
+    include_str!("lua/fence.lua"),
+    include_str!("lua/restore.lua")
+);
+const SEMAPHORE_LUA: &str = concat!(
+    include_str!("lua/fence.lua"),
+    include_str!("lua/semaphore.lua")
+);
 static SEMAPHORE: LazyLock<Script> = LazyLock::new(|| Script::new(SEMAPHORE_LUA));
 
 /// The largest `--limit`.
@@ -154,14 +163,18 @@ pub(super) fn ms(d: Duration) -> u64 {
 /// Run `script` with `keys` and `args` on the node that serves `keys[0]`, within `within` in all:
 /// by SHA1 (`EVALSHA`), and with its text when the server does not have it yet (a new server, a
 /// restart, a promoted replica: the script cache is not replicated).
-pub(super) fn eval(
+///
+/// `read` turns the reply into the answer: a reply it refuses (the wrong type or shape) drops
+/// the connection, so no later request is answered by what that server sends next.
+pub(super) fn eval<T>(
     link: &mut Link,
     within: Duration,
     script: &Script,
     text: &str,
     keys: &[&str],
     args: &[String],
-) -> Result<Value, Failure> {
+    read: impl FnOnce(&Value) -> Result<T, Failure>,
+) -> Result<T, Failure> {
     let deadline = Instant::now() + within;
     let n = keys.len().to_string();
     let call = |link: &mut Link, verb: &str, body: &str| {
@@ -174,10 +187,11 @@ pub(super) fn eval(
             &all,
         )
     };
-    match call(link, "EVALSHA", script.get_hash()) {
+    let reply = match call(link, "EVALSHA", script.get_hash()) {
         Err(Failure::Call(e)) if e.code() == Some("NOSCRIPT") => call(link, "EVAL", text),
         r => r,
-    }
+    }?;
+    link.read(reply, read)
 }
 
 /// The integer a script returns; anything else is a failure of the call, never an answer.
@@ -210,7 +224,7 @@ pub fn try_acquire(
 ) -> Result<Attempt, Failure> {
     let sent_at = Instant::now();
     let abandoned = keys.abandoned(&holder.token);
-    let reply = if limit > 1 {
+    let (fence, pttl, value, instant, ran, slot, other) = if limit > 1 {
         let slots = keys.slots(limit);
         let mut all: Vec<&str> = vec![
             &keys.lock,
@@ -227,27 +241,11 @@ pub fn try_acquire(
             SEMAPHORE_LUA,
             &all,
             &[holder.value.clone(), ms(ttl).to_string(), limit.to_string()],
+            acquire_reply,
         )?
     } else {
         plain_acquire(link, within, keys, holder, ttl, slot, &abandoned)?
     };
-    const SHAPE: &str =
-        "an acquire reply that is not {fence, pttl, holder, instant, ran, slot, limit}";
-    let Value::Array(parts) = &reply else {
-        return Err(Failure::shape(SHAPE));
-    };
-    let [fence, pttl, value, instant, ran, got, other] = parts.as_slice() else {
-        return Err(Failure::shape(SHAPE));
-    };
-    let (fence, pttl, value, instant, ran, got, other) = (
-        int(fence, SHAPE)?,
-        int(pttl, SHAPE)?,
-        text_or_nil(value, SHAPE)?,
-        int(instant, SHAPE)?,
-        int(ran, SHAPE)?,
-        int(got, SHAPE)?,
-        int(other, SHAPE)?,
-    );
     if other != 0 {
         return Ok(Attempt::Mismatch(other.clamp(0, i64::from(u32::MAX)) as u32));
     }
@@ -262,7 +260,13 @@ pub fn try_acquire(
         let left = u64::try_from(pttl).ok().map(Duration::from_millis);
         return Ok(Attempt::Busy(left, value.unwrap_or_default(), instant));
     }
-    let slot = u32::try_from(got).map_err(|_| Failure::shape(SHAPE))?;
+    // A grant names its slot (0 for the plain lock): a broken server, never a lock, otherwise.
+    let Ok(slot) = u32::try_from(slot) else {
+        link.distrust();
+        return Err(Failure::shape(
+            "an acquire reply that is not {fence, pttl, holder, instant, ran, slot, limit}",
+        ));
+    };
     let mut keys = keys.clone();
     if limit > 1 {
         keys.lock = keys.slot(slot);
@@ -279,6 +283,39 @@ pub fn try_acquire(
     })))
 }
 
+/// An acquire's reply, read: `{fence, pttl, holder, instant, ran, slot, limit}`.
+type AcquireReply = (i64, i64, Option<String>, i64, i64, i64, i64);
+
+/// Read an acquire's reply; anything but its exact shape is a failure, never an answer.
+fn acquire_reply(reply: &Value) -> Result<AcquireReply, Failure> {
+    const SHAPE: &str =
+        "an acquire reply that is not {fence, pttl, holder, instant, ran, slot, limit}";
+    let Value::Array(parts) = reply else {
+        return Err(Failure::shape(SHAPE));
+    };
+    let [fence, pttl, value, instant, ran, got, other] = parts.as_slice() else {
+        return Err(Failure::shape(SHAPE));
+    };
+    // The token comes as a decimal string (exact), 0 when none was handed out.
+    let fence = match fence {
+        Value::BulkString(digits) => std::str::from_utf8(digits)
+            .ok()
+            .and_then(|d| d.parse::<i64>().ok())
+            .filter(|t| *t > 0)
+            .ok_or_else(|| Failure::shape(SHAPE))?,
+        other => int(other, SHAPE)?,
+    };
+    Ok((
+        fence,
+        int(pttl, SHAPE)?,
+        text_or_nil(value, SHAPE)?,
+        int(instant, SHAPE)?,
+        int(ran, SHAPE)?,
+        int(got, SHAPE)?,
+        int(other, SHAPE)?,
+    ))
+}
+
 /// The plain lock's acquire (`acquire.lua`).
 fn plain_acquire(
     link: &mut Link,
@@ -288,7 +325,7 @@ fn plain_acquire(
     ttl: Duration,
     slot: Option<&Slot>,
     abandoned: &str,
-) -> Result<Value, Failure> {
+) -> Result<AcquireReply, Failure> {
     let mut args = vec![
         holder.value.clone(),
         ms(ttl).to_string(),
@@ -312,6 +349,7 @@ fn plain_acquire(
             &keys.limit,
         ],
         &args,
+        acquire_reply,
     )
 }
 
@@ -341,14 +379,21 @@ pub fn abandon(
             ttl.as_bytes(),
         ],
     )?;
-    Ok(int(&reply, "an undo reply that is not 0 or 1")? == 1)
+    link.read(reply, |v| {
+        Ok(int(v, "an undo reply that is not 0 or 1")? == 1)
+    })
 }
 
 /// Extend our lock to `ttl` from now if it is still ours: `Ok(true)` ours, `Ok(false)` not ours.
 /// Any other reply (`+OK`, RESP3 `#t`, a string) is a failure: the renewal is not confirmed.
 pub fn renew(link: &mut Link, within: Duration, held: &Held) -> Result<bool, Failure> {
     let ttl = ms(held.ttl).to_string();
-    let reply = if held.limit > 1 {
+    let read = |v: &Value| match int(v, "a renewal reply that is not 0 or 1")? {
+        1 => Ok(true),
+        0 => Ok(false),
+        _ => Err(Failure::shape("a renewal reply that is not 0 or 1")),
+    };
+    if held.limit > 1 {
         // Our slot, and the limit record kept alive as long as a slot.
         eval(
             link,
@@ -357,7 +402,8 @@ pub fn renew(link: &mut Link, within: Duration, held: &Held) -> Result<bool, Fai
             RENEW_LUA,
             &[&held.keys.lock, &held.keys.limit],
             &[held.holder.value.clone(), ttl, held.limit.to_string()],
-        )?
+            read,
+        )
     } else {
         eval(
             link,
@@ -366,33 +412,29 @@ pub fn renew(link: &mut Link, within: Duration, held: &Held) -> Result<bool, Fai
             RENEW_LUA,
             &[&held.keys.lock],
             &[held.holder.value.clone(), ttl],
-        )?
-    };
-    match int(&reply, "a renewal reply that is not 0 or 1")? {
-        1 => Ok(true),
-        0 => Ok(false),
-        _ => Err(Failure::shape("a renewal reply that is not 0 or 1")),
+            read,
+        )
     }
 }
 
 /// Several masters: raise the fencing counter to `held.fence` while the lock is ours there
 /// (`Ok(false)`: not ours).
 pub fn raise(link: &mut Link, within: Duration, held: &Held) -> Result<bool, Failure> {
-    let reply = eval(
+    eval(
         link,
         within,
         &RAISE,
         RAISE_LUA,
         &[&held.keys.lock, &held.keys.fence],
         &[held.holder.value.clone(), held.fence.to_string()],
-    )?;
-    Ok(int(&reply, "a fencing reply that is not 0 or 1")? == 1)
+        |v| Ok(int(v, "a fencing reply that is not 0 or 1")? == 1),
+    )
 }
 
 /// Several masters: write our lock (and our fencing token) back on a master that lost it, where
 /// it is missing or ours: `Ok(false)` when another holds it there.
 pub fn restore(link: &mut Link, within: Duration, held: &Held) -> Result<bool, Failure> {
-    let reply = eval(
+    eval(
         link,
         within,
         &RESTORE,
@@ -403,8 +445,8 @@ pub fn restore(link: &mut Link, within: Duration, held: &Held) -> Result<bool, F
             ms(held.ttl).to_string(),
             held.fence.to_string(),
         ],
-    )?;
-    Ok(int(&reply, "a restore reply that is not 0 or 1")? == 1)
+        |v| Ok(int(v, "a restore reply that is not 0 or 1")? == 1),
+    )
 }
 
 /// Delete (or, for `--min-hold`, shorten) our lock if it is still ours, and record the run.
@@ -430,7 +472,7 @@ pub fn release(
         all.push(&keys.limit);
         all.extend(slots.iter().map(String::as_str));
     }
-    let reply = eval(
+    eval(
         link,
         within,
         &RELEASE,
@@ -444,13 +486,11 @@ pub fn release(
             opts.record_ttl.map_or(0, ms).to_string(),
             ms(NOTIFY_TTL).to_string(),
         ],
-    )?;
-    Ok(
-        match int(&reply, "a release reply that is not 0, 1 or 2")? {
-            1 => Released::Deleted,
-            2 => Released::Kept,
-            0 => Released::NotOurs,
-            _ => return Err(Failure::shape("a release reply that is not 0, 1 or 2")),
+        |v| match int(v, "a release reply that is not 0, 1 or 2")? {
+            1 => Ok(Released::Deleted),
+            2 => Ok(Released::Kept),
+            0 => Ok(Released::NotOurs),
+            _ => Err(Failure::shape("a release reply that is not 0, 1 or 2")),
         },
     )
 }

@@ -378,13 +378,14 @@ impl Masters {
             &keys.notify,
             &[b"BLPOP", keys.notify.as_bytes(), secs.as_bytes()],
         );
-        Some(match reply {
-            Ok(redis::Value::Nil | redis::Value::Array(_)) => Ok(()),
-            Ok(_) => Err(Failure::shape(
-                "a BLPOP reply that is neither nil nor an element",
-            )),
-            Err(e) => Err(e),
-        })
+        Some(reply.and_then(|v| {
+            link.read(v, |v| match v {
+                redis::Value::Nil | redis::Value::Array(_) => Ok(()),
+                _ => Err(Failure::shape(
+                    "a BLPOP reply that is neither nil nor an element",
+                )),
+            })
+        }))
     }
 }
 

@@ -1,5 +1,7 @@
-//! The Redis wire format (RESP2, and the RESP3 types a server might send anyway), read with
-//! bounds: no server can make cronlock allocate more than [`MAX_REPLY`] for one reply.
+//! The Redis wire format, RESP2 only, read with bounds: no server can make cronlock allocate more
+//! than [`MAX_REPLY`] for one reply. cronlock never asks for RESP3 (no `HELLO 3`), so a RESP3
+//! type in a reply (`#t`, `_`, `=`, an attribute `|` before a reply, a push `>`) is a broken
+//! server, refused like any reply of no Redis type.
 //!
 //! It exists because a reply is untrusted input. A general client reads whatever length a server
 //! declares (`$1000000000`) into memory, and lets one reply nest or count without limit. Lock
@@ -140,12 +142,6 @@ impl Parser<'_> {
                 self.at += 1;
                 Ok(Reply::Error(self.text()?))
             }
-            Some(b'!') => {
-                self.at += 1;
-                let n = self.len()?.unwrap_or(0);
-                let text = self.bulk(n)?;
-                Ok(Reply::Error(String::from_utf8_lossy(&text).into_owned()))
-            }
             _ => Ok(Reply::Value(self.value(depth)?)),
         }
     }
@@ -168,53 +164,14 @@ impl Parser<'_> {
                 None => Value::Nil,
                 Some(n) => Value::BulkString(self.bulk(n)?),
             },
-            b'*' | b'~' | b'>' => match self.len()? {
+            b'*' => match self.len()? {
                 None => Value::Nil,
-                Some(n) if kind == b'~' => Value::Set(self.items(n, depth)?),
                 Some(n) => Value::Array(self.items(n, depth)?),
             },
-            b'%' => match self.len()? {
-                None => Value::Nil,
-                Some(n) => {
-                    let flat = self.items(n.saturating_mul(2), depth)?;
-                    let mut it = flat.into_iter();
-                    let mut pairs = Vec::new();
-                    while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                        pairs.push((k, v));
-                    }
-                    Value::Map(pairs)
-                }
-            },
-            b'|' => {
-                // Attributes describe the reply that follows: skipped.
-                let n = self.len()?.unwrap_or(0);
-                self.items(n.saturating_mul(2), depth)?;
-                self.value(depth)?
+            b'~' | b'>' | b'%' | b'|' | b'_' | b'#' | b',' | b'(' | b'=' | b'!' => {
+                return Err(Bad::Protocol("a RESP3 reply in a RESP2 conversation").into())
             }
-            b'_' => {
-                self.line()?;
-                Value::Nil
-            }
-            b'#' => match self.line()? {
-                b"t" => Value::Boolean(true),
-                b"f" => Value::Boolean(false),
-                _ => return Err(Bad::Protocol("a boolean that is neither t nor f").into()),
-            },
-            b',' => Value::Double(
-                std::str::from_utf8(self.line()?)
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-                    .ok_or(Bad::Protocol("a double that is not a number"))?,
-            ),
-            b'(' => Value::BulkString(self.line()?.to_vec()),
-            b'=' => match self.len()? {
-                None => Value::Nil,
-                Some(n) => {
-                    let text = self.bulk(n)?;
-                    Value::BulkString(text.get(4..).unwrap_or_default().to_vec())
-                }
-            },
-            b'-' | b'!' => return Err(Bad::Protocol("an error inside a reply").into()),
+            b'-' => return Err(Bad::Protocol("an error inside a reply").into()),
             _ => return Err(Bad::Protocol("a reply of no Redis type").into()),
         })
     }
@@ -246,8 +203,22 @@ mod tests {
             whole(b"-NOSCRIPT No matching script\r\n"),
             Reply::Error("NOSCRIPT No matching script".into())
         );
-        assert_eq!(whole(b"#t\r\n"), Reply::Value(Value::Boolean(true)));
-        assert_eq!(whole(b"_\r\n"), Reply::Value(Value::Nil));
+    }
+
+    #[test]
+    fn resp3_is_a_broken_server() {
+        for bytes in [
+            &b"#t\r\n"[..],
+            b"_\r\n",
+            b"=7\r\ntxt:abc\r\n",
+            b"|1\r\n+a\r\n+b\r\n:1\r\n",
+            b">2\r\n$10\r\ninvalidate\r\n*0\r\n",
+            b"*2\r\n:1\r\n#t\r\n",
+            b"%1\r\n:1\r\n:1\r\n",
+            b"!3\r\nERR\r\n",
+        ] {
+            assert!(matches!(parse(bytes), Err(Bad::Protocol(_))), "{bytes:?}");
+        }
     }
 
     #[test]
@@ -267,7 +238,6 @@ mod tests {
     fn declared_sizes_past_the_bound_are_refused_at_once() {
         assert_eq!(parse(b"$1000000000\r\n"), Err(Bad::TooLarge));
         assert_eq!(parse(b"*1000000000\r\n"), Err(Bad::TooLarge));
-        assert_eq!(parse(b"%1000000000\r\n"), Err(Bad::TooLarge));
         let long = vec![b'a'; MAX_REPLY + 2];
         let mut line = b"+".to_vec();
         line.extend_from_slice(&long);

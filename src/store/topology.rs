@@ -222,8 +222,17 @@ impl Link {
     /// `NOSCRIPT` drops the connection: the next call looks the server up again.
     pub fn call(&mut self, within: Duration, key: &str, args: &[&[u8]]) -> Result<Value, Failure> {
         let deadline = Instant::now() + within;
+        let reused = self.con.is_some();
         let mut con = self.reuse_or_connect(deadline)?;
-        match con.call(key, args, deadline) {
+        let mut reply = con.call(key, args, deadline);
+        if reused && reply == Err(WireError::Unasked) {
+            // The kept connection held a frame nobody asked for: dropped unread, and the call
+            // (never sent) goes on a fresh connection.
+            drop(con);
+            con = self.redis.connect(deadline)?;
+            reply = con.call(key, args, deadline);
+        }
+        match reply {
             Ok(Reply::Value(v)) => {
                 self.con = Some(con);
                 Ok(v)
@@ -237,6 +246,22 @@ impl Link {
             }
             Err(e) => Err(Failure::Call(e)),
         }
+    }
+
+    /// Never use the open connection again: its last reply was not of the shape asked for, so
+    /// what it says next cannot be matched to a request (see [`Link::read`]).
+    pub fn distrust(&mut self) {
+        self.con = None;
+    }
+
+    /// `read` applied to a reply of [`Link::call`]: a reply it refuses (the wrong type or shape)
+    /// drops the connection, so the next request (an undo included) goes on a fresh one.
+    pub fn read<T>(
+        &mut self,
+        reply: Value,
+        read: impl FnOnce(&Value) -> Result<T, Failure>,
+    ) -> Result<T, Failure> {
+        read(&reply).inspect_err(|_| self.distrust())
     }
 
     /// The open connection if it may still be used, else a new one. Under Sentinel, a connection

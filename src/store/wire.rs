@@ -60,6 +60,9 @@ pub enum WireError {
     Server(String),
     /// The TLS layer refused: what rustls said.
     Tls(String),
+    /// The connection held a frame nobody asked for before a command was sent: the command was
+    /// not sent, and the connection must not be used again.
+    Unasked,
 }
 
 impl WireError {
@@ -118,6 +121,9 @@ impl std::fmt::Display for WireError {
             }
             WireError::Server(text) => f.write_str(text),
             WireError::Tls(e) => f.write_str(e),
+            WireError::Unasked => f.write_str(
+                "the server sent a reply nobody asked for (the connection was dropped unread)",
+            ),
         }
     }
 }
@@ -315,9 +321,56 @@ impl Wire {
 
     /// Send one command and read its reply, all by `deadline`. A server's refusal is a reply
     /// (`Reply::Error`): the connection is still good.
+    ///
+    /// Every reply must answer its own request: a connection with anything waiting to be read
+    /// before the command is sent (a frame nobody asked for) is not used
+    /// ([`WireError::Unasked`], nothing sent), and a reply followed by more bytes is a broken
+    /// server ([`Bad`]), since which frame answers which request can no longer be told. Either
+    /// way the caller drops the connection and never reads it again.
     pub fn call(&mut self, args: &[&[u8]], deadline: Instant) -> Result<Reply, WireError> {
+        if self.unasked(deadline)? {
+            return Err(WireError::Unasked);
+        }
         self.send(&resp::encode(args), deadline)?;
-        self.read(deadline)
+        let reply = self.read(deadline)?;
+        if !self.buf.is_empty() {
+            return Err(WireError::Bad(Bad::Protocol(
+                "more than one reply to one command",
+            )));
+        }
+        Ok(reply)
+    }
+
+    /// Whether the server sent something (or closed) that no request of ours asked for. Under
+    /// TLS, a readable socket may hold only the protocol's own records (a session ticket): those
+    /// are read (for at most 20 ms, before `deadline`), and only application bytes count; a TLS
+    /// alert there (a client certificate refused after the handshake) is the error it is.
+    fn unasked(&mut self, deadline: Instant) -> Result<bool, WireError> {
+        if !self.readable() {
+            return Ok(false);
+        }
+        if !matches!(self.stream, Stream::Tls(_)) {
+            return Ok(true);
+        }
+        let mut chunk = [0u8; 4096];
+        self.stream
+            .bound(deadline.min(Instant::now() + Duration::from_millis(20)));
+        match self.stream.io().read(&mut chunk) {
+            Ok(0) => Ok(true),
+            Ok(n) => {
+                self.buf.extend_from_slice(&chunk[..n]);
+                Ok(true)
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(io_error(e)),
+        }
     }
 
     fn send(&mut self, bytes: &[u8], deadline: Instant) -> Result<(), WireError> {

@@ -966,6 +966,14 @@ pub enum Mischief {
     Ok,
     /// Answer every command with RESP3's `#t` without asking Redis.
     True,
+    /// Send this frame, then Redis's real reply, in one write.
+    Before(&'static [u8]),
+    /// Send Redis's real reply and this frame, in one write.
+    After(&'static [u8]),
+    /// Send Redis's real reply, then this frame 20 ms later (after the client read its reply).
+    Late(&'static [u8]),
+    /// [`Mischief::Before`] for the next reply only, then [`Mischief::Pass`].
+    BeforeOnce(&'static [u8]),
 }
 
 /// A loopback proxy in front of a real Redis that turns hostile on demand ([`Hostile::set`]):
@@ -973,6 +981,8 @@ pub enum Mischief {
 pub struct Hostile {
     pub port: u16,
     mode: std::sync::Arc<std::sync::Mutex<Mischief>>,
+    /// Replies sent so far, on all connections.
+    replies: std::sync::Arc<AtomicU32>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -986,14 +996,15 @@ impl Hostile {
         let port = listener.local_addr().unwrap().port();
         let mode = std::sync::Arc::new(std::sync::Mutex::new(Mischief::Pass));
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (m, st) = (mode.clone(), stop.clone());
+        let replies = std::sync::Arc::new(AtomicU32::new(0));
+        let (m, st, sent) = (mode.clone(), stop.clone(), replies.clone());
         std::thread::spawn(move || {
             while !st.load(Ordering::SeqCst) {
                 let Ok((mut client, _)) = listener.accept() else {
                     std::thread::sleep(Duration::from_millis(5));
                     continue;
                 };
-                let (m, st) = (m.clone(), st.clone());
+                let (m, st, sent) = (m.clone(), st.clone(), sent.clone());
                 std::thread::spawn(move || {
                     client.set_nonblocking(false).unwrap();
                     let _ = client.set_read_timeout(Some(Duration::from_millis(100)));
@@ -1009,7 +1020,14 @@ impl Hostile {
                             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
                             Err(_) => return,
                         };
-                        let mode = *m.lock().unwrap();
+                        let mode = {
+                            let mut m = m.lock().unwrap();
+                            let mode = *m;
+                            if let Mischief::BeforeOnce(_) = mode {
+                                *m = Mischief::Pass;
+                            }
+                            mode
+                        };
                         let reply = match mode {
                             Mischief::Ok => b"+OK\r\n".to_vec(),
                             Mischief::True => b"#t\r\n".to_vec(),
@@ -1027,16 +1045,31 @@ impl Hostile {
                                 }
                                 return;
                             }
-                            Mischief::Pass | Mischief::Drip => {
+                            _ => {
                                 if server.write_all(&buf[..n]).is_err() {
                                     return;
                                 }
                                 let Ok(got) = server.read(&mut buf) else {
                                     return;
                                 };
-                                buf[..got].to_vec()
+                                let real = buf[..got].to_vec();
+                                match mode {
+                                    Mischief::Before(f) | Mischief::BeforeOnce(f) => {
+                                        [f, &real[..]].concat()
+                                    }
+                                    Mischief::After(f) => [&real[..], f].concat(),
+                                    Mischief::Late(f) => {
+                                        if client.write_all(&real).is_err() {
+                                            return;
+                                        }
+                                        std::thread::sleep(Duration::from_millis(20));
+                                        f.to_vec()
+                                    }
+                                    _ => real,
+                                }
                             }
                         };
+                        sent.fetch_add(1, Ordering::SeqCst);
                         if mode == Mischief::Drip {
                             for b in reply {
                                 if st.load(Ordering::SeqCst) || client.write_all(&[b]).is_err() {
@@ -1051,7 +1084,17 @@ impl Hostile {
                 });
             }
         });
-        Hostile { port, mode, stop }
+        Hostile {
+            port,
+            mode,
+            replies,
+            stop,
+        }
+    }
+
+    /// How many replies the proxy has sent so far.
+    pub fn replies(&self) -> u32 {
+        self.replies.load(Ordering::SeqCst)
     }
 
     pub fn url(&self) -> String {

@@ -4,9 +4,11 @@
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-local stored = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-local token = tonumber(ARGV[2])
-if stored < token then
+local stored, refused = fence_read(KEYS[2])
+if not stored then
+  return refused
+end
+if fence_less(stored, ARGV[2]) then
   redis.call('SET', KEYS[2], ARGV[2])
 end
 return 1

@@ -33,15 +33,13 @@ end
 if not free then
   return {0, soonest, holder, 0, 0, -1, 0}
 end
-local stored = redis.call('GET', KEYS[2])
-if stored and not string.match(stored, '^%d+$') then
-  return redis.error_reply('ERR fencing counter ' .. KEYS[2] .. ' is not an integer')
+local token, refused = fence_token(KEYS[2])
+if not token then
+  return refused
 end
 redis.call('SET', KEYS[free], ARGV[1], 'PX', ARGV[2])
 local keep = math.max(redis.call('PTTL', KEYS[4]), tonumber(ARGV[2]))
 redis.call('SET', KEYS[4], ARGV[3], 'PX', keep)
-local t = redis.call('TIME')
-local token = math.max((tonumber(stored) or 0) + 1, tonumber(t[1]) * 1000000 + tonumber(t[2]))
-redis.call('SET', KEYS[2], string.format('%d', token))
-redis.call('HSET', KEYS[5], tostring(free - 6), string.format('%d', token))
+redis.call('SET', KEYS[2], token)
+redis.call('HSET', KEYS[5], tostring(free - 6), token)
 return {token, 0, false, 0, 0, free - 6, 0}

@@ -16,7 +16,7 @@ for i = 8, #KEYS do
   local v = redis.call('GET', KEYS[i])
   if v then
     local fence = redis.call('HGET', KEYS[7], tostring(i - 8)) or '0'
-    slots[#slots + 1] = {i - 8, v, redis.call('PTTL', KEYS[i]), tonumber(fence)}
+    slots[#slots + 1] = {i - 8, v, redis.call('PTTL', KEYS[i]), fence}
   end
 end
 return {
