@@ -343,34 +343,36 @@ impl Wire {
 
     /// Whether the server sent something (or closed) that no request of ours asked for. Under
     /// TLS, a readable socket may hold only the protocol's own records (a session ticket): those
-    /// are read (for at most 20 ms, before `deadline`), and only application bytes count; a TLS
-    /// alert there (a client certificate refused after the handshake) is the error it is.
+    /// are taken in without waiting for more, and only application bytes count; a TLS alert there
+    /// (a client certificate refused after the handshake) is the error it is.
     fn unasked(&mut self, deadline: Instant) -> Result<bool, WireError> {
         if !self.readable() {
             return Ok(false);
         }
-        if !matches!(self.stream, Stream::Tls(_)) {
+        let Stream::Tls(s) = &mut self.stream else {
             return Ok(true);
-        }
-        let mut chunk = [0u8; 4096];
-        self.stream
-            .bound(deadline.min(Instant::now() + Duration::from_millis(20)));
-        match self.stream.io().read(&mut chunk) {
-            Ok(0) => Ok(true),
-            Ok(n) => {
-                self.buf.extend_from_slice(&chunk[..n]);
-                Ok(true)
+        };
+        s.sock.deadline = deadline;
+        // A few rounds at most: each takes what the socket holds now, never waits for more.
+        for _ in 0..8 {
+            match s.conn.read_tls(&mut s.sock) {
+                Ok(0) => return Ok(true),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(io_error(e)),
             }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                Ok(false)
+            let state = s
+                .conn
+                .process_new_packets()
+                .map_err(|e| WireError::Tls(tls_text(&e)))?;
+            if state.plaintext_bytes_to_read() > 0 || state.peer_has_closed() {
+                return Ok(true);
             }
-            Err(e) => Err(io_error(e)),
+            if !poll_in(s.sock.sock.as_fd()) {
+                return Ok(false);
+            }
         }
+        Ok(true)
     }
 
     fn send(&mut self, bytes: &[u8], deadline: Instant) -> Result<(), WireError> {
@@ -390,13 +392,7 @@ impl Wire {
     /// Whether the server has sent something or closed the connection, without waiting. On a
     /// connection that only answers our calls, either means the connection is no longer good.
     pub fn readable(&self) -> bool {
-        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-        if !self.buf.is_empty() {
-            return true;
-        }
-        let mut fds = [PollFd::new(self.stream.fd(), PollFlags::POLLIN)];
-        // An error of poll itself (EINTR) is "nothing seen": the caller looks again.
-        matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+        !self.buf.is_empty() || poll_in(self.stream.fd())
     }
 
     /// Read the next reply by `deadline` (a pushed message, on a subscribed connection). A
@@ -418,6 +414,14 @@ impl Wire {
             }
         }
     }
+}
+
+/// Whether `fd` has something to read (or was closed), without waiting. An error of poll itself
+/// (EINTR) is "nothing seen": the caller looks again.
+fn poll_in(fd: BorrowedFd<'_>) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
 }
 
 impl Reply {
