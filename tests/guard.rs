@@ -271,16 +271,7 @@ fn a_guard_that_dies_is_said_and_the_job_goes_with_it() {
     let cmd = read_pid(&dir.join("pid"));
     read_pid(&dir.join("setsid.pid"));
     // The command's parent is the guard.
-    let stat = std::fs::read_to_string(format!("/proc/{cmd}/stat")).unwrap();
-    let guard: i32 = stat
-        .rsplit_once(')')
-        .unwrap()
-        .1
-        .split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
+    let guard = parent_of(cmd);
     signal(guard, libc::SIGKILL);
     let out = c.wait_with_output().unwrap();
     assert_eq!(code(&out), 137);
@@ -368,6 +359,18 @@ fn pid_1_cronlocks_side_by_side_get_a_cgroup_each() {
     }
 }
 
+/// The parent of `pid` (the guard, for the command's process).
+fn parent_of(pid: i32) -> i32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after_comm = stat.rsplit_once(')').unwrap().1;
+    after_comm
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 fn which(name: &str) -> String {
     ["/usr/bin", "/bin", "/usr/sbin", "/sbin"]
         .iter()
@@ -408,16 +411,7 @@ fn cgroups_left_by_killed_runs_are_removed_by_the_next_run() {
     let Some(left) = job_cgroup(&dir) else {
         lacks("a writable cgroup v2 hierarchy", "the orphaned-cgroup test")
     };
-    let stat = std::fs::read_to_string(format!("/proc/{cmd}/stat")).unwrap();
-    let guard: i32 = stat
-        .rsplit_once(')')
-        .unwrap()
-        .1
-        .split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
+    let guard = parent_of(cmd);
     signal(guard, libc::SIGKILL);
     signal(c.id() as i32, libc::SIGKILL);
     let _ = c.wait();
@@ -467,16 +461,7 @@ fn a_stopped_guard_does_not_keep_the_lock_after_the_job() {
         .spawn()
         .unwrap();
     let cmd = read_pid(&dir.join("pid"));
-    let stat = std::fs::read_to_string(format!("/proc/{cmd}/stat")).unwrap();
-    let guard: i32 = stat
-        .rsplit_once(')')
-        .unwrap()
-        .1
-        .split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
+    let guard = parent_of(cmd);
     signal(guard, libc::SIGSTOP);
     std::fs::write(dir.join("go"), "").unwrap();
     let ended = std::time::Instant::now();

@@ -422,33 +422,8 @@ fn a_stale_frame_at_the_acquire_is_never_read_as_a_later_grant() {
 /// lapse.
 #[test]
 fn unasked_frames_at_renewals_never_confirm_one() {
-    for mischief in [Mischief::Before(b":1\r\n"), Mischief::After(UNASKED[0])] {
-        let r = Redis::start_tcp();
-        let proxy = Hostile::start(r.port);
-        let dir = scratch("unasked-renew");
-        let mut cmd = cronlock_at(&proxy.url());
-        cmd.args(["--ttl", "3s", "--connect-timeout", "1s", "k", "sh", "-c"])
-            .arg(format!("echo $$ > {}/pid; exec sleep 30", dir.display()))
-            .stderr(std::process::Stdio::piped());
-        let holder = cmd.spawn().unwrap();
-        let job = read_pid(&dir.join("pid"));
-        let turned = Instant::now();
-        proxy.set(mischief);
-        let mut died = None;
-        assert!(
-            wait_for(Duration::from_secs(10), || {
-                died = (!alive(job)).then(Instant::now);
-                died.is_some()
-            }),
-            "{mischief:?}: the job outlived the lock"
-        );
-        assert!(
-            died.unwrap() - turned < Duration::from_secs(3),
-            "{mischief:?}"
-        );
-        let out = holder.wait_with_output().unwrap();
-        assert_eq!(code(&out), 122, "{mischief:?}: {}", stderr(&out));
-    }
+    renewal_fails(Mischief::Before(b":1\r\n"));
+    renewal_fails(Mischief::After(UNASKED[0]));
 }
 
 /// At the release, in a wait and in the admin modes: a frame nobody asked for is a failure of

@@ -386,6 +386,10 @@ fn the_url_and_the_url_file_combine_as_a_user_expects() {
         "{}",
         stderr(&out)
     );
+    // --help names KEY as the usage lines do: required (by every mode but --list, which takes none).
+    let help = stdout(&run(cronlock(&r).arg("--help")));
+    assert!(help.lines().any(|l| l.trim() == "<KEY>"), "{help}");
+    assert!(!help.contains("[KEY]"), "{help}");
     // A mistyped flag gets a suggestion.
     let out = run(cronlock(&r).args(["--ttll", "5s", "k", "true"]));
     assert_eq!(code(&out), 125);

@@ -368,7 +368,7 @@ pub struct Cli {
     pub json: bool,
 
     /// Name of the lock; every host running the same job uses the same KEY (at most 1024 bytes)
-    #[arg(value_name = "KEY")]
+    #[arg(value_name = "KEY", required = true)]
     pub key: Option<String>,
 
     /// The command to run and its arguments, passed on untouched
