@@ -123,6 +123,17 @@ pub struct Watch {
     pub margin: Duration,
 }
 
+/// The lock watch reports to the validity view: a change asks for a renewal now.
+impl crate::store::tracking::Listener for Watch {
+    fn changed(&self) {
+        self.renew_now();
+    }
+
+    fn lost(&self) -> bool {
+        self.is_lost()
+    }
+}
+
 impl Watch {
     /// Validity starts at `valid_until`. The guard's kill-by time follows it, half a margin
     /// earlier: after cronlock's own SIGKILL (a whole margin early), so a live cronlock acts
@@ -306,7 +317,7 @@ impl Watchdog {
             if let Tracking::Planned(_, plan) = std::mem::replace(&mut self.tracking, Tracking::Off)
             {
                 self.tracking = Tracking::Running {
-                    _threads: plan.start(&self.watch),
+                    _threads: plan.start(Arc::new(self.watch.clone())),
                 };
             }
         }

@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use clap::parser::ValueSource;
 use clap::ValueEnum;
 
-use super::{Cli, Given, LogFormat};
+use crate::cli::args::{Cli, Given, LogFormat};
 use crate::duration;
 
 /// The way cronlock is run on every tick of every host, `cronlock KEY [--] COMMAND [ARGS...]`

@@ -282,18 +282,27 @@ impl Child {
             .filter(|_| self.shared.has(shared::CGROUP_JOINED))
     }
 
-    /// The command's wait status when it has exited but its guard has not reaped it (the guard is
-    /// stopped, or frozen): a zombie still shows its status in /proc. The parent's pid is checked,
-    /// so a pid the guard reaped and the system gave to another process is never taken for it.
+    /// The command's wait status when it has exited but its guard, stopped (SIGSTOP, a
+    /// debugger), cannot reap it: a zombie still shows its status in /proc. The parent's pid is
+    /// checked, so a pid the guard reaped and the system gave to another process is never taken
+    /// for it; a guard that is merely busy ending the job (it reaps in a moment) is left to it.
     pub(super) fn unreaped(&self) -> Option<i32> {
         let pid = self.shared.command()?;
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // After "pid (comm)": (3) state, (4) ppid, ... (52) exit_code.
-        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-        if fields.first() != Some(&"Z") || fields.get(1)?.parse::<i32>().ok()? != self.group {
+        let fields = |pid: i32| -> Option<Vec<String>> {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // After "pid (comm)": (3) state, (4) ppid, ... (52) exit_code.
+            let rest = stat.rsplit_once(')')?.1;
+            Some(rest.split_whitespace().map(str::to_string).collect())
+        };
+        let command = fields(pid)?;
+        if command.first()? != "Z" || command.get(1)?.parse::<i32>().ok()? != self.group {
             return None;
         }
-        fields.get(49)?.parse().ok()
+        let guard = fields(self.group)?;
+        if !matches!(guard.first()?.as_str(), "T" | "t") {
+            return None;
+        }
+        command.get(49)?.parse().ok()
     }
 
     /// The command ended with `status` and the guard cannot say so: end the guard (SIGKILL stops

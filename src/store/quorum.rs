@@ -25,21 +25,12 @@ use crate::store::inspect::{self, Snapshot};
 use crate::store::keys::Keys;
 use crate::store::lock::{self, Attempt, Held, Holder, ReleaseOptions, Released, Slot};
 use crate::store::round::{failed_alone, refused, Answer, Lost};
+pub use crate::store::round::{Outcome, Refused};
 use crate::store::topology::{Failure, Link, Redis};
 
 /// The masters, each with its own link.
 pub struct Masters {
     links: Vec<Link>,
-}
-
-/// What an acquisition round came to: the masters' verdict, or why there is none.
-pub type Outcome = Result<Attempt, Refused>;
-
-/// An acquisition that neither got the lock nor found it busy: one line, and whether trying
-/// again may help.
-pub struct Refused {
-    pub text: String,
-    pub transient: bool,
 }
 
 impl Masters {

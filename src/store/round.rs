@@ -6,8 +6,17 @@ use std::time::Duration;
 
 use crate::duration::Span;
 use crate::store::lock::Attempt;
-use crate::store::quorum::{Outcome, Refused};
 use crate::store::topology::Failure;
+
+/// What an acquisition round came to: the masters' verdict, or why there is none.
+pub type Outcome = Result<Attempt, Refused>;
+
+/// An acquisition that neither got the lock nor found it busy: one line, and whether trying
+/// again may help.
+pub struct Refused {
+    pub text: String,
+    pub transient: bool,
+}
 
 /// One master's answer to an acquire.
 pub(super) type Answer = Result<Attempt, Lost>;

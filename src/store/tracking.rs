@@ -10,7 +10,7 @@
 //! sends a message. On a message the thread reads the key on its own connection: still our value,
 //! nothing happened; anything else, or a watch connection that broke (a failover or a restart may
 //! have lost the key: either of the two, the tracking one is looked at every [`TICK`]), asks the
-//! watchdog for a renewal now ([`Watch::renew_now`]). Only the renewal
+//! watchdog for a renewal now ([`Listener::changed`]). Only the renewal
 //! decides: "not ours" is the lost lock (122), as at any renewal, and with several masters a loss
 //! on a minority is mended by the renewal, not counted.
 //!
@@ -31,7 +31,6 @@ use crate::store::connect::explain;
 use crate::store::resp::Reply;
 use crate::store::topology::Redis;
 use crate::store::wire::{Wire, WireError};
-use crate::watchdog::Watch;
 
 /// The channel invalidation messages are published on (RESP2, with `REDIRECT`).
 const CHANNEL: &[u8] = b"__redis__:invalidate";
@@ -54,6 +53,16 @@ impl Drop for Tracking {
     }
 }
 
+/// Who hears what the watch finds: the lock's validity view, given by the watchdog. A trait, so
+/// that this module imports nothing above the store.
+pub trait Listener: Send + Sync {
+    /// The key changed or the watch broke: renew now (only the renewal decides whether the lock
+    /// is still ours).
+    fn changed(&self);
+    /// The lock is known lost: the watch can stop.
+    fn lost(&self) -> bool;
+}
+
 /// A watch to start once the command has run for [`SETTLE`] (see [`crate::watchdog`], which
 /// starts it): most cron jobs' `true`-sized runs end before, and pay for no thread.
 pub struct Plan {
@@ -69,20 +78,26 @@ impl Plan {
         started + SETTLE
     }
 
-    pub fn start(self, watch: &Watch) -> Tracking {
-        start(&self.masters, &self.key, &self.value, watch, &self.log)
+    pub fn start(self, listener: Arc<dyn Listener>) -> Tracking {
+        start(&self.masters, &self.key, &self.value, listener, &self.log)
     }
 }
 
 /// Start watching `key` (holding `value`) on every master.
-fn start(masters: &[Redis], key: &str, value: &str, watch: &Watch, log: &Log) -> Tracking {
+fn start(
+    masters: &[Redis],
+    key: &str,
+    value: &str,
+    listener: Arc<dyn Listener>,
+    log: &Log,
+) -> Tracking {
     let stop = Arc::new(AtomicBool::new(false));
     for redis in masters {
         let w = Watcher {
             redis: redis.clone(),
             key: key.to_string(),
             value: value.to_string(),
-            watch: watch.clone(),
+            listener: Arc::clone(&listener),
             log: log.clone(),
             stop: Arc::clone(&stop),
         };
@@ -106,7 +121,7 @@ struct Watcher {
     redis: Redis,
     key: String,
     value: String,
-    watch: Watch,
+    listener: Arc<dyn Listener>,
     log: Log,
     stop: Arc<AtomicBool>,
 }
@@ -123,7 +138,7 @@ enum End {
 
 impl Watcher {
     fn stopped(&self) -> bool {
-        self.stop.load(Ordering::SeqCst) || self.watch.is_lost()
+        self.stop.load(Ordering::SeqCst) || self.listener.lost()
     }
 
     fn run(self) {
@@ -155,7 +170,7 @@ impl Watcher {
                         &format!("the connection watching the lock broke ({why}); renewing now"),
                         &[],
                     );
-                    self.watch.renew_now();
+                    self.listener.changed();
                 }
             }
             let until = Instant::now() + backoff;
@@ -299,7 +314,7 @@ impl Watcher {
             _ => false,
         };
         if !ours && !self.stopped() {
-            self.watch.renew_now();
+            self.listener.changed();
         }
         Ok(())
     }
