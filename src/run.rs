@@ -204,8 +204,8 @@ fn acquired_line(cli: &Cli, job: &Job, held: &Held) -> String {
     )
 }
 
-/// After the command: stop the watchdog, then release and record the run, all bounded by
-/// `--connect-timeout`.
+/// After the command: stop the watchdog (within `--connect-timeout`), then release and record the
+/// run (within another): the end of a run is bounded by 2x `--connect-timeout`.
 fn finish(
     cli: &Cli,
     redis: &[Redis],
@@ -215,7 +215,8 @@ fn finish(
     log: &Log,
     report: &mut Report,
 ) -> Result<()> {
-    // From here on, the end of the run is bounded by --connect-timeout in all.
+    // Stopping the watchdog waits at most --connect-timeout (a renewal in flight); the release
+    // then has a --connect-timeout of its own.
     let release_by = Instant::now() + redis[0].connect_timeout;
     let valid_until = match watchdog.watch.state() {
         LockState::Valid { until } => until,
@@ -434,8 +435,9 @@ fn finished(ended: &Ended, started: Instant, log: &Log) -> (Exit, Ending) {
 }
 
 /// Release our lock and record the run; problems are warnings, since the command's status is what
-/// matters now. Bounded by `--connect-timeout` in all; a failed call is retried once on a new
-/// connection, but only while the lock can still be alive in Redis (before `valid_until`).
+/// matters now. Bounded by `--connect-timeout` in all (after the watchdog's stop, which has its
+/// own: the end of a run is at most 2x `--connect-timeout`); a failed call is retried once on a
+/// new connection, but only while the lock can still be alive in Redis (before `valid_until`).
 fn release(
     redis: &[Redis],
     masters: Option<Masters>,

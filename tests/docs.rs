@@ -322,15 +322,39 @@ fn the_readme_exit_table_is_the_cli_table() {
         .split("## Exit status")
         .nth(1)
         .expect("the README has an exit status section");
-    let codes: Vec<String> = table
+    // Markdown as plain text: no backticks, a link's text without its target.
+    let plain = |cell: &str| -> String {
+        let mut out = String::new();
+        let mut rest = cell.trim().replace('`', "");
+        while let Some(open) = rest.find('[') {
+            let Some(close) = rest[open..].find("](").map(|c| open + c) else {
+                break;
+            };
+            let Some(end) = rest[close..].find(')').map(|e| close + e) else {
+                break;
+            };
+            out.push_str(&rest[..open]);
+            out.push_str(&rest[open + 1..close]);
+            rest = rest[end + 1..].to_string();
+        }
+        out + &rest
+    };
+    let rows: Vec<(String, String)> = table
         .lines()
         .skip_while(|l| !l.starts_with("| status"))
         .skip(2)
         .take_while(|l| l.starts_with('|'))
-        .map(|l| l.split('|').nth(1).unwrap().trim().replace('`', ""))
+        .map(|l| {
+            let cells: Vec<&str> = l.split('|').collect();
+            (plain(cells[1]), plain(cells[2]))
+        })
         .collect();
-    let expected: Vec<&str> = cli::EXIT_STATUS.iter().map(|(code, _)| *code).collect();
-    assert_eq!(codes, expected);
+    let expected: Vec<(String, String)> = cli::EXIT_STATUS
+        .iter()
+        .map(|(code, meaning)| (code.to_string(), meaning.to_string()))
+        .collect();
+    // Codes and meanings alike: the README says what --help and the man page say.
+    assert_eq!(rows, expected);
 }
 
 /// Every relative link in the README and docs/ names a file that exists, and every `#anchor` a

@@ -22,7 +22,7 @@ pub const EXIT_STATUS: &[(&str, &str)] = &[
     (
         "122",
         "the lock was lost: the command was terminated (or not started, when the lock was granted \
-         too late to be safe)",
+         too late to be safe; or stopped after an internal error)",
     ),
     (
         "124",
@@ -31,7 +31,7 @@ pub const EXIT_STATUS: &[(&str, &str)] = &[
     (
         "125",
         "cronlock itself failed (bad usage or value, Redis unreachable, authentication refused, \
-         unexpected reply); the command did not run",
+         unexpected reply, no process for the command); the command did not run",
     ),
     ("126", "the command was found but could not be executed"),
     ("127", "the command was not found"),
