@@ -52,7 +52,7 @@ fn run_guarded() -> Exit {
         Ok(exit) => exit,
         Err(payload) => {
             let group = run::RUNNING_GROUP.swap(0, Ordering::SeqCst);
-            let msg = watchdog::panic_message(&*payload);
+            let msg = crate::log::panic_message(&*payload);
             let json = std::env::var("CRONLOCK_LOG_FORMAT").is_ok_and(|f| f == "json");
             let log = Log::new(false, false, json);
             let exit = if group > 0 {

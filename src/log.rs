@@ -259,3 +259,12 @@ pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
         .collect::<String>()
         .into()
 }
+
+/// A panic's message, for the one line that reports it.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}

@@ -345,28 +345,22 @@ fn start(
     let child = match child::spawn(&job.argv, &env, watch.shared(), cgroup, stdio) {
         Ok(c) => c,
         Err(e) if e.too_late => return Err(too_late()),
-        Err(e) if e.no_process => {
+        Err(e) => {
             let text = crate::log::io_text(&e.error);
-            let hint = match e.error.raw_os_error() {
-                Some(libc::EAGAIN) => " (too many processes for this user: ulimit -u?)",
-                _ => "",
-            };
-            log.error(
-                "spawn_failed",
-                &format!(
+            let line = if e.no_process {
+                let hint = match e.error.raw_os_error() {
+                    Some(libc::EAGAIN) => " (too many processes for this user: ulimit -u?)",
+                    _ => "",
+                };
+                format!(
                     "cannot make a process to run '{}' (the guard or the command): \
                      {text}{hint}; the command did not run",
                     e.program
-                ),
-            );
-            return Err(e.exit());
-        }
-        Err(e) => {
-            let text = crate::log::io_text(&e.error);
-            log.error(
-                "spawn_failed",
-                &format!("cannot run '{}': {text}", e.program),
-            );
+                )
+            } else {
+                format!("cannot run '{}': {text}", e.program)
+            };
+            log.error("spawn_failed", &line);
             return Err(e.exit());
         }
     };

@@ -263,15 +263,6 @@ struct Renewal {
     log: Log,
 }
 
-/// A panic's message, for the one line that reports it.
-pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into())
-}
-
 impl Watchdog {
     /// Prepare to renew `held` over `link` (the one that took the lock). No thread runs yet: see
     /// [`Watchdog::start_if_due`].
@@ -384,7 +375,7 @@ fn spawn(r: Renewal, watch: Watch) -> std::io::Result<State> {
                 // Nobody renews the lock any more: that is a lost lock, not a silent end.
                 watch.lose(format!(
                     "the watchdog renewing '{name}' failed ({})",
-                    panic_message(&*payload)
+                    crate::log::panic_message(&*payload)
                 ));
                 None
             });

@@ -9,6 +9,8 @@
 
 pub mod cluster;
 pub mod connect;
+pub mod dial;
+pub mod holder;
 pub mod inspect;
 pub mod keys;
 pub mod lock;
@@ -21,3 +23,4 @@ pub mod topology;
 pub mod tracking;
 pub mod wait;
 pub mod wire;
+pub mod wire_error;

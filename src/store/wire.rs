@@ -7,19 +7,20 @@
 //! to what is left. Replies are read with [`crate::store::resp`]'s bound on their size.
 
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::net::TcpStream;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use redis::Value;
-use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, ClientConnection, StreamOwned};
 
 use crate::clock::Instant;
+use crate::store::dial::{handshake, tcp_connect, unix_connect, Bounded};
 use crate::store::resp::{self, Bad, Reply};
+pub use crate::store::wire_error::{failed, Refusal, WireError};
+use crate::store::wire_error::{io_error, left, tls_text};
 
 /// Where a server listens.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -45,172 +46,6 @@ pub struct Session {
     pub user: Option<String>,
     pub password: Option<String>,
     pub db: i64,
-}
-
-/// Why an exchange failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WireError {
-    /// The deadline passed before the whole reply was there.
-    Timeout,
-    /// The connection could not be made, or broke (refused, reset, closed): what happened.
-    Io(String),
-    /// The server sent something that is not a Redis reply, or one larger than cronlock reads.
-    Bad(Bad),
-    /// The server refused the command: `CODE detail`.
-    Server(String),
-    /// The TLS layer refused: what rustls said.
-    Tls(String),
-    /// The connection held a frame nobody asked for before a command was sent: the command was
-    /// not sent, and the connection must not be used again.
-    Unasked,
-}
-
-impl WireError {
-    /// The server's error code (`WRONGPASS`, `NOSCRIPT`, ...), if it refused.
-    pub fn code(&self) -> Option<&str> {
-        match self {
-            WireError::Server(text) => text.split_whitespace().next(),
-            _ => None,
-        }
-    }
-
-    /// The server may have run the command even though no reply was read.
-    pub fn maybe_ran(&self) -> bool {
-        matches!(
-            self,
-            WireError::Timeout | WireError::Io(_) | WireError::Bad(_)
-        )
-    }
-
-    /// Asking again (on a new connection) may work: the network or a server in transition, not
-    /// the request, the credentials or the configuration.
-    pub fn transient(&self) -> bool {
-        match self {
-            WireError::Server(_) => matches!(
-                self.code(),
-                Some(
-                    "LOADING"
-                        | "BUSY"
-                        | "READONLY"
-                        | "MASTERDOWN"
-                        | "TRYAGAIN"
-                        | "CLUSTERDOWN"
-                        | "MOVED"
-                        | "ASK"
-                        | "NOREPLICAS"
-                )
-            ),
-            WireError::Tls(_) => false,
-            _ => true,
-        }
-    }
-}
-
-impl std::fmt::Display for WireError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            WireError::Timeout => f.write_str("Redis did not answer in time"),
-            WireError::Io(e) => f.write_str(e),
-            WireError::Bad(Bad::TooLarge) => write!(
-                f,
-                "the server sent a reply larger than {} KiB, which no lock reply is",
-                resp::MAX_REPLY / 1024
-            ),
-            WireError::Bad(Bad::Protocol(what)) => {
-                write!(f, "the server did not answer like a Redis server ({what})")
-            }
-            WireError::Server(text) => f.write_str(text),
-            WireError::Tls(e) => f.write_str(e),
-            WireError::Unasked => f.write_str(
-                "the server sent a reply nobody asked for (the connection was dropped unread)",
-            ),
-        }
-    }
-}
-
-impl std::error::Error for WireError {}
-
-/// A failure that asking again cannot mend (a wrong password, an ACL, a database that does not
-/// exist, a server that is not what the URL says), as a message: look-ups that report through
-/// `anyhow` (Sentinel, Cluster) mark it so, and the link does not retry it.
-#[derive(Debug)]
-pub struct Refusal(pub String);
-
-impl std::fmt::Display for Refusal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Refusal {}
-
-/// `message` about `e`, marked as a [`Refusal`] when retrying cannot help.
-pub fn failed(e: &WireError, message: String) -> anyhow::Error {
-    if e.transient() {
-        anyhow::anyhow!(message)
-    } else {
-        anyhow::Error::new(Refusal(message))
-    }
-}
-
-/// A socket whose every read and write is bounded by the exchange's deadline: the socket's
-/// timeout is set to what is left before each call, and a call with nothing left fails as a
-/// timeout. It sits beneath the TLS layer too, where one `read` of a record (or the handshake's
-/// `complete_io`) makes as many socket reads as the server chooses to split its bytes into.
-struct Bounded<S> {
-    sock: S,
-    deadline: Instant,
-}
-
-/// A socket with timeouts: TCP or Unix.
-trait Timed: Read + Write + AsFd {
-    fn set_timeouts(&self, d: Option<Duration>) -> io::Result<()>;
-}
-
-impl Timed for TcpStream {
-    fn set_timeouts(&self, d: Option<Duration>) -> io::Result<()> {
-        self.set_read_timeout(d).and(self.set_write_timeout(d))
-    }
-}
-
-impl Timed for UnixStream {
-    fn set_timeouts(&self, d: Option<Duration>) -> io::Result<()> {
-        self.set_read_timeout(d).and(self.set_write_timeout(d))
-    }
-}
-
-impl<S: Timed> Bounded<S> {
-    fn new(sock: S, deadline: Instant) -> Bounded<S> {
-        Bounded { sock, deadline }
-    }
-
-    /// Set the socket's timeout to what is left, or fail as a timeout.
-    fn arm(&self) -> io::Result<()> {
-        let d = self.deadline.saturating_duration_since(Instant::now());
-        if d.is_zero() {
-            return Err(io::ErrorKind::TimedOut.into());
-        }
-        self.sock
-            .set_timeouts(Some(d.max(Duration::from_micros(100))))
-    }
-}
-
-impl<S: Timed> Read for Bounded<S> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.arm()?;
-        self.sock.read(buf)
-    }
-}
-
-impl<S: Timed> Write for Bounded<S> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.arm()?;
-        self.sock.write(buf)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.sock.flush()
-    }
 }
 
 enum Stream {
@@ -254,37 +89,6 @@ pub struct Wire {
     stream: Stream,
     /// Bytes read past the last reply.
     buf: Vec<u8>,
-}
-
-/// What is left until `deadline`, or a timeout.
-fn left(deadline: Instant) -> Result<Duration, WireError> {
-    let d = deadline.saturating_duration_since(Instant::now());
-    if d.is_zero() {
-        Err(WireError::Timeout)
-    } else {
-        Ok(d)
-    }
-}
-
-fn io_error(e: io::Error) -> WireError {
-    match e.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => WireError::Timeout,
-        _ => {
-            // rustls errors come wrapped in io::Error.
-            if let Some(tls) = e
-                .get_ref()
-                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-            {
-                return WireError::Tls(tls_text(tls));
-            }
-            WireError::Io(crate::log::io_text(&e))
-        }
-    }
-}
-
-fn tls_text(e: &rustls::Error) -> String {
-    let raw = format!("{e:?} {e}");
-    crate::store::tls::explain(&raw).unwrap_or_else(|| format!("TLS: {e}"))
 }
 
 impl Wire {
@@ -432,125 +236,4 @@ impl Reply {
             Reply::Error(e) => Err(WireError::Server(e)),
         }
     }
-}
-
-/// The addresses of `host`, by `deadline`. An address needs no look-up; a name is looked up on a
-/// thread of its own, so that a resolver that never answers (the C library waits 5 s per try and
-/// server) costs the caller no more than what is left. A look-up that outlives its caller ends
-/// on its own, with the resolver's timeouts.
-fn resolve(host: &str, port: u16, deadline: Instant) -> Result<Vec<SocketAddr>, WireError> {
-    if let Ok(ip) = host.parse::<IpAddr>() {
-        return Ok(vec![SocketAddr::new(ip, port)]);
-    }
-    let cannot = |e: &io::Error| {
-        WireError::Io(format!(
-            "cannot resolve '{host}': {}",
-            crate::log::io_text(e)
-        ))
-    };
-    let (tx, rx) = std::sync::mpsc::channel();
-    let name = host.to_string();
-    std::thread::Builder::new()
-        .name("resolve".into())
-        .spawn(move || {
-            let found = (name.as_str(), port)
-                .to_socket_addrs()
-                .map(|a| a.collect::<Vec<_>>());
-            let _ = tx.send(found);
-        })
-        .map_err(|e| cannot(&e))?;
-    match rx.recv_timeout(left(deadline)?) {
-        Ok(Ok(addrs)) => Ok(addrs),
-        Ok(Err(e)) => Err(cannot(&e)),
-        Err(_) => Err(WireError::Io(format!(
-            "cannot resolve '{host}': the resolver did not answer in time"
-        ))),
-    }
-}
-
-/// Connect a Unix socket by `deadline`. A listener that does not accept (its queue full) would
-/// hold a plain `connect` for ever: the send timeout bounds it (Linux waits for room in the
-/// queue for at most that long, then says EAGAIN).
-fn unix_connect(path: &Path, deadline: Instant) -> Result<UnixStream, WireError> {
-    use nix::errno::Errno;
-    use nix::sys::socket::{connect, setsockopt, socket, sockopt, AddressFamily, SockFlag};
-    use nix::sys::socket::{SockType, UnixAddr};
-    use nix::sys::time::TimeVal;
-    let failed = |e: Errno| io_error(io::Error::from(e));
-    let fd = socket(
-        AddressFamily::Unix,
-        SockType::Stream,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-    .map_err(failed)?;
-    let addr = UnixAddr::new(path).map_err(failed)?;
-    loop {
-        let d = left(deadline)?.max(Duration::from_micros(100));
-        let tv = TimeVal::new(
-            d.as_secs().try_into().unwrap_or(i64::MAX),
-            d.subsec_micros().into(),
-        );
-        setsockopt(&fd, sockopt::SendTimeout, &tv).map_err(failed)?;
-        match connect(fd.as_raw_fd(), &addr) {
-            Ok(()) => return Ok(UnixStream::from(fd)),
-            Err(Errno::EINTR) => continue,
-            Err(Errno::EAGAIN | Errno::ETIMEDOUT) => return Err(WireError::Timeout),
-            Err(e) => return Err(failed(e)),
-        }
-    }
-}
-
-fn tcp_connect(host: &str, port: u16, deadline: Instant) -> Result<TcpStream, WireError> {
-    let addrs = resolve(host, port, deadline)?;
-    let mut last = WireError::Io(format!("'{host}' resolves to no address"));
-    for a in addrs {
-        match TcpStream::connect_timeout(&a, left(deadline)?) {
-            Ok(s) => {
-                let _ = s.set_nodelay(true);
-                return Ok(s);
-            }
-            Err(e) => last = io_error(e),
-        }
-    }
-    Err(last)
-}
-
-/// The TLS handshake, on a socket whose every read and write is bounded by the deadline.
-fn handshake(
-    host: &str,
-    mut tcp: Bounded<TcpStream>,
-    config: &Arc<ClientConfig>,
-) -> Result<StreamOwned<ClientConnection, Bounded<TcpStream>>, WireError> {
-    let name = ServerName::try_from(host.to_string())
-        .map_err(|_| WireError::Tls(format!("'{host}' is not a valid TLS server name")))?;
-    let mut tls = ClientConnection::new(Arc::clone(config), name)
-        .map_err(|e| WireError::Tls(tls_text(&e)))?;
-    // A plain Redis reads a ClientHello as the start of a command and waits.
-    let no_answer = || {
-        WireError::Io(
-            "no TLS answer in time (a plain port? use redis:// for it; or a server too slow)"
-                .into(),
-        )
-    };
-    while tls.is_handshaking() {
-        match tls.complete_io(&mut tcp) {
-            Ok((0, 0)) if tls.is_handshaking() => {
-                return Err(WireError::Io(
-                    "the server closed the connection during the TLS handshake".into(),
-                ))
-            }
-            Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Err(no_answer())
-            }
-            Err(e) => return Err(io_error(e)),
-        }
-    }
-    Ok(StreamOwned::new(tls, tcp))
 }
