@@ -12,6 +12,7 @@ pub mod host;
 pub mod job;
 pub mod log;
 pub mod run;
+pub mod signals;
 pub mod store;
 pub mod watchdog;
 
@@ -25,7 +26,6 @@ use crate::cli::{Cli, LogFormat, Mode};
 use crate::exit::Exit;
 use crate::fleet::report::Report;
 use crate::fleet::{admin, check, status};
-use crate::job::signals;
 use crate::log::Log;
 use crate::store::keys::Keys;
 use crate::store::quorum::Masters;

@@ -199,7 +199,7 @@ impl Watch {
     /// that watches it broke. Only the renewal decides; this only shortens the time to notice.
     pub fn renew_now(&self) {
         self.inner().renew_now = true;
-        crate::job::signals::wake_main();
+        crate::signals::wake_main();
     }
 
     fn take_renew_now(&self) -> bool {
@@ -209,7 +209,7 @@ impl Watch {
     /// Mark the lock lost (the first reason wins) and wake the main thread.
     pub fn lose(&self, reason: String) {
         self.inner().lost.get_or_insert(reason);
-        crate::job::signals::wake_main();
+        crate::signals::wake_main();
     }
 }
 

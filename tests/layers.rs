@@ -150,8 +150,8 @@ fn no_import_cycle_between_files() {
     }
 }
 
-/// ARCHITECTURE.md's rules: `store/` never starts or stops a process (it uses `job::signals`
-/// only, so that a wait ends on a signal) and knows nothing above it; `job/` never talks to Redis.
+/// ARCHITECTURE.md's rules: `store/` never starts or stops a process and knows nothing above it;
+/// `job/` never talks to Redis.
 #[test]
 fn no_wing_reaches_sideways() {
     let g = graph();
@@ -159,7 +159,7 @@ fn no_wing_reaches_sideways() {
     for (from, tos) in &g {
         for to in tos {
             let bad = (from.starts_with("store")
-                && (to.starts_with("job") && to != "job::signals"
+                && (to.starts_with("job")
                     || to.starts_with("fleet")
                     || to.starts_with("cli")
                     || to == "watchdog"

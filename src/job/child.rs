@@ -17,7 +17,7 @@ use crate::exit::Exit;
 use crate::job::cgroup::Cgroup;
 use crate::job::guard::{self, Prepared};
 use crate::job::shared::{self, Shared};
-use crate::job::signals;
+use crate::signals;
 
 /// Why the command could not be started.
 #[derive(Debug)]

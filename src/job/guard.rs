@@ -27,9 +27,9 @@ use std::ffi::{CStr, CString};
 use std::os::fd::RawFd;
 
 use crate::job::shared::{self, Shared};
-use crate::job::signals::SigSet;
 use crate::job::sys;
 use crate::job::tree::{kill_descendants, relay_to_escaped_children};
+use crate::signals::SigSet;
 
 /// Sent to the guard when cronlock dies. Not a signal cronlock forwards.
 pub const DEATH_SIGNAL: libc::c_int = libc::SIGPWR;
@@ -107,8 +107,8 @@ impl Prepared {
             .chain(std::iter::once(std::ptr::null()))
             .map(Cell::new)
             .collect();
-        let mut guarded = crate::job::signals::FORWARDED.to_vec();
-        guarded.extend([libc::SIGCHLD, DEATH_SIGNAL, crate::job::signals::WAKEUP]);
+        let mut guarded = crate::signals::FORWARDED.to_vec();
+        guarded.extend([libc::SIGCHLD, DEATH_SIGNAL, crate::signals::WAKEUP]);
         Ok(Prepared {
             argv_ptrs: ptrs(&argv),
             envp_ptrs: ptrs(&envp),
@@ -223,9 +223,7 @@ unsafe fn run(p: &Prepared) -> ! {
                     break;
                 }
             }
-        } else if sig > 0
-            && sig != DEATH_SIGNAL as isize
-            && sig != crate::job::signals::WAKEUP as isize
+        } else if sig > 0 && sig != DEATH_SIGNAL as isize && sig != crate::signals::WAKEUP as isize
         {
             // cronlock sent this to the whole group, so it reached the command already;
             // children that left the group (`timeout(1)` makes its own) get it from us.

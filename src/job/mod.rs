@@ -9,7 +9,6 @@ pub mod cgroup;
 pub mod child;
 pub mod guard;
 pub mod shared;
-pub mod signals;
 pub mod supervise;
 pub mod sys;
 pub mod tree;

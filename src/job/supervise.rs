@@ -7,8 +7,8 @@ use std::time::Duration;
 use crate::clock::Instant;
 use crate::exit::Exit;
 use crate::job::child::{guard_died_message, Child, Ended, Finished, Stop};
-use crate::job::signals;
 use crate::log::{Level, Log};
+use crate::signals;
 use crate::watchdog::{LockState, Watch, Watchdog};
 
 /// The reason given when the guard ended the job by itself.

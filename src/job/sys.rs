@@ -20,7 +20,7 @@
 
 use std::ffi::CStr;
 
-use crate::job::signals::SigSet;
+use crate::signals::SigSet;
 
 /// The kernel's `sigset_t` is 64 bits (glibc's is 1024, with the kernel's in its first word).
 const KERNEL_SIGSET: usize = 8;

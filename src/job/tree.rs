@@ -87,7 +87,7 @@ pub(super) fn relay_to_escaped_children(sig: libc::c_int) {
         let group = sys::getpgid(pid);
         if group > 0 && group != ours {
             sys::kill(pid, sig);
-            if !crate::job::signals::is_stop(sig) && sig != libc::SIGCONT {
+            if !crate::signals::is_stop(sig) && sig != libc::SIGCONT {
                 sys::kill(pid, libc::SIGCONT);
             }
         }

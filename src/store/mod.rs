@@ -4,7 +4,7 @@
 //! [`quorum::Masters`] of several; the lock code asks it one thing: run this script for KEY by this
 //! deadline, through [`wire`] (every exchange bounded in time and size).
 //!
-//! May not: start or stop a process (only [`crate::job::signals`], so a wait ends on a signal),
+//! May not: start or stop a process (only [`crate::signals`], so a wait ends on a signal),
 //! write reports, or open a connection other than through [`wire`].
 
 pub mod cluster;

@@ -13,8 +13,8 @@ use anyhow::{anyhow, Result};
 
 use crate::clock::Instant;
 use crate::duration::Span;
-use crate::job::signals;
 use crate::log::Log;
+use crate::signals;
 use crate::store::keys::Keys;
 use crate::store::lock::{self, Attempt, Held, Holder};
 use crate::store::quorum::{Masters, Refused};
