@@ -10,6 +10,7 @@ pub mod exit;
 pub mod fleet;
 pub mod host;
 pub mod job;
+pub mod lease;
 pub mod log;
 pub mod run;
 pub mod signals;
@@ -26,11 +27,11 @@ use crate::cli::{Cli, LogFormat, Mode};
 use crate::exit::Exit;
 use crate::fleet::report::Report;
 use crate::fleet::{admin, check, status};
+use crate::lease::Timing;
 use crate::log::Log;
 use crate::store::keys::Keys;
 use crate::store::quorum::Masters;
 use crate::store::topology::Redis;
-use crate::watchdog::Timing;
 
 /// The program: returns the exit status; never exits while the lock is held.
 ///

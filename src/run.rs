@@ -21,8 +21,10 @@ use crate::fleet::report::Report;
 use crate::fleet::{admin, metrics};
 use crate::host;
 use crate::job::child::{self, Child, Ended, Stop};
+use crate::job::shared::Shared;
 use crate::job::supervise::{self, Limits};
 use crate::job::{capture, cgroup};
+use crate::lease::{self, LockState, Timing, Watch};
 use crate::log::{Level, Log};
 use crate::signals;
 use crate::store::keys::Keys;
@@ -31,7 +33,7 @@ use crate::store::quorum::Masters;
 use crate::store::topology::Redis;
 use crate::store::tracking;
 use crate::store::wait::{self, Acquired};
-use crate::watchdog::{LockState, Timing, Watch, Watchdog};
+use crate::watchdog::Watchdog;
 
 /// The command's process group while one runs, so a panic on the main thread can still end it.
 pub static RUNNING_GROUP: AtomicI32 = AtomicI32::new(0);
@@ -58,8 +60,10 @@ pub fn run_job(
         &acquired_line(cli, job, &held),
         &[("waited_ms", (asked.elapsed().as_millis() as u64).into())],
     );
-    let watch = match Watch::new(held.sent_at + timing.ttl, timing.margin) {
-        Ok(w) => w,
+    let until = held.sent_at + timing.ttl;
+    // The guard's page, told the kill-by time each time the lease moves.
+    let shared = match Shared::new(lease::kill_by(until, timing.margin)) {
+        Ok(shared) => shared,
         Err(e) => {
             let until = held.sent_at + timing.ttl;
             release(
@@ -73,13 +77,26 @@ pub fn run_job(
             return Err(anyhow::Error::from(e).context("cannot map the page shared with the guard"));
         }
     };
+    let watch = Watch::new(
+        until,
+        timing.margin,
+        std::sync::Arc::new(move |kill_by| shared.set_kill_by(kill_by)),
+    );
     let mut watchdog = Watchdog::new(masters, held.clone(), timing, watch, log.clone());
     let limits = Limits {
         grace: timing.grace,
         max_runtime: cli.max_runtime(),
         look_every: timing.interval,
     };
-    let (exit, ending) = run_child(job, &held, redis, &mut watchdog, limits, log, report);
+    let (exit, ending) = run_child(
+        job,
+        &held,
+        redis,
+        (&mut watchdog, shared),
+        limits,
+        log,
+        report,
+    );
     finish(cli, redis, watchdog, &held, (exit, ending), log, report)?;
     Ok(exit)
 }
@@ -255,12 +272,12 @@ fn run_child(
     job: &Job,
     held: &Held,
     redis: &[Redis],
-    watchdog: &mut Watchdog,
+    (watchdog, shared): (&mut Watchdog, Shared),
     limits: Limits,
     log: &Log,
     report: &mut Report,
 ) -> (Exit, Ending) {
-    let child = match start(job, held, watchdog, limits, log, report) {
+    let child = match start(job, held, (&watchdog.watch, shared), limits, log, report) {
         Ok(child) => child,
         Err(exit) => return (exit, Ending::NotStarted),
     };
@@ -286,12 +303,11 @@ fn run_child(
 fn start(
     job: &Job,
     held: &Held,
-    watchdog: &Watchdog,
+    (watch, shared): (&Watch, Shared),
     limits: Limits,
     log: &Log,
     report: &mut Report,
 ) -> Result<Child, Exit> {
-    let watch = &watchdog.watch;
     if let Some(sig) = signals::pending_forwarded() {
         log.info(
             "signal",
@@ -343,7 +359,7 @@ fn start(
         })?);
     }
     let stdio = report.capture.as_ref().and_then(capture::Capture::fds);
-    let child = match child::spawn(&job.argv, &env, watch.shared(), cgroup, stdio) {
+    let child = match child::spawn(&job.argv, &env, shared, cgroup, stdio) {
         Ok(c) => c,
         Err(e) if e.too_late => return Err(too_late()),
         Err(e) => {
@@ -371,7 +387,7 @@ fn start(
     if let Some(ours) = &planned {
         cgroup::sweep(ours);
     }
-    contained(&child, watch, planned, no_cgroup, log);
+    contained(&child, shared, planned, no_cgroup, log);
     #[cfg(debug_assertions)]
     if std::env::var_os("CRONLOCK_DEBUG_PANIC").is_some_and(|v| v == "main") {
         panic!("injected by CRONLOCK_DEBUG_PANIC");
@@ -382,13 +398,13 @@ fn start(
 /// For `-v`: how the command is contained (its cgroup, or why it has none).
 fn contained(
     child: &Child,
-    watch: &Watch,
+    shared: Shared,
     planned: Option<std::path::PathBuf>,
     no_cgroup: Option<String>,
     log: &Log,
 ) {
     let no_cgroup = no_cgroup.or_else(|| {
-        let errno = watch.shared().cgroup_error()?;
+        let errno = shared.cgroup_error()?;
         let dir = planned.as_deref()?.display();
         let text = crate::log::io_text(&std::io::Error::from_raw_os_error(errno));
         Some(format!("cannot make {dir}: {text}"))

@@ -26,104 +26,18 @@
 //! `--grace` or at `deadline - margin`, whichever comes first.
 
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
-
-use anyhow::{bail, Result};
 
 use crate::clock::Instant;
 use crate::duration::Span;
-use crate::job::shared::Shared;
+use crate::job::supervise::Keeper;
+use crate::lease::{Timing, Watch};
 use crate::log::{Level, Log};
 use crate::store::lock::Held;
 use crate::store::quorum::Masters;
 
-/// The shortest TTL that leaves room to renew, terminate and kill before expiry.
-pub const MIN_TTL: Duration = Duration::from_millis(250);
-/// Default grace between SIGTERM and SIGKILL (shortened for short TTLs when not given).
-pub const DEFAULT_GRACE: Duration = Duration::from_secs(5);
-
-/// The timing that follows from `--ttl` and `--grace`.
-#[derive(Debug, Clone, Copy)]
-pub struct Timing {
-    pub ttl: Duration,
-    pub grace: Duration,
-    /// Kept between the SIGKILL and the lock's expiry, for clock-rate differences between us and
-    /// Redis and for the kill to take effect.
-    pub margin: Duration,
-    /// Between renewals.
-    pub interval: Duration,
-}
-
-impl Timing {
-    /// Check `--ttl` and `--grace` together. Without `--grace`, it defaults to 5s, shortened to a
-    /// quarter of the TTL when the TTL is short; an explicit `--grace` over half the TTL is refused.
-    pub fn new(ttl: Duration, grace: Option<Duration>) -> Result<Timing> {
-        if ttl < MIN_TTL {
-            bail!(
-                "--ttl {} is too short: it must be at least {} so the lock can be renewed and the \
-                 command stopped before it expires",
-                Span(ttl),
-                Span(MIN_TTL)
-            );
-        }
-        let grace = match grace {
-            Some(g) if g > ttl / 2 => bail!(
-                "--grace {} must be at most half of --ttl {}: the command must be gone before the \
-                 lock can expire",
-                Span(g),
-                Span(ttl)
-            ),
-            Some(g) => g,
-            None => DEFAULT_GRACE.min(ttl / 4),
-        };
-        let margin = Duration::from_millis(50) + ttl / 100;
-        // From a confirmed renewal to the moment a feared loss sends SIGTERM: renew at least three
-        // times in that window, so two failures in a row are survivable.
-        let window = ttl - grace - margin;
-        let interval = (ttl / 3).min(window / 3);
-        Ok(Timing {
-            ttl,
-            grace,
-            margin,
-            interval,
-        })
-    }
-}
-
-/// What the main thread needs to know about the lock.
-#[derive(Debug, Clone)]
-pub enum LockState {
-    Valid {
-        until: Instant,
-    },
-    /// Lost, or feared lost; `until` is still the last moment the lock was known valid, so the
-    /// command is killed by then at the latest.
-    Lost {
-        reason: String,
-        until: Instant,
-    },
-}
-
-#[derive(Debug)]
-struct Inner {
-    valid_until: Instant,
-    lost: Option<String>,
-    last_error: Option<String>,
-    /// Something suggests the lock may be gone ([`crate::store::tracking`]): renew now, not at the next
-    /// interval.
-    renew_now: bool,
-}
-
-/// The shared view of the lock's validity, also published to the guard's [`Shared`] page.
-#[derive(Clone)]
-pub struct Watch {
-    inner: Arc<Mutex<Inner>>,
-    shared: Shared,
-    pub margin: Duration,
-}
-
-/// The lock watch reports to the validity view: a change asks for a renewal now.
+/// The lock's watch reports to the validity view: a change asks for a renewal now.
 impl crate::store::tracking::Listener for Watch {
     fn changed(&self) {
         self.renew_now();
@@ -132,90 +46,6 @@ impl crate::store::tracking::Listener for Watch {
     fn lost(&self) -> bool {
         self.is_lost()
     }
-}
-
-impl Watch {
-    /// Validity starts at `valid_until`. The guard's kill-by time follows it, half a margin
-    /// earlier: after cronlock's own SIGKILL (a whole margin early), so a live cronlock acts
-    /// first, yet still before the lock can expire.
-    pub fn new(valid_until: Instant, margin: Duration) -> std::io::Result<Watch> {
-        let shared = Shared::new(kill_by(valid_until, margin))?;
-        Ok(Watch {
-            inner: Arc::new(Mutex::new(Inner {
-                valid_until,
-                lost: None,
-                last_error: None,
-                renew_now: false,
-            })),
-            shared,
-            margin,
-        })
-    }
-
-    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
-        // A poisoned lock still holds plain data worth reading.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub fn shared(&self) -> Shared {
-        self.shared
-    }
-
-    pub fn state(&self) -> LockState {
-        let inner = self.inner();
-        match &inner.lost {
-            Some(reason) => LockState::Lost {
-                reason: reason.clone(),
-                until: inner.valid_until,
-            },
-            None => LockState::Valid {
-                until: inner.valid_until,
-            },
-        }
-    }
-
-    pub fn is_lost(&self) -> bool {
-        self.inner().lost.is_some()
-    }
-
-    pub fn last_error(&self) -> Option<String> {
-        self.inner().last_error.clone()
-    }
-
-    fn valid_until(&self) -> Instant {
-        self.inner().valid_until
-    }
-
-    /// A renewal sent at `sent` was confirmed: the lock is valid until `sent + ttl`.
-    fn confirm(&self, until: Instant) {
-        let mut inner = self.inner();
-        if until > inner.valid_until {
-            inner.valid_until = until;
-            self.shared.set_kill_by(kill_by(until, self.margin));
-        }
-    }
-
-    /// Ask for a renewal now: the lock may be gone (deleted, flushed, evicted) or the connection
-    /// that watches it broke. Only the renewal decides; this only shortens the time to notice.
-    pub fn renew_now(&self) {
-        self.inner().renew_now = true;
-        crate::signals::wake_main();
-    }
-
-    fn take_renew_now(&self) -> bool {
-        std::mem::take(&mut self.inner().renew_now)
-    }
-
-    /// Mark the lock lost (the first reason wins) and wake the main thread.
-    pub fn lose(&self, reason: String) {
-        self.inner().lost.get_or_insert(reason);
-        crate::signals::wake_main();
-    }
-}
-
-/// The guard's kill-by time for a lock valid until `until`.
-fn kill_by(until: Instant, margin: Duration) -> Instant {
-    until.checked_sub(margin / 2).unwrap_or(until)
 }
 
 /// The renewal thread, started only when the first renewal is due: a command that ends before
@@ -238,7 +68,7 @@ enum Tracking {
 }
 
 enum State {
-    /// Nothing to do before `due`; the main loop calls [`Watchdog::start_if_due`].
+    /// Nothing to do before `due`; the main loop calls [`Keeper::start_if_due`].
     Pending { due: Instant, renewal: Box<Renewal> },
     Running {
         stop: mpsc::Sender<Msg>,
@@ -265,7 +95,7 @@ struct Renewal {
 
 impl Watchdog {
     /// Prepare to renew `held` over `link` (the one that took the lock). No thread runs yet: see
-    /// [`Watchdog::start_if_due`].
+    /// [`Keeper::start_if_due`].
     pub fn new(masters: Masters, held: Held, timing: Timing, watch: Watch, log: Log) -> Watchdog {
         let due = held.sent_at + timing.interval;
         let renewal = Box::new(Renewal {
@@ -286,8 +116,29 @@ impl Watchdog {
         self.tracking = Tracking::Planned(crate::store::tracking::Plan::due(started), plan);
     }
 
-    /// When the main loop must call [`Watchdog::start_if_due`] next, if at all.
-    pub fn due(&self) -> Option<Instant> {
+    /// Stop renewing; returns the links if they are still good, for the release. Waits at most
+    /// `within` for a renewal in flight: a hung Redis must not hold up the end of the run (a
+    /// renewal that lands later is harmless, since it only extends a lock that is still ours).
+    pub fn stop(self, within: Duration) -> Option<Masters> {
+        drop(self.tracking);
+        match self.state {
+            State::Pending { renewal, .. } => Some(renewal.masters),
+            State::Running { stop, done } => {
+                let _ = stop.send(Msg::Stop);
+                done.recv_timeout(within).ok().flatten()
+            }
+            State::Failed => None,
+        }
+    }
+}
+
+impl Keeper for Watchdog {
+    fn watch(&self) -> &Watch {
+        &self.watch
+    }
+
+    /// When the main loop must call [`Keeper::start_if_due`] next, if at all.
+    fn due(&self) -> Option<Instant> {
         let renewal = match &self.state {
             State::Pending { due, .. } => Some(*due),
             _ => None,
@@ -303,7 +154,7 @@ impl Watchdog {
     /// asked for ([`Watch::renew_now`]); a running thread is told to renew now. If it cannot
     /// start, nothing will renew the lock: it is marked lost, so the command is stopped before the
     /// lock can expire.
-    pub fn start_if_due(&mut self, now: Instant) {
+    fn start_if_due(&mut self, now: Instant) {
         if matches!(&self.tracking, Tracking::Planned(at, _) if now >= *at) {
             if let Tracking::Planned(_, plan) = std::mem::replace(&mut self.tracking, Tracking::Off)
             {
@@ -335,21 +186,6 @@ impl Watchdog {
             Err(e) => self.watch.lose(format!(
                 "cannot start the watchdog thread that renews it ({e})"
             )),
-        }
-    }
-
-    /// Stop renewing; returns the links if they are still good, for the release. Waits at most
-    /// `within` for a renewal in flight: a hung Redis must not hold up the end of the run (a
-    /// renewal that lands later is harmless, since it only extends a lock that is still ours).
-    pub fn stop(self, within: Duration) -> Option<Masters> {
-        drop(self.tracking);
-        match self.state {
-            State::Pending { renewal, .. } => Some(renewal.masters),
-            State::Running { stop, done } => {
-                let _ = stop.send(Msg::Stop);
-                done.recv_timeout(within).ok().flatten()
-            }
-            State::Failed => None,
         }
     }
 }
@@ -456,41 +292,9 @@ fn renew_loop(
                         &[],
                     );
                 }
-                watch.inner().last_error = Some(msg);
+                watch.set_last_error(msg);
                 next = Instant::now() + retry;
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn default_grace_shrinks_for_short_ttls() {
-        let t = Timing::new(Duration::from_secs(30), None).unwrap();
-        assert_eq!(t.grace, Duration::from_secs(5));
-        assert_eq!(
-            t.interval,
-            Duration::from_secs(10).min((t.ttl - t.grace - t.margin) / 3)
-        );
-        let t = Timing::new(Duration::from_secs(1), None).unwrap();
-        assert_eq!(t.grace, Duration::from_millis(250));
-    }
-
-    #[test]
-    fn renewal_always_precedes_feared_loss() {
-        for ms in [250u64, 1000, 3000, 30_000, 600_000] {
-            let t = Timing::new(Duration::from_millis(ms), None).unwrap();
-            assert!(t.interval * 3 <= t.ttl - t.grace - t.margin, "ttl {ms}ms");
-        }
-    }
-
-    #[test]
-    fn rejects_impossible_combinations() {
-        assert!(Timing::new(Duration::from_millis(100), None).is_err());
-        assert!(Timing::new(Duration::from_secs(1), Some(Duration::from_secs(5))).is_err());
-        assert!(Timing::new(Duration::from_secs(10), Some(Duration::from_secs(5))).is_ok());
     }
 }

@@ -7,9 +7,21 @@ use std::time::Duration;
 use crate::clock::Instant;
 use crate::exit::Exit;
 use crate::job::child::{guard_died_message, Child, Ended, Finished, Stop};
+use crate::lease::{LockState, Watch};
 use crate::log::{Level, Log};
 use crate::signals;
-use crate::watchdog::{LockState, Watch, Watchdog};
+
+/// What keeps the lock while the command runs (the watchdog, which sits above the job): the loop
+/// reads the lease from it and starts its renewals when they fall due, so that a command that ends
+/// first never pays for a thread.
+pub trait Keeper {
+    /// The lease the loop acts on.
+    fn watch(&self) -> &Watch;
+    /// When the keeper next needs the loop ([`Keeper::start_if_due`]), if ever.
+    fn due(&self) -> Option<Instant>;
+    /// Start what is due by `now`. If it cannot start, the lease is marked lost.
+    fn start_if_due(&mut self, now: Instant);
+}
 
 /// The reason given when the guard ended the job by itself.
 const GUARD_REASON: &str = "no renewal was confirmed in time because cronlock itself was \
@@ -31,8 +43,8 @@ pub struct Limits {
 ///
 /// On the safety path the signal always goes out before anything is logged: a log line may wait
 /// for a stalled stderr reader (it is queued, see [`crate::log`]), a kill must not.
-pub fn supervise(mut child: Child, watchdog: &mut Watchdog, limits: Limits, log: &Log) -> Ended {
-    let watch = watchdog.watch.clone();
+pub fn supervise(mut child: Child, keeper: &mut dyn Keeper, limits: Limits, log: &Log) -> Ended {
+    let watch = keeper.watch().clone();
     let set = signals::watched();
     let mut s = Supervision {
         limits,
@@ -49,7 +61,7 @@ pub fn supervise(mut child: Child, watchdog: &mut Watchdog, limits: Limits, log:
         let now = Instant::now();
         // The renewal thread starts when the first renewal is due; if it cannot, the lock is
         // marked lost and this very round stops the command.
-        watchdog.start_if_due(now);
+        keeper.start_if_due(now);
         let lock = watch.state();
         let (term_at, hard_kill_at) = match &lock {
             LockState::Valid { until } => (
@@ -86,7 +98,7 @@ pub fn supervise(mut child: Child, watchdog: &mut Watchdog, limits: Limits, log:
             }
         }
         // Sleep until the next moment something may have to happen, or a signal.
-        let next = s.next_moment(watchdog.due(), term_at, hard_kill_at, now);
+        let next = s.next_moment(keeper.due(), term_at, hard_kill_at, now);
         match signals::wait(&set, next.saturating_duration_since(now)) {
             Some(sig) if signals::forwarded().contains(&sig) => s.forward(&child, sig, log),
             Some(_) => {}
