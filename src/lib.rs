@@ -5,6 +5,7 @@
 
 pub mod cli;
 pub mod clock;
+pub mod config;
 pub mod duration;
 pub mod exit;
 pub mod fleet;
@@ -23,15 +24,15 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::error::ErrorKind;
 
-use crate::cli::{Cli, LogFormat, Mode};
+use crate::cli::{Cli, LogFormat};
+use crate::config::{Admin, AdminMode, Request};
 use crate::exit::Exit;
 use crate::fleet::report::Report;
 use crate::fleet::{admin, check, status};
-use crate::lease::Timing;
 use crate::log::Log;
+use crate::store::inspect;
 use crate::store::keys::Keys;
 use crate::store::quorum::Masters;
-use crate::store::topology::Redis;
 
 /// The program: returns the exit status; never exits while the lock is held.
 ///
@@ -138,79 +139,44 @@ const FLUSH_WAIT: Duration = Duration::from_millis(500);
 
 /// Do what the parsed command line says: one run, or one of the admin modes.
 fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
-    let mode = cli.mode()?;
-    let timing = match &mode {
-        Mode::Run(_) => {
-            // Checked before the lock is taken, so a bad value never runs the command.
-            cli.history_kept()?;
-            Some(Timing::new(cli.ttl.0, cli.grace.map(|g| g.0))?)
-        }
-        _ => None,
-    };
-    let redis = servers(cli)?;
-    match (mode, timing) {
-        (Mode::Run(job), Some(timing)) => {
-            let mut report = Report::new(cli, log)?;
+    match cli.resolve()? {
+        Request::Run(config) => {
+            let mut report = Report::new(&config.reports, log)?;
             let attempted = host::unix_millis();
-            let result = run::run_job(cli, &job, timing, &redis, log, &mut report);
-            report.tell(&job.key, attempted, &result, log);
-            result
+            let outcome = run::run_job(&config, log, &mut || report.started());
+            report.tell(&config.key, attempted, &outcome, log);
+            outcome.result
         }
-        (mode, _) => admin_mode(cli, mode, &redis, log),
+        Request::Admin(admin) => admin_mode(&admin, log),
     }
-}
-
-/// The Redis URL(s) of the command line, each resolved to one topology.
-fn servers(cli: &Cli) -> Result<Vec<Redis>> {
-    let (urls, source) = cli.redis_urls()?;
-    let tls = cli.tls()?;
-    let redis = urls
-        .iter()
-        .map(|url| Redis::new(url, source, cli.connect_timeout.0, &tls, cli.min_replicas))
-        .collect::<Result<Vec<Redis>>>()?;
-    if cli.limit > 1 && redis.len() > 1 {
-        anyhow::bail!(
-            "--limit {} needs one Redis (plain, Sentinel or Cluster): with several independent \
-             masters the holders of a KEY could not be counted safely",
-            cli.limit
-        );
-    }
-    Ok(redis)
 }
 
 /// `--status`, `--check`, `--list` and `--force-release`.
-fn admin_mode(cli: &Cli, mode: Mode, redis: &[Redis], log: &Log) -> Result<Exit> {
-    let io_timeout = cli.connect_timeout.0;
-    let text = match mode {
-        Mode::Run(_) => unreachable!("a run is not an admin mode"),
-        Mode::Status(key) => {
-            let history = cli
-                .given
-                .history_flag
-                .then(|| cli.history.and_then(|c| c.0));
-            let keys = Keys::new(&cli.prefix, &key);
-            let schedule = cli.schedule.as_ref();
-            let mut masters = Masters::new(redis);
-            status::status(&mut masters, io_timeout, &keys, cli.json, history, schedule)?
+fn admin_mode(admin: &Admin, log: &Log) -> Result<Exit> {
+    let mut masters = Masters::new(&admin.servers);
+    let (timeout, json) = (admin.timeout, admin.json);
+    let text = match &admin.mode {
+        AdminMode::Status {
+            key,
+            history,
+            schedule,
+        } => {
+            let keys = Keys::new(&admin.prefix, key);
+            let schedule = schedule.as_ref();
+            status::status(&mut masters, timeout, &keys, json, *history, schedule)?
         }
-        Mode::Check(key) => {
-            let verdict = check_key(cli, redis, &key);
-            admin::print(&verdict.render(&key, cli.json))?;
+        AdminMode::Check { key, .. } => {
+            let verdict = check_key(admin, &mut masters);
+            admin::print(&verdict.render(key, json))?;
             return Ok(Exit::Check(verdict.state as u8));
         }
-        Mode::List => admin::list(
-            &mut Masters::new(redis),
-            io_timeout,
-            &cli.prefix,
-            cli.json,
-            log,
-        )?,
-        Mode::ForceRelease(key) => admin::force_release(
-            &mut Masters::new(redis),
-            io_timeout,
-            &Keys::new(&cli.prefix, &key),
-            cli.token.as_deref(),
-            cli.json,
+        AdminMode::List => admin::list(&mut masters, timeout, &admin.prefix, json, log)?,
+        AdminMode::ForceRelease { key, token } => admin::force_release(
+            &mut masters,
+            timeout,
+            &Keys::new(&admin.prefix, key),
+            token.as_deref(),
+            json,
         )?,
     };
     admin::print(&text)?;
@@ -218,19 +184,20 @@ fn admin_mode(cli: &Cli, mode: Mode, redis: &[Redis], log: &Log) -> Result<Exit>
 }
 
 /// `--check KEY`: every failure is an UNKNOWN verdict, never an error.
-fn check_key(cli: &Cli, redis: &[Redis], key: &str) -> check::Verdict {
-    let keys = Keys::new(&cli.prefix, key);
-    let mut masters = Masters::new(redis);
-    let snaps = masters.snapshots(cli.connect_timeout.0, &keys, None);
-    let snap = admin::merge(snaps, masters.majority()).map(|(snap, _)| snap);
+fn check_key(admin: &Admin, masters: &mut Masters) -> check::Verdict {
+    let AdminMode::Check {
+        key,
+        max_age,
+        schedule,
+    } = &admin.mode
+    else {
+        unreachable!("only --check is judged");
+    };
+    let keys = Keys::new(&admin.prefix, key);
+    let snaps = masters.snapshots(admin.timeout, &keys, None);
+    let snap = inspect::merge(snaps, masters.majority()).map(|(snap, _)| snap);
     match snap {
-        Ok(snap) => check::judge(
-            key,
-            &snap,
-            cli.max_age.map(|m| m.0),
-            cli.schedule.as_ref(),
-            host::unix_millis(),
-        ),
+        Ok(snap) => check::judge(key, &snap, *max_age, schedule.as_ref(), host::unix_millis()),
         Err(e) => check::Verdict::unknown(format!("{e:#}")),
     }
 }

@@ -12,19 +12,20 @@ use std::time::Duration;
 use anyhow::Result;
 use serde_json::Value;
 
-use crate::cli::{Cli, Job};
 use crate::clock::Instant;
+use crate::config::RunConfig;
 use crate::duration::Span;
 use crate::exit::Exit;
+use crate::fleet::describe;
+use crate::fleet::metrics;
 use crate::fleet::record::{self, Ending};
-use crate::fleet::report::Report;
-use crate::fleet::{admin, metrics};
+use crate::fleet::report::RunOutcome;
 use crate::host;
 use crate::job::child::{self, Child, Ended, Stop};
 use crate::job::shared::Shared;
 use crate::job::supervise::{self, Limits};
 use crate::job::{capture, cgroup};
-use crate::lease::{self, LockState, Timing, Watch};
+use crate::lease::{self, LockState, Watch};
 use crate::log::{Level, Log};
 use crate::signals;
 use crate::store::keys::Keys;
@@ -38,26 +39,38 @@ use crate::watchdog::Watchdog;
 /// The command's process group while one runs, so a panic on the main thread can still end it.
 pub static RUNNING_GROUP: AtomicI32 = AtomicI32::new(0);
 
-/// Take the lock, run the command under the watchdog, release and record the run.
-pub fn run_job(
-    cli: &Cli,
-    job: &Job,
-    timing: Timing,
-    redis: &[Redis],
+/// Take the lock, run the command under the watchdog, release and record the run: how it went,
+/// for the reports. `on_start` is called once the command started (the start ping).
+pub fn run_job(config: &RunConfig, log: &Log, on_start: &mut dyn FnMut()) -> RunOutcome {
+    let mut outcome = RunOutcome {
+        result: Ok(Exit::Success),
+        locked: false,
+        run: None,
+        body: None,
+    };
+    outcome.result = run_locked(config, log, on_start, &mut outcome);
+    outcome
+}
+
+/// [`run_job`], with what the reports need written into `outcome` as it happens.
+fn run_locked(
+    config: &RunConfig,
     log: &Log,
-    report: &mut Report,
+    on_start: &mut dyn FnMut(),
+    outcome: &mut RunOutcome,
 ) -> Result<Exit> {
-    log.set_key(&job.key);
+    log.set_key(&config.key);
+    let (timing, redis) = (config.timing, &config.servers);
     let asked = Instant::now();
-    let (held, masters) = match take(cli, job, timing, redis, log)? {
+    let (held, masters) = match take(config, log)? {
         Ok(taken) => taken,
         Err(exit) => return Ok(exit),
     };
-    report.locked = true;
+    outcome.locked = true;
     log.set_lock(&held.holder.token, held.fence);
     log.info(
         "acquired",
-        &acquired_line(cli, job, &held),
+        &acquired_line(config, &held),
         &[("waited_ms", (asked.elapsed().as_millis() as u64).into())],
     );
     let until = held.sent_at + timing.ttl;
@@ -66,14 +79,9 @@ pub fn run_job(
         Ok(shared) => shared,
         Err(e) => {
             let until = held.sent_at + timing.ttl;
-            release(
-                redis,
-                Some(masters),
-                &held,
-                until,
-                &ReleaseOptions::default(),
-                log,
-            );
+            let within = config.connect_timeout;
+            let opts = ReleaseOptions::default();
+            release(redis, within, Some(masters), &held, until, &opts, log);
             return Err(anyhow::Error::from(e).context("cannot map the page shared with the guard"));
         }
     };
@@ -85,53 +93,41 @@ pub fn run_job(
     let mut watchdog = Watchdog::new(masters, held.clone(), timing, watch, log.clone());
     let limits = Limits {
         grace: timing.grace,
-        max_runtime: cli.max_runtime(),
+        max_runtime: config.max_runtime,
         look_every: timing.interval,
     };
-    let (exit, ending) = run_child(
-        job,
-        &held,
-        redis,
-        (&mut watchdog, shared),
-        limits,
-        log,
-        report,
-    );
-    finish(cli, redis, watchdog, &held, (exit, ending), log, report)?;
-    Ok(exit)
+    let started = (on_start, &mut outcome.body);
+    let ran = run_child(config, &held, (&mut watchdog, shared), limits, log, started);
+    outcome.run = finish(config, watchdog, &held, ran, log);
+    Ok(ran.0)
 }
 
 /// Ask for the lock (waiting as `--wait` says): ours, or the exit status of a run that does not
 /// start, its reason logged.
-fn take(
-    cli: &Cli,
-    job: &Job,
-    timing: Timing,
-    redis: &[Redis],
-    log: &Log,
-) -> Result<Result<(Held, Masters), Exit>> {
-    let keys = Keys::new(&cli.prefix, &job.key);
-    let command = command_line(&job.argv);
+fn take(config: &RunConfig, log: &Log) -> Result<Result<(Held, Masters), Exit>> {
+    let keys = Keys::new(&config.prefix, &config.key);
+    let command = command_line(&config.argv);
     let asked = Instant::now();
-    let slot = cli.schedule.as_ref().map(|s| lock::Slot {
+    let slot = config.schedule.as_ref().map(|s| lock::Slot {
         schedule: s.text.clone(),
         candidates: s.candidates(host::unix_millis() as i64),
     });
     let ask = wait::Ask {
-        ttl: timing.ttl,
-        wait: cli.wait(),
+        ttl: config.timing.ttl,
+        wait: config.wait,
         slot,
-        limit: cli.limit,
+        limit: config.limit,
     };
-    let exit = match wait::acquire(Masters::new(redis), &keys, &command, ask, log)? {
+    let masters = Masters::new(&config.servers);
+    let exit = match wait::acquire(masters, &keys, &command, ask, log)? {
         Acquired::Held(held, masters) => return Ok(Ok((*held, masters))),
         Acquired::Busy(value) => {
-            busy(cli, job, &value, asked.elapsed(), log);
-            Exit::Conflict(cli.conflict_exit_code)
+            busy(config, &value, asked.elapsed(), log);
+            Exit::Conflict(config.conflict_exit_code)
         }
         Acquired::AlreadyRan { instant, ran } => {
-            already_ran(cli, job, instant, ran, log);
-            Exit::Conflict(cli.conflict_exit_code)
+            already_ran(config, instant, ran, log);
+            Exit::Conflict(config.conflict_exit_code)
         }
         Acquired::Signalled(sig) => {
             log.info(
@@ -149,8 +145,8 @@ fn take(
 }
 
 /// The lock (or every slot) is held elsewhere: say by whom, and how long we waited.
-fn busy(cli: &Cli, job: &Job, value: &str, waited: Duration, log: &Log) {
-    let after = if cli.wait().is_zero() {
+fn busy(config: &RunConfig, value: &str, waited: Duration, log: &Log) {
+    let after = if config.wait.is_zero() {
         String::new()
     } else {
         format!(
@@ -158,34 +154,35 @@ fn busy(cli: &Cli, job: &Job, value: &str, waited: Duration, log: &Log) {
             Span(Duration::from_millis(waited.as_millis() as u64))
         )
     };
-    let holder = admin::describe_holder(value);
-    let text = if cli.limit > 1 {
+    let holder = describe::describe_holder(value);
+    let text = if config.limit > 1 {
         format!(
             "all {} slots of lock '{}' are held (the first to free by {holder}){after}; not \
              running the command",
-            cli.limit, job.key,
+            config.limit, config.key,
         )
     } else {
         format!(
             "lock '{}' is held by {holder}{after}; not running the command",
-            job.key
+            config.key
         )
     };
     log.info(
         "busy",
         &text,
         &[
-            ("conflict_exit_code", cli.conflict_exit_code.into()),
+            ("conflict_exit_code", config.conflict_exit_code.into()),
             ("waited_ms", (waited.as_millis() as u64).into()),
-            ("holder", admin::holder_identity(value)),
+            ("holder", describe::holder_identity(value)),
         ],
     );
 }
 
 /// `--schedule`: the run for this instant (or a later one) already started.
-fn already_ran(cli: &Cli, job: &Job, instant: i64, ran: i64, log: &Log) {
+fn already_ran(config: &RunConfig, instant: i64, ran: i64, log: &Log) {
     let label = |at: i64| {
-        cli.schedule
+        config
+            .schedule
             .as_ref()
             .map_or_else(|| at.to_string(), |s| s.label(at))
     };
@@ -196,9 +193,9 @@ fn already_ran(cli: &Cli, job: &Job, instant: i64, ran: i64, log: &Log) {
     };
     log.info(
         "already_ran",
-        &format!("lock '{}': {what}; not running the command", job.key),
+        &format!("lock '{}': {what}; not running the command", config.key),
         &[
-            ("conflict_exit_code", cli.conflict_exit_code.into()),
+            ("conflict_exit_code", config.conflict_exit_code.into()),
             ("instant", instant.into()),
             ("recorded_instant", ran.into()),
         ],
@@ -206,36 +203,35 @@ fn already_ran(cli: &Cli, job: &Job, instant: i64, ran: i64, log: &Log) {
 }
 
 /// "acquired [slot S of N of ]lock 'KEY' (fencing token F)[ for the ... run]".
-fn acquired_line(cli: &Cli, job: &Job, held: &Held) -> String {
+fn acquired_line(config: &RunConfig, held: &Held) -> String {
     let slot = if held.limit > 1 {
         format!("slot {} of {} of ", held.slot, held.limit)
     } else {
         String::new()
     };
-    let run = match (held.instant, &cli.schedule) {
+    let run = match (held.instant, &config.schedule) {
         (Some(i), Some(s)) => format!(" for the {} run", s.label(i)),
         _ => String::new(),
     };
     format!(
         "acquired {slot}lock '{}' (fencing token {}){run}",
-        job.key, held.fence
+        config.key, held.fence
     )
 }
 
 /// After the command: stop the watchdog (within `--connect-timeout`), then release and record the
 /// run (within another): the end of a run is bounded by 2x `--connect-timeout`.
+/// Returns the command's run for the reports, if it started.
 fn finish(
-    cli: &Cli,
-    redis: &[Redis],
+    config: &RunConfig,
     watchdog: Watchdog,
     held: &Held,
     (exit, ending): (Exit, Ending),
     log: &Log,
-    report: &mut Report,
-) -> Result<()> {
+) -> Option<metrics::Run> {
     // Stopping the watchdog waits at most --connect-timeout (a renewal in flight); the release
     // then has a --connect-timeout of its own.
-    let release_by = Instant::now() + redis[0].connect_timeout;
+    let release_by = Instant::now() + config.connect_timeout;
     let valid_until = match watchdog.watch.state() {
         LockState::Valid { until } => until,
         LockState::Lost { until, .. } => until,
@@ -249,42 +245,50 @@ fn finish(
     };
     let masters = watchdog.stop(stop_wait);
     let duration = held.sent_at.elapsed();
-    if ending != Ending::NotStarted {
-        report.run = Some(metrics::Run {
-            started_ms: held.holder.started_ms,
-            duration,
-            exit_status: exit.code(),
-        });
-    }
+    let run = (ending != Ending::NotStarted).then_some(metrics::Run {
+        started_ms: held.holder.started_ms,
+        duration,
+        exit_status: exit.code(),
+    });
     let opts = ReleaseOptions {
-        hold: (held.sent_at + cli.min_hold.0).saturating_duration_since(Instant::now()),
+        hold: (held.sent_at + config.min_hold).saturating_duration_since(Instant::now()),
         record: Some(record::run_record(held, ending, exit, duration).to_string()),
-        history: cli.history_kept()?,
-        record_ttl: cli.history_ttl.map(|t| t.0),
+        history: config.history,
+        record_ttl: config.history_ttl,
     };
     let lost_until = if lost { Instant::now() } else { valid_until };
-    release(redis, masters, held, lost_until, &opts, log);
-    Ok(())
+    let within = config.connect_timeout;
+    release(
+        &config.servers,
+        within,
+        masters,
+        held,
+        lost_until,
+        &opts,
+        log,
+    );
+    run
 }
 
-/// Spawn and supervise the command; the lock is held throughout.
+/// Spawn and supervise the command; the lock is held throughout. `on_start` is told when it
+/// started; the tail of its output goes to `body` (`--ping-body`).
 fn run_child(
-    job: &Job,
+    config: &RunConfig,
     held: &Held,
-    redis: &[Redis],
     (watchdog, shared): (&mut Watchdog, Shared),
     limits: Limits,
     log: &Log,
-    report: &mut Report,
+    (on_start, body): (&mut dyn FnMut(), &mut Option<Vec<u8>>),
 ) -> (Exit, Ending) {
-    let child = match start(job, held, (&watchdog.watch, shared), limits, log, report) {
-        Ok(child) => child,
+    let (child, capture) = match start(config, held, (&watchdog.watch, shared), limits, log) {
+        Ok(started) => started,
         Err(exit) => return (exit, Ending::NotStarted),
     };
+    on_start();
     let started = Instant::now();
     // Told at once when the lock key changes, once the command has run a little.
     let plan = tracking::Plan {
-        masters: redis.to_vec(),
+        masters: config.servers.clone(),
         key: held.keys.lock.clone(),
         value: held.holder.value.clone(),
         log: log.clone(),
@@ -292,22 +296,19 @@ fn run_child(
     watchdog.track(plan, started);
     let ended = supervise::supervise(child, watchdog, limits, log);
     RUNNING_GROUP.store(0, Ordering::SeqCst);
-    report.body = report
-        .capture
-        .take()
-        .map(|c| c.finish(Duration::from_secs(1)));
+    *body = capture.map(|c| c.finish(Duration::from_secs(1)));
     finished(&ended, started, log)
 }
 
 /// Start the command, if the lock leaves time to stop it; the exit status if it did not start.
+/// Returns the command and, with `--ping-body`, the capture of its output (its clock started).
 fn start(
-    job: &Job,
+    config: &RunConfig,
     held: &Held,
     (watch, shared): (&Watch, Shared),
     limits: Limits,
     log: &Log,
-    report: &mut Report,
-) -> Result<Child, Exit> {
+) -> Result<(Child, Option<capture::Capture>), Exit> {
     if let Some(sig) = signals::pending_forwarded() {
         log.info(
             "signal",
@@ -325,7 +326,7 @@ fn start(
             &format!(
                 "lock '{}' was taken too late to run the command safely (it could expire before \
                  the command was stopped); not running it",
-                job.key
+                config.key
             ),
         );
         Exit::LockLost
@@ -337,7 +338,7 @@ fn start(
         _ => return Err(too_late()),
     }
     let env = [
-        ("CRONLOCK_KEY", job.key.clone()),
+        ("CRONLOCK_KEY", config.key.clone()),
         ("CRONLOCK_TOKEN", held.holder.token.clone()),
         ("CRONLOCK_FENCING_TOKEN", held.fence.to_string()),
         ("CRONLOCK_SLOT", held.slot.to_string()),
@@ -348,8 +349,9 @@ fn start(
         Err(why) => (None, Some(why)),
     };
     let planned = cgroup.clone();
-    if report.wants_capture {
-        report.capture = Some(capture::Capture::start().map_err(|e| {
+    let mut capture = None;
+    if config.reports.wants_body() {
+        capture = Some(capture::Capture::start().map_err(|e| {
             let text = crate::log::io_text(&e);
             log.error(
                 "spawn_failed",
@@ -358,8 +360,8 @@ fn start(
             Exit::Failure
         })?);
     }
-    let stdio = report.capture.as_ref().and_then(capture::Capture::fds);
-    let child = match child::spawn(&job.argv, &env, shared, cgroup, stdio) {
+    let stdio = capture.as_ref().and_then(capture::Capture::fds);
+    let child = match child::spawn(&config.argv, &env, shared, cgroup, stdio) {
         Ok(c) => c,
         Err(e) if e.too_late => return Err(too_late()),
         Err(e) => {
@@ -382,7 +384,9 @@ fn start(
         }
     };
     RUNNING_GROUP.store(child.group, Ordering::SeqCst);
-    report.started();
+    if let Some(c) = capture.as_mut() {
+        c.started();
+    }
     // While the command runs: cgroups that runs killed with their guards left beside ours.
     if let Some(ours) = &planned {
         cgroup::sweep(ours);
@@ -392,7 +396,7 @@ fn start(
     if std::env::var_os("CRONLOCK_DEBUG_PANIC").is_some_and(|v| v == "main") {
         panic!("injected by CRONLOCK_DEBUG_PANIC");
     }
-    Ok(child)
+    Ok((child, capture))
 }
 
 /// For `-v`: how the command is contained (its cgroup, or why it has none).
@@ -451,6 +455,7 @@ fn finished(ended: &Ended, started: Instant, log: &Log) -> (Exit, Ending) {
 /// new connection, but only while the lock can still be alive in Redis (before `valid_until`).
 fn release(
     redis: &[Redis],
+    within: Duration,
     masters: Option<Masters>,
     held: &Held,
     valid_until: Instant,
@@ -458,7 +463,7 @@ fn release(
     log: &Log,
 ) {
     let name = &held.keys.name;
-    let end = Instant::now() + redis[0].connect_timeout;
+    let end = Instant::now() + within;
     let lost = Instant::now() >= valid_until;
     let left = || end.saturating_duration_since(Instant::now());
     let mut masters = masters.unwrap_or_else(|| Masters::new(redis));

@@ -10,13 +10,14 @@ use clap::{ArgMatches, CommandFactory, FromArgMatches};
 
 pub mod args;
 pub mod common;
+mod resolve;
 
 pub use args::*;
 use common::common_case;
 
-/// What cronlock was asked to do.
+/// What cronlock was asked to do, before it is resolved ([`resolve`]).
 #[derive(Debug, Clone)]
-pub enum Mode {
+pub(crate) enum Mode {
     Run(Job),
     Status(String),
     Check(String),
@@ -26,7 +27,7 @@ pub enum Mode {
 
 /// What to run, once the arguments are checked.
 #[derive(Debug, Clone)]
-pub struct Job {
+pub(crate) struct Job {
     pub key: String,
     /// argv of the child: `[COMMAND, ARGS...]` or `["/bin/sh", "-c", SHELL_COMMAND]`.
     pub argv: Vec<OsString>,
@@ -51,7 +52,7 @@ impl Cli {
     }
 
     /// How many run records to keep (`--history N`).
-    pub fn history_kept(&self) -> Result<u32> {
+    fn history_kept(&self) -> Result<u32> {
         match self.history {
             None => Ok(DEFAULT_HISTORY),
             Some(Count(Some(n))) => Ok(n),
@@ -60,7 +61,7 @@ impl Cli {
     }
 
     /// The TLS options, checked together.
-    pub fn tls(&self) -> Result<crate::store::tls::TlsOptions> {
+    fn tls(&self) -> Result<crate::store::tls::TlsOptions> {
         let tls = crate::store::tls::TlsOptions {
             ca_cert: self.tls_ca_cert.clone(),
             cert: self.tls_cert.clone(),
@@ -71,13 +72,13 @@ impl Cli {
     }
 
     /// `--max-runtime`, where 0 means no limit.
-    pub fn max_runtime(&self) -> Option<std::time::Duration> {
+    fn max_runtime(&self) -> Option<std::time::Duration> {
         self.max_runtime.map(|m| m.0).filter(|m| !m.is_zero())
     }
 
     /// The Redis URLs after the documented fallbacks (a value may hold several, separated by
     /// whitespace), and where they came from (for messages).
-    pub fn redis_urls(&self) -> Result<(Vec<String>, &'static str)> {
+    fn redis_urls(&self) -> Result<(Vec<String>, &'static str)> {
         use ValueSource::{CommandLine, EnvVariable};
         let url_given = (!self.redis_url.is_empty())
             .then_some(self.given.redis_url)
@@ -127,7 +128,7 @@ impl Cli {
     }
 
     /// The `--ping` URL, from the flag, its variable or `--ping-url-file`.
-    pub fn ping(&self) -> Result<Option<String>> {
+    fn ping(&self) -> Result<Option<String>> {
         match &self.ping_url_file {
             Some(path) => {
                 let source = source_of("--ping-url-file", "CRONLOCK_PING_URL_FILE");
@@ -138,7 +139,7 @@ impl Cli {
     }
 
     /// The wait actually used: `-n` wins over `-w`.
-    pub fn wait(&self) -> std::time::Duration {
+    fn wait(&self) -> std::time::Duration {
         if self.nonblock {
             std::time::Duration::ZERO
         } else {
@@ -147,7 +148,7 @@ impl Cli {
     }
 
     /// The mode, with the checks clap cannot express.
-    pub fn mode(&self) -> Result<Mode> {
+    pub(crate) fn mode(&self) -> Result<Mode> {
         let admin = if self.check {
             Some("--check")
         } else if self.status {
@@ -185,7 +186,7 @@ impl Cli {
     }
 
     /// Checks that clap cannot express, each with a message naming what is wrong.
-    pub fn job(&self) -> Result<Job> {
+    pub(crate) fn job(&self) -> Result<Job> {
         let key = match self.key.as_deref() {
             None => bail!("missing KEY: usage: cronlock [OPTIONS] <KEY> [--] <COMMAND> [ARGS]..."),
             Some("") => bail!("KEY must not be empty"),

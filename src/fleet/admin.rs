@@ -7,6 +7,16 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::time::Duration;
 
+use anyhow::{anyhow, Result};
+use serde_json::{json, Value};
+
+use crate::fleet::describe::{holder_json, round_ms, text_field, ttl_ms};
+use crate::host::rfc3339;
+use crate::log::Log;
+use crate::store::inspect;
+use crate::store::keys::Keys;
+use crate::store::quorum::Masters;
+
 /// Write `text` to stdout. A closed pipe is not an error (the reader has what it wanted).
 pub fn print(text: &str) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
@@ -20,77 +30,6 @@ pub fn print(text: &str) -> Result<()> {
             Err(anyhow!("cannot write to stdout: {text}"))
         }
         Ok(()) => Ok(()),
-    }
-}
-
-use anyhow::{anyhow, bail, Result};
-use serde_json::{json, Value};
-
-use crate::duration::Span;
-use crate::host::{rfc3339, unix_millis};
-use crate::log::Log;
-use crate::store::inspect;
-use crate::store::keys::Keys;
-use crate::store::quorum::Masters;
-
-/// A holder in a few words for a log line: `host web-1 pid 42 since 2026-11-21T02:00:00Z`.
-pub fn describe_holder(value: &str) -> String {
-    let h = holder_json(value);
-    if h.get("value").is_some() {
-        return "a value cronlock did not write".into();
-    }
-    let since = h["started"]
-        .as_u64()
-        .map(|s| format!(" since {} ({} ago)", rfc3339(s), ago(s)))
-        .unwrap_or_default();
-    format!(
-        "host {} pid {}{since}",
-        text_field(&h, "host"),
-        text_field(&h, "pid")
-    )
-}
-
-/// Who a holder is (host, pid, since), without its command line, for log events.
-pub fn holder_identity(value: &str) -> Value {
-    let h = holder_json(value);
-    json!({ "host": h.get("host"), "pid": h.get("pid"), "started": h.get("started") })
-}
-
-/// A holder value as JSON; a value cronlock did not write is shown as `{"value": ...}`.
-pub fn holder_json(value: &str) -> Value {
-    match serde_json::from_str::<Value>(value) {
-        Ok(v @ Value::Object(_)) => v,
-        _ => json!({ "value": value }),
-    }
-}
-
-pub(crate) fn ttl_ms(pttl: i64) -> Value {
-    if pttl >= 0 {
-        pttl.into()
-    } else {
-        Value::Null
-    }
-}
-
-pub(crate) fn round_ms(ms: u64) -> String {
-    // Whole seconds read better above a minute.
-    let d = if ms >= 60_000 {
-        Duration::from_secs(ms / 1000)
-    } else {
-        Duration::from_millis(ms)
-    };
-    Span(d).to_string()
-}
-
-pub(crate) fn ago(ms: u64) -> String {
-    round_ms(unix_millis().saturating_sub(ms))
-}
-
-pub(crate) fn text_field(v: &Value, key: &str) -> String {
-    match &v[key] {
-        Value::String(s) => s.clone(),
-        Value::Null => "?".into(),
-        other => other.to_string(),
     }
 }
 
@@ -178,7 +117,7 @@ fn held_under(
     for name in names {
         let keys = Keys::new(prefix, &name);
         let snaps = masters.snapshots(within, &keys, None);
-        let (snap, each) = match merge(snaps, masters.majority()) {
+        let (snap, each) = match inspect::merge(snaps, masters.majority()) {
             Ok(found) => found,
             Err(e) if e.to_string().contains("WRONGTYPE") => {
                 log.warn(
@@ -233,64 +172,6 @@ fn list_line(row: &Row, on: &str) -> String {
         row.fence.map_or("?".into(), |f| f.to_string()),
         text_field(h, "command")
     )
-}
-
-/// One lock as the masters see it: the merged view (held when a majority holds the same value;
-/// the newest run record; the highest counter) and each master's own answer. With one master,
-/// its answer.
-pub fn merge(
-    snaps: Vec<Result<inspect::Snapshot>>,
-    majority: usize,
-) -> Result<(inspect::Snapshot, Vec<Result<inspect::Snapshot>>)> {
-    if snaps.len() == 1 {
-        let mut snaps = snaps;
-        let only = snaps.remove(0)?;
-        return Ok((only.clone(), vec![Ok(only)]));
-    }
-    let ok: Vec<&inspect::Snapshot> = snaps.iter().filter_map(|s| s.as_ref().ok()).collect();
-    if ok.len() < majority {
-        let first = snaps
-            .iter()
-            .find_map(|s| s.as_ref().err())
-            .map(|e| format!("{e:#}"))
-            .unwrap_or_default();
-        bail!(
-            "only {} of {} masters answered, {majority} needed ({first})",
-            ok.len(),
-            snaps.len()
-        );
-    }
-    let holder = ok
-        .iter()
-        .filter_map(|s| s.holder.as_ref())
-        .find(|h| ok.iter().filter(|s| s.holder.as_ref() == Some(*h)).count() >= majority)
-        .cloned();
-    let started = |s: &&&inspect::Snapshot| {
-        s.last_run
-            .as_deref()
-            .and_then(|r| serde_json::from_str::<Value>(r).ok())
-            .and_then(|v| v["started"].as_u64())
-            .unwrap_or(0)
-    };
-    let newest = ok.iter().max_by_key(started).expect("a majority answered");
-    let merged = inspect::Snapshot {
-        pttl: ok
-            .iter()
-            .filter(|s| holder.is_some() && s.holder == holder)
-            .map(|s| s.pttl)
-            .min()
-            .unwrap_or(-2),
-        holder,
-        fence: ok.iter().filter_map(|s| s.fence).max(),
-        last_run: newest.last_run.clone(),
-        history: newest.history.clone(),
-        instant: ok.iter().filter_map(|s| s.instant).max(),
-        schedule: ok.iter().find_map(|s| s.schedule.clone()),
-        // A --limit above 1 needs a single Redis: nothing to merge.
-        limit: None,
-        slots: Vec::new(),
-    };
-    Ok((merged, snaps))
 }
 
 /// `--force-release KEY [--token T]`: every holder (with `--limit` above 1), or the one whose

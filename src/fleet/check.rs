@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::fleet::admin::round_ms;
-use crate::fleet::admin::text_field as text;
+use crate::fleet::describe::round_ms;
+use crate::fleet::describe::text_field as text;
 use crate::fleet::schedule::Schedule;
 use crate::store::inspect::Snapshot;
 

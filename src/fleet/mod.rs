@@ -13,6 +13,7 @@ macro_rules! w {
 
 pub mod admin;
 pub mod check;
+pub mod describe;
 pub mod metrics;
 pub mod ping;
 pub mod record;

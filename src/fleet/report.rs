@@ -1,85 +1,90 @@
 //! What a run tells the world after it ends: the `--metrics-dir` file and the `--ping` calls.
 //!
-//! It exists so that a run's outcome is turned into reports in one place, whatever ended it.
+//! It exists so that a run's outcome is turned into reports in one place, whatever ended it: the
+//! run hands over a [`RunOutcome`] value and the reports consume it.
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 
-use crate::cli::Cli;
 use crate::exit::{self, Exit};
 use crate::fleet::{metrics, ping};
 use crate::host;
-use crate::job::capture::Capture;
 use crate::log::Log;
 
-pub struct Report {
-    pinger: Option<ping::Pinger>,
-    metrics_dir: Option<PathBuf>,
-    /// The command's run, when it started.
-    pub run: Option<metrics::Run>,
+/// What a run tells the world once it ended.
+#[derive(Clone, Default)]
+pub struct Reports {
+    /// `--metrics-dir`, a directory (checked).
+    pub metrics_dir: Option<PathBuf>,
+    /// `--ping` (read from `--ping-url-file` when given that way).
+    pub ping_url: Option<String>,
+    /// `--ping-body`: send the tail of the output with the end ping.
+    pub ping_body: bool,
+}
+
+impl Reports {
+    /// The output must be captured for the end ping.
+    pub fn wants_body(&self) -> bool {
+        self.ping_url.is_some() && self.ping_body
+    }
+}
+
+/// How a run went, as the reports need it.
+pub struct RunOutcome {
+    /// The exit status, or the error that ended cronlock (status 125).
+    pub result: Result<Exit>,
     /// We held the lock, so this host is the one that pings.
     pub locked: bool,
-    /// `--ping-body`: capture the output...
-    pub wants_capture: bool,
-    /// ...here, while the command runs...
-    pub capture: Option<Capture>,
-    /// ...and its tail once the command ended.
+    /// The command's run, when it started.
+    pub run: Option<metrics::Run>,
+    /// `--ping-body`: the tail of the command's output.
     pub body: Option<Vec<u8>>,
 }
 
+/// The reports a run asked for, ready to tell.
+pub struct Report {
+    pinger: Option<ping::Pinger>,
+    metrics_dir: Option<PathBuf>,
+}
+
 impl Report {
-    /// The reports `cli` asks for; a `--metrics-dir` that is not a directory is an error before
-    /// the lock is taken.
-    pub fn new(cli: &Cli, log: &Log) -> Result<Report> {
-        if let Some(dir) = cli.metrics_dir.as_deref().filter(|d| !d.is_dir()) {
-            bail!(
-                "--metrics-dir {} is not a directory (or CRONLOCK_METRICS_DIR)",
-                dir.display()
-            );
-        }
-        let ping = cli.ping()?;
+    /// The reports `reports` asks for (a `--ping` URL is checked here).
+    pub fn new(reports: &Reports, log: &Log) -> Result<Report> {
         Ok(Report {
-            pinger: ping
+            pinger: reports
+                .ping_url
                 .as_deref()
                 .map(|url| ping::Pinger::new(url, log))
                 .transpose()?,
-            metrics_dir: cli.metrics_dir.clone(),
-            run: None,
-            locked: false,
-            wants_capture: ping.is_some() && cli.ping_body,
-            capture: None,
-            body: None,
+            metrics_dir: reports.metrics_dir.clone(),
         })
     }
 
-    /// The command started: the start ping, and the capture's clock.
+    /// The command started: the start ping.
     pub fn started(&mut self) {
-        if let Some(c) = self.capture.as_mut() {
-            c.started();
-        }
         if let Some(p) = self.pinger.as_mut() {
             p.started();
         }
     }
 
-    /// The run ended with `result` (attempted at `attempted`, ms since the epoch).
-    pub fn tell(self, key: &str, attempted: u64, result: &Result<Exit>, log: &Log) {
+    /// The run attempted at `attempted` (ms since the epoch) ended as `outcome`.
+    pub fn tell(self, key: &str, attempted: u64, outcome: &RunOutcome, log: &Log) {
         use metrics::Outcome;
-        let outcome = match result {
+        let kind = match &outcome.result {
             Err(_) => Outcome::Error,
             Ok(Exit::Conflict(_)) => Outcome::Skipped,
             Ok(Exit::LockLost) => Outcome::Lost,
             Ok(Exit::MaxRuntime) => Outcome::MaxRuntime,
             Ok(Exit::CannotExecute | Exit::NotFound) => Outcome::FailedToStart,
-            Ok(_) if self.run.is_some() => Outcome::Ran,
+            Ok(_) if outcome.run.is_some() => Outcome::Ran,
             Ok(_) => Outcome::Error,
         };
         if let Some(dir) = &self.metrics_dir {
             let attempt = metrics::Attempt {
-                outcome,
+                outcome: kind,
                 at_ms: attempted,
-                run: self.run,
+                run: outcome.run,
             };
             if let Err(e) = metrics::write(dir, key, &host::hostname(), &attempt) {
                 log.warn(
@@ -92,11 +97,9 @@ impl Report {
                 );
             }
         }
-        if let (Some(p), true) = (self.pinger, self.locked) {
-            p.finished(
-                result.as_ref().map_or(exit::FAILURE, |e| e.code()),
-                self.body,
-            );
+        if let (Some(p), true) = (self.pinger, outcome.locked) {
+            let status = outcome.result.as_ref().map_or(exit::FAILURE, |e| e.code());
+            p.finished(status, outcome.body.clone());
         }
     }
 }

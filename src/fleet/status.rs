@@ -7,10 +7,11 @@ use std::time::Duration;
 use anyhow::Result;
 use serde_json::{json, Value};
 
-use crate::fleet::admin::{ago, holder_json, merge, round_ms, text_field, ttl_ms};
+use crate::fleet::describe::{ago, holder_json, round_ms, text_field, ttl_ms};
 use crate::fleet::schedule::Schedule;
 use crate::host::{rfc3339, unix_millis};
 use crate::store::inspect;
+use crate::store::inspect::merge;
 use crate::store::keys::Keys;
 use crate::store::quorum::Masters;
 

@@ -137,3 +137,61 @@ pub fn snapshot(
         slots,
     })
 }
+
+/// One lock as the masters see it: the merged view (held when a majority holds the same value;
+/// the newest run record; the highest counter) and each master's own answer. With one master,
+/// its answer.
+pub fn merge(
+    snaps: Vec<Result<Snapshot>>,
+    majority: usize,
+) -> Result<(Snapshot, Vec<Result<Snapshot>>)> {
+    if snaps.len() == 1 {
+        let mut snaps = snaps;
+        let only = snaps.remove(0)?;
+        return Ok((only.clone(), vec![Ok(only)]));
+    }
+    let ok: Vec<&Snapshot> = snaps.iter().filter_map(|s| s.as_ref().ok()).collect();
+    if ok.len() < majority {
+        let first = snaps
+            .iter()
+            .find_map(|s| s.as_ref().err())
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        anyhow::bail!(
+            "only {} of {} masters answered, {majority} needed ({first})",
+            ok.len(),
+            snaps.len()
+        );
+    }
+    let holder = ok
+        .iter()
+        .filter_map(|s| s.holder.as_ref())
+        .find(|h| ok.iter().filter(|s| s.holder.as_ref() == Some(*h)).count() >= majority)
+        .cloned();
+    let started = |s: &&&Snapshot| {
+        s.last_run
+            .as_deref()
+            .and_then(|r| serde_json::from_str::<serde_json::Value>(r).ok())
+            .and_then(|v| v["started"].as_u64())
+            .unwrap_or(0)
+    };
+    let newest = ok.iter().max_by_key(started).expect("a majority answered");
+    let merged = Snapshot {
+        pttl: ok
+            .iter()
+            .filter(|s| holder.is_some() && s.holder == holder)
+            .map(|s| s.pttl)
+            .min()
+            .unwrap_or(-2),
+        holder,
+        fence: ok.iter().filter_map(|s| s.fence).max(),
+        last_run: newest.last_run.clone(),
+        history: newest.history.clone(),
+        instant: ok.iter().filter_map(|s| s.instant).max(),
+        schedule: ok.iter().find_map(|s| s.schedule.clone()),
+        // A --limit above 1 needs a single Redis: nothing to merge.
+        limit: None,
+        slots: Vec::new(),
+    };
+    Ok((merged, snaps))
+}
