@@ -117,16 +117,21 @@ fn held_under(
     for name in names {
         let keys = Keys::new(prefix, &name);
         let snaps = masters.snapshots(within, &keys, None);
-        let (snap, each) = match inspect::merge(snaps, masters.majority()) {
-            Ok(found) => found,
-            Err(e) if e.to_string().contains("WRONGTYPE") => {
+        // A key under the prefix that is not a cronlock lock (the server says WRONGTYPE).
+        let wrong_type = snaps.iter().find_map(|s| {
+            let e = s.as_ref().err()?;
+            (e.failure.code() == Some("WRONGTYPE")).then(|| e.to_string())
+        });
+        let (snap, each) = match (inspect::merge(snaps, masters.majority()), wrong_type) {
+            (Ok(found), _) => found,
+            (Err(_), Some(e)) => {
                 log.warn(
                     "list_skipped",
-                    &format!("skipped '{}': not a cronlock lock ({e:#})", keys.lock),
+                    &format!("skipped '{}': not a cronlock lock ({e})", keys.lock),
                 );
                 continue;
             }
-            Err(e) => return Err(e),
+            (Err(e), None) => return Err(e),
         };
         let holding = each
             .iter()

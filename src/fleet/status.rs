@@ -359,7 +359,7 @@ fn run_lines(r: &Value) -> Vec<String> {
 }
 
 /// One master's view of a lock, for `--status` with several masters.
-fn master_view(snap: &Result<inspect::Snapshot>) -> Value {
+fn master_view(snap: &Result<inspect::Snapshot, inspect::Unread>) -> Value {
     match snap {
         Ok(s) => json!({
             "held": s.holder.is_some(),

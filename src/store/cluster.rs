@@ -15,6 +15,7 @@ use redis::Value;
 
 use crate::clock::Instant;
 use crate::store::connect::{explain, HostsUrl};
+use crate::store::failure::Failure;
 use crate::store::resp::{Bad, Reply};
 use crate::store::tls::TlsOptions;
 use crate::store::wire::{Addr, Session, Wire, WireError};
@@ -75,7 +76,7 @@ impl Cluster {
     }
 
     /// Connect to a seed node and read the slot map, by `deadline`.
-    pub fn connect(&self, deadline: Instant) -> Result<ClusterCon> {
+    pub fn connect(&self, deadline: Instant) -> Result<ClusterCon, Failure> {
         let mut last = None;
         for seed in &self.seeds {
             let mut con = ClusterCon {
@@ -85,22 +86,20 @@ impl Cluster {
             };
             match con.refresh(seed, deadline) {
                 Ok(()) => return Ok(con),
-                Err(e @ WireError::Timeout) => return Err(anyhow!("{seed}: {}", explain(&e))),
+                Err(e @ WireError::Timeout) => {
+                    return Err(Failure::connect(&e, format!("{seed}: {}", explain(&e))))
+                }
                 Err(e) => last = Some((seed, e)),
             }
         }
         let (seed, e) = last.expect("a cluster URL has a host");
         if matches!(&e, WireError::Server(t) if t.contains("cluster support disabled")) {
-            return Err(anyhow::Error::new(crate::store::wire::Refusal(
+            return Err(Failure::Refused(anyhow!(
                 "a seed node is not a Redis Cluster node (cluster support is off): use redis:// \
                  for a single server"
-                    .into(),
             )));
         }
-        Err(crate::store::wire::failed(
-            &e,
-            format!("{seed}: {}", explain(&e)),
-        ))
+        Err(Failure::connect(&e, format!("{seed}: {}", explain(&e))))
     }
 }
 

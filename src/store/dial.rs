@@ -15,7 +15,8 @@ use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, ClientConnection, StreamOwned};
 
 use crate::clock::Instant;
-use crate::store::wire_error::{io_error, left, tls_text, WireError};
+use crate::store::tls;
+use crate::store::wire_error::{io_error, left, WireError};
 
 /// A socket whose every read and write is bounded by the exchange's deadline: the socket's
 /// timeout is set to what is left before each call, and a call with nothing left fails as a
@@ -172,7 +173,7 @@ pub(super) fn handshake(
     let name = ServerName::try_from(host.to_string())
         .map_err(|_| WireError::Tls(format!("'{host}' is not a valid TLS server name")))?;
     let mut tls = ClientConnection::new(Arc::clone(config), name)
-        .map_err(|e| WireError::Tls(tls_text(&e)))?;
+        .map_err(|e| WireError::Tls(tls::explain(&e)))?;
     // A plain Redis reads a ClientHello as the start of a command and waits.
     let no_answer = || {
         WireError::Io(

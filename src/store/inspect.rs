@@ -81,7 +81,7 @@ pub fn snapshot(
     within: Duration,
     keys: &Keys,
     history: Option<u32>,
-) -> Result<Snapshot> {
+) -> Result<Snapshot, Unread> {
     type Reply = (
         Option<String>,
         i64,
@@ -115,7 +115,10 @@ pub fn snapshot(
                 .map_err(|_| Failure::shape("a status reply of the wrong shape"))
         },
     )
-    .map_err(|e| anyhow!("cannot read lock '{}': {e}", keys.name))?;
+    .map_err(|failure| Unread {
+        name: keys.name.clone(),
+        failure,
+    })?;
     let slots = slots
         .into_iter()
         .map(|(slot, value, pttl, fence)| SlotHolder {
@@ -138,13 +141,29 @@ pub fn snapshot(
     })
 }
 
+/// A lock that could not be read, and why: the failure keeps its kind and the server's code
+/// (`WRONGTYPE`: a key under the prefix that is not a cronlock lock).
+#[derive(Debug)]
+pub struct Unread {
+    pub name: String,
+    pub failure: Failure,
+}
+
+impl std::fmt::Display for Unread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cannot read lock '{}': {}", self.name, self.failure)
+    }
+}
+
+impl std::error::Error for Unread {}
+
 /// One lock as the masters see it: the merged view (held when a majority holds the same value;
 /// the newest run record; the highest counter) and each master's own answer. With one master,
 /// its answer.
 pub fn merge(
-    snaps: Vec<Result<Snapshot>>,
+    snaps: Vec<Result<Snapshot, Unread>>,
     majority: usize,
-) -> Result<(Snapshot, Vec<Result<Snapshot>>)> {
+) -> Result<(Snapshot, Vec<Result<Snapshot, Unread>>)> {
     if snaps.len() == 1 {
         let mut snaps = snaps;
         let only = snaps.remove(0)?;

@@ -10,6 +10,7 @@
 pub mod cluster;
 pub mod connect;
 pub mod dial;
+pub mod failure;
 pub mod holder;
 pub mod inspect;
 pub mod keys;

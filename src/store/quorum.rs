@@ -317,7 +317,7 @@ impl Masters {
         within: Duration,
         keys: &Keys,
         history: Option<u32>,
-    ) -> Vec<anyhow::Result<Snapshot>> {
+    ) -> Vec<Result<Snapshot, inspect::Unread>> {
         self.each(|_, link| inspect::snapshot(link, within, keys, history))
     }
 

@@ -18,6 +18,7 @@ use redis::Value;
 
 use crate::clock::Instant;
 use crate::store::connect::{explain, HostsUrl};
+use crate::store::failure::Failure;
 use crate::store::resp::{Bad, Reply};
 use crate::store::tls::TlsOptions;
 use crate::store::wire::{Addr, Session, Wire, WireError};
@@ -114,17 +115,17 @@ impl Service {
 
     /// Connect to the service's primary by `deadline`, lookup included: the node the sentinels
     /// name, which must say with `ROLE` that it is a primary. Returns it with its address.
-    pub fn connect(&self, deadline: Instant) -> Result<(Wire, Addr)> {
+    pub fn connect(&self, deadline: Instant) -> Result<(Wire, Addr), Failure> {
         let asked = Instant::now();
         let addr = self.primary(deadline)?;
         let wire = self.connect_to(&addr, deadline)?;
         // A node that took long to answer (frozen, then woken) may have been replaced meanwhile:
         // the primary is the node the sentinels name now, not the one they named before.
         if asked.elapsed() > RECHECK_AFTER && self.primary(deadline)? != addr {
-            bail!(
+            return Err(Failure::unreachable(format!(
                 "the primary of service '{}' changed while connecting to it (a failover under way)",
                 self.name
-            );
+            )));
         }
         Ok((wire, addr))
     }
@@ -142,9 +143,9 @@ impl Service {
     }
 
     /// Connect to `addr` and check that it is a primary.
-    fn connect_to(&self, addr: &Addr, deadline: Instant) -> Result<Wire> {
+    fn connect_to(&self, addr: &Addr, deadline: Instant) -> Result<Wire, Failure> {
         let named = |e: &WireError| {
-            crate::store::wire::failed(
+            Failure::connect(
                 e,
                 format!(
                     "the primary of service '{}' ({addr}): {}",
@@ -162,11 +163,11 @@ impl Service {
             Value::Array(parts) if matches!(parts.first(), Some(Value::BulkString(r)) if r == b"master") => {
                 Ok(wire)
             }
-            _ => bail!(
+            _ => Err(Failure::unreachable(format!(
                 "the node the sentinels name for service '{}' ({addr}) is not a primary (a \
                  failover under way?)",
                 self.name
-            ),
+            ))),
         }
     }
 

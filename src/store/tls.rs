@@ -128,43 +128,68 @@ fn check_pair(
     }
 }
 
-/// A TLS failure (rustls' words) as one line that says what to do, if it is one.
-pub fn explain(text: &str) -> Option<String> {
-    let t = text.to_ascii_lowercase();
-    let what = if t.contains("unknownissuer") || t.contains("unknown issuer") {
-        "the server's certificate is not trusted (unknown issuer or self-signed): pass the CA \
-         with --tls-ca-cert"
-    } else if t.contains("notvalidforname") || t.contains("not valid for name") {
-        "the server's certificate is not valid for the host name in the URL"
-    } else if t.contains("expired") {
-        "the server's certificate has expired (or is not valid yet)"
-    } else if t.contains("certificaterequired")
-        || t.contains("certificate required")
-        || t.contains("handshakefailure") && t.contains("alert")
-    {
-        "the server requires a client certificate: pass --tls-cert and --tls-key"
-    } else if t.contains("badcertificate") || t.contains("unknownca") || t.contains("unknown ca") {
-        "the server refused the client certificate (--tls-cert)"
-    } else if t.contains("corrupt message")
-        || t.contains("invalidcontenttype")
-        || t.contains("invalid content type")
-        || t.contains("invalidmessage")
-    {
-        "the server did not answer TLS: is it a plain port? use redis:// for it"
-    } else if t.contains("unable to build client with tls parameters") {
-        let why = text.rsplit(": ").next().unwrap_or(text);
-        return Some(format!("--tls-cert or --tls-key cannot be used: {why}"));
-    } else if t.contains("invalid peer certificate") || t.contains("tls") {
-        return Some(format!("TLS failed: {text}"));
-    } else {
-        return None;
+/// A TLS failure as one line that says what to do, matched on what rustls reports (its error
+/// variants, never their text).
+pub fn explain(e: &rustls::Error) -> String {
+    use rustls::{AlertDescription as Alert, CertificateError as Cert, Error};
+    let what = match e {
+        Error::InvalidCertificate(Cert::UnknownIssuer) => {
+            "the server's certificate is not trusted (unknown issuer or self-signed): pass the CA \
+             with --tls-ca-cert"
+        }
+        Error::InvalidCertificate(Cert::NotValidForName | Cert::NotValidForNameContext { .. }) => {
+            "the server's certificate is not valid for the host name in the URL"
+        }
+        Error::InvalidCertificate(
+            Cert::Expired
+            | Cert::ExpiredContext { .. }
+            | Cert::NotValidYet
+            | Cert::NotValidYetContext { .. },
+        ) => "the server's certificate has expired (or is not valid yet)",
+        Error::AlertReceived(Alert::CertificateRequired | Alert::HandshakeFailure) => {
+            "the server requires a client certificate: pass --tls-cert and --tls-key"
+        }
+        Error::AlertReceived(Alert::BadCertificate | Alert::UnknownCA) => {
+            "the server refused the client certificate (--tls-cert)"
+        }
+        Error::InvalidMessage(_)
+        | Error::InappropriateMessage { .. }
+        | Error::InappropriateHandshakeMessage { .. } => {
+            "the server did not answer TLS: is it a plain port? use redis:// for it"
+        }
+        _ => return format!("TLS failed: {e}"),
     };
-    Some(what.to_string())
+    what.to_string()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tls_failures_are_told_by_their_variant() {
+        use rustls::{AlertDescription, CertificateError, Error, InvalidMessage};
+        let said = |e: Error| explain(&e);
+        assert!(
+            said(Error::InvalidCertificate(CertificateError::UnknownIssuer))
+                .contains("not trusted")
+        );
+        assert!(
+            said(Error::InvalidCertificate(CertificateError::NotValidForName))
+                .contains("not valid for the host name")
+        );
+        assert!(said(Error::InvalidCertificate(CertificateError::Expired)).contains("expired"));
+        assert!(
+            said(Error::AlertReceived(AlertDescription::CertificateRequired))
+                .contains("requires a client certificate")
+        );
+        assert!(said(Error::AlertReceived(AlertDescription::UnknownCA))
+            .contains("refused the client certificate"));
+        assert!(
+            said(Error::InvalidMessage(InvalidMessage::InvalidContentType)).contains("plain port")
+        );
+        assert!(said(Error::DecryptError).starts_with("TLS failed: "));
+    }
 
     #[test]
     fn cert_without_key_is_refused() {

@@ -11,7 +11,6 @@
 //! With `--min-replicas N`, every write (acquire, renewal) counts only once `WAIT` says N replicas
 //! have it, asked on the same connection (on a cluster, on the KEY's slot owner).
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +20,7 @@ use redis::Value;
 use crate::clock::Instant;
 use crate::store::cluster::{Cluster, ClusterCon};
 use crate::store::connect::{explain, redact_url, Node};
+pub use crate::store::failure::Failure;
 use crate::store::resp::{Bad, Reply};
 use crate::store::sentinel::Service;
 use crate::store::tls::TlsOptions;
@@ -77,37 +77,20 @@ impl Redis {
     /// ACL, a database that does not exist) is [`Failure::Refused`].
     fn connect(&self, deadline: Instant) -> Result<Con, Failure> {
         let within = deadline.saturating_duration_since(Instant::now());
-        let failed = |e: anyhow::Error| {
-            // A refusal retrying cannot mend (see `wire::Refusal`) is not retried.
-            let permanent = e.downcast_ref::<crate::store::wire::Refusal>().is_some();
-            let e = anyhow!("cannot connect to Redis at {}: {e:#}", self.shown_url);
-            if permanent {
-                Failure::Refused(e)
-            } else {
-                Failure::Connect(e)
-            }
-        };
+        let before = format!("cannot connect to Redis at {}: ", self.shown_url);
         match &*self.target {
-            Target::Node(node) => node.connect(within).map(Con::Node).map_err(|e| {
-                let text = anyhow!(
-                    "cannot connect to Redis at {}: {}",
-                    self.shown_url,
-                    explain(&e)
-                );
-                if e.transient() {
-                    Failure::Connect(text)
-                } else {
-                    Failure::Refused(text)
-                }
-            }),
+            Target::Node(node) => node
+                .connect(within)
+                .map(Con::Node)
+                .map_err(|e| Failure::connect(&e, format!("{before}{}", explain(&e)))),
             Target::Sentinel(service) => service
                 .connect(deadline)
                 .map(|(w, addr)| Con::Primary(w, addr))
-                .map_err(failed),
+                .map_err(|f| f.context(&before)),
             Target::Cluster(cluster) => cluster
                 .connect(deadline)
                 .map(|c| Con::Cluster(Box::new(c)))
-                .map_err(failed),
+                .map_err(|f| f.context(&before)),
         }
     }
 }
@@ -146,57 +129,6 @@ impl Con {
         }
     }
 }
-
-/// Why a call failed.
-#[derive(Debug)]
-pub enum Failure {
-    /// No connection could be made: nothing was sent.
-    Connect(anyhow::Error),
-    /// The server refused the connection for good (credentials, ACL, database): asking again
-    /// cannot help.
-    Refused(anyhow::Error),
-    /// The call was sent and failed: Redis's error, no whole reply in time, or a reply of the
-    /// wrong shape.
-    Call(WireError),
-    /// `--min-replicas`: fewer replicas than asked acknowledged the write in time.
-    Replicas { acked: u32, wanted: u32 },
-}
-
-impl Failure {
-    /// Redis may have run the call even though we got no reply we could use.
-    pub fn maybe_ran(&self) -> bool {
-        matches!(self, Failure::Call(e) if e.maybe_ran())
-    }
-
-    /// Worth another try on a new connection: the server or the network, not the request.
-    pub fn transient(&self) -> bool {
-        match self {
-            Failure::Connect(_) | Failure::Replicas { .. } => true,
-            Failure::Refused(_) => false,
-            Failure::Call(e) => e.transient(),
-        }
-    }
-
-    /// A reply of the wrong type or shape for `what`.
-    pub fn shape(what: &'static str) -> Failure {
-        Failure::Call(WireError::Bad(Bad::Protocol(what)))
-    }
-}
-
-impl fmt::Display for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Failure::Connect(e) | Failure::Refused(e) => write!(f, "{e:#}"),
-            Failure::Call(e) => f.write_str(&explain(e)),
-            Failure::Replicas { acked, wanted } => write!(
-                f,
-                "only {acked} of the {wanted} replicas asked for (--min-replicas) confirmed it in time"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for Failure {}
 
 /// A connection that (re)connects itself: see the module comment.
 pub struct Link {

@@ -226,12 +226,16 @@ impl Watcher {
         ];
         match reader.call(&tracking, deadline).and_then(Reply::ok) {
             Ok(_) => {}
-            // The subscribed connection went away between SUBSCRIBE and here (killed, a
-            // restart): a broken watch, not a refusal.
-            Err(WireError::Server(e)) if e.to_ascii_lowercase().contains("redirect") => {
-                return Err(End::Broken(e))
+            // Refused, unless the subscribed connection went away between SUBSCRIBE and here
+            // (killed, a restart), so there was nothing to redirect to: a broken watch. The
+            // subscribed connection itself says which (a PING is allowed while subscribed).
+            Err(WireError::Server(e)) => {
+                return Err(match sub.call(&[b"PING"], deadline) {
+                    Ok(Reply::Value(_)) => End::Refused(e),
+                    _ => End::Broken(e),
+                })
             }
-            Err(e) => return Err(refused_or_broken(e)),
+            Err(e) => return Err(End::Broken(explain(&e))),
         }
         if !*told {
             *told = true;

@@ -19,8 +19,9 @@ use rustls::{ClientConfig, ClientConnection, StreamOwned};
 use crate::clock::Instant;
 use crate::store::dial::{handshake, tcp_connect, unix_connect, Bounded};
 use crate::store::resp::{self, Bad, Reply};
-pub use crate::store::wire_error::{failed, Refusal, WireError};
-use crate::store::wire_error::{io_error, left, tls_text};
+use crate::store::tls;
+pub use crate::store::wire_error::WireError;
+use crate::store::wire_error::{io_error, left};
 
 /// Where a server listens.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -168,7 +169,7 @@ impl Wire {
             let state = s
                 .conn
                 .process_new_packets()
-                .map_err(|e| WireError::Tls(tls_text(&e)))?;
+                .map_err(|e| WireError::Tls(tls::explain(&e)))?;
             if state.plaintext_bytes_to_read() > 0 || state.peer_has_closed() {
                 return Ok(true);
             }

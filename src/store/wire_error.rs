@@ -90,29 +90,6 @@ impl std::fmt::Display for WireError {
 
 impl std::error::Error for WireError {}
 
-/// A failure that asking again cannot mend (a wrong password, an ACL, a database that does not
-/// exist, a server that is not what the URL says), as a message: look-ups that report through
-/// `anyhow` (Sentinel, Cluster) mark it so, and the link does not retry it.
-#[derive(Debug)]
-pub struct Refusal(pub String);
-
-impl std::fmt::Display for Refusal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Refusal {}
-
-/// `message` about `e`, marked as a [`Refusal`] when retrying cannot help.
-pub fn failed(e: &WireError, message: String) -> anyhow::Error {
-    if e.transient() {
-        anyhow::anyhow!(message)
-    } else {
-        anyhow::Error::new(Refusal(message))
-    }
-}
-
 /// What is left until `deadline`, or a timeout.
 pub(super) fn left(deadline: Instant) -> Result<Duration, WireError> {
     let d = deadline.saturating_duration_since(Instant::now());
@@ -132,14 +109,9 @@ pub(super) fn io_error(e: io::Error) -> WireError {
                 .get_ref()
                 .and_then(|inner| inner.downcast_ref::<rustls::Error>())
             {
-                return WireError::Tls(tls_text(tls));
+                return WireError::Tls(crate::store::tls::explain(tls));
             }
             WireError::Io(crate::log::io_text(&e))
         }
     }
-}
-
-pub(super) fn tls_text(e: &rustls::Error) -> String {
-    let raw = format!("{e:?} {e}");
-    crate::store::tls::explain(&raw).unwrap_or_else(|| format!("TLS: {e}"))
 }
