@@ -90,6 +90,8 @@ pub struct Wire {
     stream: Stream,
     /// Bytes read past the last reply.
     buf: Vec<u8>,
+    /// A command was sent on this connection.
+    asked: bool,
 }
 
 impl Wire {
@@ -108,6 +110,7 @@ impl Wire {
         let mut wire = Wire {
             stream,
             buf: Vec::new(),
+            asked: false,
         };
         if let Some(pw) = &session.password {
             let mut args: Vec<&[u8]> = vec![b"AUTH"];
@@ -134,8 +137,14 @@ impl Wire {
     /// way the caller drops the connection and never reads it again.
     pub fn call(&mut self, args: &[&[u8]], deadline: Instant) -> Result<Reply, WireError> {
         if self.unasked(deadline)? {
-            return Err(WireError::Unasked);
+            // A Redis server never speaks first (an HTTP or SSH server does).
+            return Err(if self.asked {
+                WireError::Unasked
+            } else {
+                WireError::Bad(Bad::Protocol("it spoke before it was asked anything"))
+            });
         }
+        self.asked = true;
         self.send(&resp::encode(args), deadline)?;
         let reply = self.read(deadline)?;
         if !self.buf.is_empty() {
