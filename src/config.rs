@@ -41,6 +41,10 @@ pub struct RunConfig {
     pub limit: u32,
     /// `--schedule`: once per scheduled instant.
     pub schedule: Option<Schedule>,
+    /// `--catch-up`: the window in which a missed, failed or abandoned instant still runs.
+    pub catch_up: Option<Duration>,
+    /// `--retries`: more attempts at a failed or abandoned instant (0 without `--catch-up`).
+    pub retries: u32,
     /// `-E`/`--conflict-exit-code`: the status when the lock is busy.
     pub conflict_exit_code: u8,
     /// `--max-runtime`, none when 0.

@@ -143,7 +143,7 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
         Request::Run(config) => {
             let mut report = Report::new(&config.reports, log)?;
             let attempted = host::unix_millis();
-            let outcome = run::run_job(&config, log, &mut || report.started());
+            let outcome = run::run_job(&config, log, &mut |rid| report.started(rid));
             report.tell(&config.key, attempted, &outcome, log);
             outcome.result
         }

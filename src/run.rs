@@ -36,12 +36,19 @@ use crate::store::tracking;
 use crate::store::wait::{self, Acquired};
 use crate::watchdog::Watchdog;
 
+/// How many instants before the candidates a `--catch-up` firing sends for the ledger's
+/// `missed` (the ledger keeps 64 instants).
+const EARLIER_MAX: usize = 60;
+
+/// Told the run id once the command started (the start ping).
+type OnStart<'a> = &'a mut dyn FnMut(&str);
+
 /// The command's process group while one runs, so a panic on the main thread can still end it.
 pub static RUNNING_GROUP: AtomicI32 = AtomicI32::new(0);
 
 /// Take the lock, run the command under the watchdog, release and record the run: how it went,
 /// for the reports. `on_start` is called once the command started (the start ping).
-pub fn run_job(config: &RunConfig, log: &Log, on_start: &mut dyn FnMut()) -> RunOutcome {
+pub fn run_job(config: &RunConfig, log: &Log, on_start: &mut dyn FnMut(&str)) -> RunOutcome {
     let mut outcome = RunOutcome {
         result: Ok(Exit::Success),
         locked: false,
@@ -56,7 +63,7 @@ pub fn run_job(config: &RunConfig, log: &Log, on_start: &mut dyn FnMut()) -> Run
 fn run_locked(
     config: &RunConfig,
     log: &Log,
-    on_start: &mut dyn FnMut(),
+    on_start: &mut dyn FnMut(&str),
     outcome: &mut RunOutcome,
 ) -> Result<Exit> {
     log.set_key(&config.key);
@@ -108,9 +115,25 @@ fn take(config: &RunConfig, log: &Log) -> Result<Result<(Held, Masters), Exit>> 
     let keys = Keys::new(&config.prefix, &config.key);
     let command = command_line(&config.argv);
     let asked = Instant::now();
-    let slot = config.schedule.as_ref().map(|s| lock::Slot {
-        schedule: s.text.clone(),
-        candidates: s.candidates(host::unix_millis() as i64),
+    let slot = config.schedule.as_ref().map(|s| {
+        let now = host::unix_millis() as i64;
+        let candidates = s.candidates(now);
+        // With --catch-up, the instants before those inside the window: the ledger records
+        // the ones nobody ran as missed.
+        let earlier = match (config.catch_up, candidates.first()) {
+            (Some(window), Some(&first)) => {
+                s.earlier(first, now - window.as_millis() as i64, EARLIER_MAX)
+            }
+            _ => Vec::new(),
+        };
+        lock::Slot {
+            schedule: s.text.clone(),
+            candidates,
+            catch_up: config.catch_up,
+            retries: config.retries,
+            earlier,
+            ledger_ttl: config.history_ttl,
+        }
     });
     let ask = wait::Ask {
         ttl: config.timing.ttl,
@@ -255,6 +278,7 @@ fn finish(
         record: Some(record::run_record(held, ending, exit, duration).to_string()),
         history: config.history,
         record_ttl: config.history_ttl,
+        ledger: held.instant.map(|i| (i, exit.code())),
     };
     let lost_until = if lost { Instant::now() } else { valid_until };
     let within = config.connect_timeout;
@@ -278,13 +302,13 @@ fn run_child(
     (watchdog, shared): (&mut Watchdog, Shared),
     limits: Limits,
     log: &Log,
-    (on_start, body): (&mut dyn FnMut(), &mut Option<Vec<u8>>),
+    (on_start, body): (OnStart<'_>, &mut Option<Vec<u8>>),
 ) -> (Exit, Ending) {
     let (child, capture) = match start(config, held, (&watchdog.watch, shared), limits, log) {
         Ok(started) => started,
         Err(exit) => return (exit, Ending::NotStarted),
     };
-    on_start();
+    on_start(&held.holder.token);
     let started = Instant::now();
     // Told at once when the lock key changes, once the command has run a little.
     let plan = tracking::Plan {
@@ -342,7 +366,19 @@ fn start(
         ("CRONLOCK_TOKEN", held.holder.token.clone()),
         ("CRONLOCK_FENCING_TOKEN", held.fence.to_string()),
         ("CRONLOCK_SLOT", held.slot.to_string()),
+        ("CRONLOCK_RUN_ID", held.holder.token.clone()),
     ];
+    // With --schedule: which instant this run is for, and which attempt at it.
+    let scheduled = held.instant.map(|i| {
+        [
+            ("CRONLOCK_INSTANT", host::rfc3339(i.max(0) as u64)),
+            ("CRONLOCK_ATTEMPT", held.attempt.to_string()),
+        ]
+    });
+    let env: Vec<(&str, String)> = env
+        .into_iter()
+        .chain(scheduled.into_iter().flatten())
+        .collect();
     // Contained in a cgroup of its own where one can be made (the guard makes it); why not, for -v.
     let (cgroup, no_cgroup) = match cgroup::plan(&held.holder.token) {
         Ok(dir) => (Some(dir), None),

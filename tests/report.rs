@@ -25,6 +25,8 @@ struct Server {
     port: u16,
     seen: Arc<Mutex<Vec<String>>>,
     bodies: Arc<Mutex<Vec<String>>>,
+    /// Each request's query string (`rid=...`).
+    queries: Arc<Mutex<Vec<String>>>,
 }
 
 impl Server {
@@ -35,6 +37,8 @@ impl Server {
         let log = seen.clone();
         let bodies = Arc::new(Mutex::new(Vec::new()));
         let body_log = bodies.clone();
+        let queries = Arc::new(Mutex::new(Vec::new()));
+        let query_log = queries.clone();
         std::thread::spawn(move || {
             let mut held = Vec::new();
             for stream in listener.incoming() {
@@ -63,13 +67,20 @@ impl Server {
                     .push(String::from_utf8_lossy(&body).into_owned());
                 let mut words = line.split_whitespace();
                 let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+                let (path, query) = path.split_once('?').unwrap_or((path, ""));
+                query_log.lock().unwrap().push(query.to_string());
                 log.lock().unwrap().push(format!("{method} {path}"));
                 let _ = stream.write_all(
                     b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nOK",
                 );
             }
         });
-        Server { port, seen, bodies }
+        Server {
+            port,
+            seen,
+            bodies,
+            queries,
+        }
     }
 
     fn url(&self) -> String {
@@ -95,12 +106,15 @@ impl Server {
 fn pings_for_success_failure_lost_lock_and_skip() {
     let r = Redis::start();
     let s = Server::start(Endpoint::Answers);
-    let out = run(cronlock(&r).args(["--ping", &s.url(), "k", "true"]));
+    let out = run(cronlock(&r).args(["--ping", &s.url(), "k", "-c", "echo $CRONLOCK_RUN_ID"]));
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(
         s.wait_for(2),
         ["POST /ping/s3cr3t-uuid/start", "POST /ping/s3cr3t-uuid"]
     );
+    // Both pings carry the attempt's run id, as runitor and Healthchecks do.
+    let rid = format!("rid={}", stdout(&out).trim());
+    assert_eq!(*s.queries.lock().unwrap(), [rid.clone(), rid]);
 
     let s = Server::start(Endpoint::Answers);
     let out = run(cronlock(&r).args(["--ping", &s.url(), "k", "--", "sh", "-c", "exit 3"]));

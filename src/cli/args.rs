@@ -228,6 +228,21 @@ pub struct Cli {
     #[arg(long, env = "CRONLOCK_SCHEDULE", value_name = "CRON", value_parser = schedule)]
     pub schedule: Option<crate::fleet::schedule::Schedule>,
 
+    /// With --schedule: run the latest instant within DURATION before now (Redis's clock) that
+    /// has not run yet, once; older ones nobody ran are recorded as missed, never run
+    ///
+    /// Fire more often than the schedule (`*/5 * * * *` for `0 2 * * *`): a firing with nothing
+    /// due costs one round trip and prints nothing. Between 1s and 10 years.
+    #[arg(long, env = "CRONLOCK_CATCH_UP", value_name = "DURATION", value_parser = catch_up,
+          allow_hyphen_values = true)]
+    pub catch_up: Option<Span>,
+
+    /// With --catch-up: run an instant whose attempt failed (non-zero exit) or was abandoned
+    /// (its host died) up to N more times, by later firings inside the window [default: 0]
+    #[arg(long, env = "CRONLOCK_RETRIES", value_name = "N", value_parser = retries,
+          allow_hyphen_values = true)]
+    pub retries: Option<u32>,
+
     /// Exit status when the lock is held elsewhere and the command does not run
     #[arg(
         short = 'E',
@@ -415,6 +430,34 @@ pub(super) fn history_count(s: &str) -> Result<Count, String> {
         .parse::<u32>()
         .map(|n| Count(Some(n)))
         .map_err(|_| "expected a number of runs".into())
+}
+
+/// The longest `--catch-up` window: ten years.
+pub const MAX_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(10 * 366 * 86_400);
+
+/// The most `--retries`.
+pub const MAX_RETRIES: u32 = 100;
+
+/// `--catch-up DURATION`: from a second to ten years.
+pub(super) fn catch_up(s: &str) -> Result<Span, String> {
+    let span = duration::positive(s)?;
+    if span.0 < std::time::Duration::from_secs(1) {
+        return Err("the window must be at least 1s".into());
+    }
+    if span.0 > MAX_CATCH_UP {
+        return Err("the window must be at most 10 years".into());
+    }
+    Ok(span)
+}
+
+/// `--retries N`: a count from 0 to [`MAX_RETRIES`].
+pub(super) fn retries(s: &str) -> Result<u32, String> {
+    match s.trim().parse::<i64>() {
+        Ok(n) if n < 0 => Err("a count of retries cannot be negative".into()),
+        Ok(n) if n > i64::from(MAX_RETRIES) => Err(format!("at most {MAX_RETRIES}")),
+        Ok(n) => Ok(n as u32),
+        Err(_) => Err("expected a count of retries (0, 1, 2, ...)".into()),
+    }
 }
 
 /// `--log-format` values.

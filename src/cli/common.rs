@@ -76,6 +76,8 @@ fn defaults(key: String, command: Vec<OsString>) -> Option<Cli> {
         min_hold: "0".parse().ok()?,
         limit: 1,
         schedule: None,
+        catch_up: None,
+        retries: None,
         conflict_exit_code: 0,
         shell_command: None,
         quiet: false,

@@ -203,6 +203,17 @@ impl Cli {
         if argv[0].is_empty() {
             bail!("COMMAND must not be empty");
         }
+        match (&self.schedule, &self.catch_up, &self.retries) {
+            (None, Some(_), _) => bail!(
+                "--catch-up needs --schedule: it catches up the instants of a schedule (or unset \
+                 CRONLOCK_CATCH_UP)"
+            ),
+            (_, None, Some(_)) => bail!(
+                "--retries needs --catch-up: a retry is run by a later firing inside the catch-up \
+                 window (or unset CRONLOCK_RETRIES)"
+            ),
+            _ => {}
+        }
         if self.limit > 1 && self.schedule.is_some() {
             bail!(
                 "--schedule runs the job once per instant, so it takes no --limit above 1 (got \

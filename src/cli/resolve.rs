@@ -24,6 +24,13 @@ impl Cli {
         let history = self.history_kept()?;
         let timing = Timing::new(self.ttl.0, self.grace.map(|g| g.0))?;
         let servers = self.servers()?;
+        if self.catch_up.is_some() && servers.len() > 1 {
+            bail!(
+                "--catch-up needs one Redis (plain, Sentinel or Cluster): with several \
+                 independent masters each would keep its own ledger of instants, and a retry \
+                 could be judged due on some and not on others"
+            );
+        }
         let reports = self.reports()?;
         Ok(Request::Run(Box::new(RunConfig {
             key: job.key,
@@ -35,6 +42,8 @@ impl Cli {
             wait: self.wait(),
             limit: self.limit,
             schedule: self.schedule.clone(),
+            catch_up: self.catch_up.map(|c| c.0),
+            retries: self.retries.unwrap_or(0),
             conflict_exit_code: self.conflict_exit_code,
             max_runtime: self.max_runtime(),
             min_hold: self.min_hold.0,

@@ -27,6 +27,8 @@ pub struct Pinger {
     agent: Arc<OnceLock<ureq::Agent>>,
     log: Log,
     start: Option<JoinHandle<()>>,
+    /// `rid=`: the attempt's run id (`CRONLOCK_RUN_ID`), so overlapping pings are told apart.
+    rid: Option<String>,
 }
 
 impl Pinger {
@@ -40,14 +42,16 @@ impl Pinger {
             agent: Arc::default(),
             log: log.clone(),
             start: None,
+            rid: None,
         })
     }
 
-    /// `URL/start`, sent in the background: the command does not wait for it.
-    pub fn started(&mut self) {
+    /// `URL/start?rid=RUN_ID`, sent in the background: the command does not wait for it.
+    pub fn started(&mut self, run_id: &str) {
+        self.rid = Some(run_id.to_string());
         let (agent, url, log) = (
             self.agent.clone(),
-            format!("{}/start", self.url),
+            self.with_rid(format!("{}/start", self.url)),
             self.log.clone(),
         );
         self.start = std::thread::Builder::new()
@@ -68,7 +72,19 @@ impl Pinger {
         } else {
             format!("{}/{status}", self.url)
         };
+        let url = self.with_rid(url);
         send(&self.agent, &url, &self.log, "exit status", body.as_deref());
+    }
+}
+
+impl Pinger {
+    /// `url` with `rid=` once the run has an id (a run that never started has none).
+    fn with_rid(&self, url: String) -> String {
+        match &self.rid {
+            Some(rid) if url.contains('?') => format!("{url}&rid={rid}"),
+            Some(rid) => format!("{url}?rid={rid}"),
+            None => url,
+        }
     }
 }
 

@@ -61,10 +61,10 @@ impl Report {
         })
     }
 
-    /// The command started: the start ping.
-    pub fn started(&mut self) {
+    /// The command started as attempt `run_id`: the start ping.
+    pub fn started(&mut self, run_id: &str) {
         if let Some(p) = self.pinger.as_mut() {
-            p.started();
+            p.started(run_id);
         }
     }
 

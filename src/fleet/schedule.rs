@@ -80,6 +80,22 @@ impl Schedule {
         Some(prev.timestamp_millis())
     }
 
+    /// At most `max` instants before `before_ms`, down to `since_ms`, newest first.
+    pub fn earlier(&self, before_ms: i64, since_ms: i64, max: usize) -> Vec<i64> {
+        let mut out = Vec::new();
+        let mut t = before_ms - 1000;
+        while out.len() < max {
+            match self.at_or_before(t) {
+                Some(p) if p >= since_ms => {
+                    out.push(p);
+                    t = p - 1000;
+                }
+                _ => break,
+            }
+        }
+        out
+    }
+
     /// The instants around `now_ms` for the acquire script to choose from, oldest first.
     pub fn candidates(&self, now_ms: i64) -> Vec<i64> {
         let mut out = Vec::with_capacity(2 * AROUND);

@@ -30,6 +30,8 @@ pub struct Keys {
     pub limit: String,
     /// With `--limit` above 1: each slot's fencing token (a hash).
     pub fences: String,
+    /// With `--schedule`: the ledger of recent instants and their attempts (a hash).
+    pub ledger: String,
 }
 
 impl Keys {
@@ -44,6 +46,7 @@ impl Keys {
             schedule: format!("{lock}:schedule"),
             limit: format!("{lock}:limit"),
             fences: format!("{lock}:fences"),
+            ledger: format!("{lock}:ledger"),
             lock,
         }
     }

@@ -60,6 +60,8 @@ pub struct Held {
     pub limit: u32,
     /// Our slot (0 for the plain lock).
     pub slot: u32,
+    /// With `--schedule`: which attempt at the instant this is (1, 2, ... with `--retries`).
+    pub attempt: u32,
 }
 
 /// With `--schedule`: what the acquire script chooses the run's instant from.
@@ -68,6 +70,16 @@ pub struct Slot {
     pub schedule: String,
     /// Instants (Unix ms) around the local clock; Redis takes the one nearest to its own.
     pub candidates: Vec<i64>,
+    /// `--catch-up`: run the latest instant inside this window that has not run (None: the
+    /// nearest instant only, once).
+    pub catch_up: Option<Duration>,
+    /// `--retries`: attempts after a failed or abandoned one.
+    pub retries: u32,
+    /// With `--catch-up`: instants before the candidates inside the window (newest first), for
+    /// the ledger to call `missed`.
+    pub earlier: Vec<i64>,
+    /// How long the ledger lives (`--history-ttl`; None: no expiry).
+    pub ledger_ttl: Option<Duration>,
 }
 
 /// What the release found.
@@ -90,6 +102,8 @@ pub struct ReleaseOptions {
     pub record: Option<String>,
     pub history: u32,
     pub record_ttl: Option<Duration>,
+    /// With `--schedule`: the instant of this run and its exit status, for the ledger.
+    pub ledger: Option<(i64, u8)>,
 }
 
 /// One attempt's outcome.
@@ -176,7 +190,7 @@ pub fn try_acquire(
 ) -> Result<Attempt, Failure> {
     let sent_at = Instant::now();
     let abandoned = keys.abandoned(&holder.token);
-    let (fence, pttl, value, instant, ran, slot, other) = if limit > 1 {
+    let (fence, pttl, value, instant, ran, slot, other, attempt) = if limit > 1 {
         let slots = keys.slots(limit);
         let mut all: Vec<&str> = vec![
             &keys.lock,
@@ -232,20 +246,21 @@ pub fn try_acquire(
         instant,
         limit,
         slot,
+        attempt: attempt.clamp(1, i64::from(u32::MAX)) as u32,
     })))
 }
 
-/// An acquire's reply, read: `{fence, pttl, holder, instant, ran, slot, limit}`.
-type AcquireReply = (i64, i64, Option<String>, i64, i64, i64, i64);
+/// An acquire's reply, read: `{fence, pttl, holder, instant, ran, slot, limit, attempt}`.
+type AcquireReply = (i64, i64, Option<String>, i64, i64, i64, i64, i64);
 
 /// Read an acquire's reply; anything but its exact shape is a failure, never an answer.
 fn acquire_reply(reply: &Value) -> Result<AcquireReply, Failure> {
     const SHAPE: &str =
-        "an acquire reply that is not {fence, pttl, holder, instant, ran, slot, limit}";
+        "an acquire reply that is not {fence, pttl, holder, instant, ran, slot, limit, attempt}";
     let Value::Array(parts) = reply else {
         return Err(Failure::shape(SHAPE));
     };
-    let [fence, pttl, value, instant, ran, got, other] = parts.as_slice() else {
+    let [fence, pttl, value, instant, ran, got, other, attempt] = parts.as_slice() else {
         return Err(Failure::shape(SHAPE));
     };
     // The token comes as a decimal string (exact), 0 when none was handed out.
@@ -265,6 +280,7 @@ fn acquire_reply(reply: &Value) -> Result<AcquireReply, Failure> {
         int(ran, SHAPE)?,
         int(got, SHAPE)?,
         int(other, SHAPE)?,
+        int(attempt, SHAPE)?,
     ))
 }
 
@@ -278,16 +294,19 @@ fn plain_acquire(
     slot: Option<&Slot>,
     abandoned: &str,
 ) -> Result<AcquireReply, Failure> {
+    let window = slot.and_then(|s| s.catch_up).map_or(0, ms);
     let mut args = vec![
         holder.value.clone(),
         ms(ttl).to_string(),
         slot.map_or(String::new(), |s| s.schedule.clone()),
+        window.to_string(),
+        slot.map_or(0, |s| s.retries).to_string(),
+        slot.and_then(|s| s.ledger_ttl).map_or(0, ms).to_string(),
+        slot.map_or(0, |s| s.candidates.len()).to_string(),
     ];
-    args.extend(
-        slot.map_or(&[][..], |s| &s.candidates)
-            .iter()
-            .map(i64::to_string),
-    );
+    if let Some(s) = slot {
+        args.extend(s.candidates.iter().chain(&s.earlier).map(i64::to_string));
+    }
     eval(
         link,
         within,
@@ -299,6 +318,7 @@ fn plain_acquire(
             abandoned,
             &keys.schedule,
             &keys.limit,
+            &keys.ledger,
         ],
         &args,
         acquire_reply,
@@ -419,7 +439,13 @@ pub fn release(
     } else {
         Vec::new()
     };
-    let mut all: Vec<&str> = vec![&keys.lock, &keys.last, &keys.history, &keys.notify];
+    let mut all: Vec<&str> = vec![
+        &keys.lock,
+        &keys.last,
+        &keys.history,
+        &keys.notify,
+        &keys.ledger,
+    ];
     if held.limit > 1 {
         all.push(&keys.limit);
         all.extend(slots.iter().map(String::as_str));
@@ -437,6 +463,8 @@ pub fn release(
             opts.history.to_string(),
             opts.record_ttl.map_or(0, ms).to_string(),
             ms(NOTIFY_TTL).to_string(),
+            opts.ledger.map_or(String::new(), |(i, _)| i.to_string()),
+            opts.ledger.map_or(0, |(_, exit)| exit).to_string(),
         ],
         |v| match int(v, "a release reply that is not 0, 1 or 2")? {
             1 => Ok(Released::Deleted),

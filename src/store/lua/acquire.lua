@@ -1,15 +1,21 @@
 -- Take the lock and advance its fencing counter, atomically.
 -- KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] this attempt's "abandoned" marker,
 -- KEYS[4] the schedule record (hash: instant, schedule), KEYS[5] the --limit record (present while
--- holders with a --limit above 1 hold the KEY: then this --limit 1 attempt is a mismatch)
+-- holders with a --limit above 1 hold the KEY: then this --limit 1 attempt is a mismatch),
+-- KEYS[6] the ledger of instants (hash: instant -> JSON entry)
 -- ARGV[1] holder value, ARGV[2] ttl in ms, ARGV[3] the --schedule ('' without one),
--- ARGV[4...] with a schedule: its instants around the client's clock, in Unix ms
+-- ARGV[4] --catch-up window in ms (0: none), ARGV[5] --retries, ARGV[6] ledger expiry in ms
+-- (0: none), ARGV[7] how many candidates follow, ARGV[8...] with a schedule: its instants around
+-- the client's clock, in Unix ms, then earlier instants inside the window (for 'missed')
 -- Returns {fencing token (a decimal string), 0, false, instant, 0} when taken, {0, ms until the holder's lock expires,
 -- holder value, instant, 0} when held (waiters use it to sleep no longer than the holder's expiry;
 -- -v names the holder), and {0, 0, false, instant, recorded instant} when the run for that
--- instant already started. The instant is the candidate nearest to Redis's clock (0: no schedule).
--- Every reply has two more elements, as semaphore.lua's: the slot (0 when taken, else -1) and the
--- current holders' --limit when it is not 1 (then nothing was touched), else 0.
+-- instant already started (or, with --catch-up, nothing is due: the instant is done, or out of
+-- the window). The instant is the candidate nearest to Redis's clock (0: no schedule); with
+-- --catch-up, the latest one at or before Redis's clock (or one at most EARLY ahead of it).
+-- Every reply has three more elements, as semaphore.lua's: the slot (0 when taken, else -1), the
+-- current holders' --limit when it is not 1 (then nothing was touched), else 0, and the attempt
+-- at the instant (1, 2, ...; 0 when nothing was taken).
 -- The GETs come first so a key of the wrong type fails before anything is written
 -- (a script that errors half-way is not rolled back).
 --
@@ -21,31 +27,89 @@
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 if redis.call('EXISTS', KEYS[3]) == 1 then
   -- The client gave up on this attempt (its reply was lost) and asked for it to be undone.
-  return {0, 0, false, 0, 0, -1, 0}
+  return {0, 0, false, 0, 0, -1, 0, 0}
 end
 local limit = tonumber(redis.call('GET', KEYS[5]) or '0')
 if limit and limit > 1 then
-  return {0, 0, false, 0, 0, -1, limit}
+  return {0, 0, false, 0, 0, -1, limit, 0}
 end
-local instant = 0
+-- An early host still runs the instant it fired for, when it is at most this far ahead.
+local EARLY = 5000
+-- The ledger keeps this many instants, the newest.
+local KEEP = 64
+local instant, attempt, entry, now = 0, 0, nil, 0
+local window = tonumber(ARGV[4]) or 0
+local n = tonumber(ARGV[7]) or 0
 if ARGV[3] ~= '' then
-  -- The run belongs to the scheduled instant nearest to Redis's clock, whatever the hosts' clocks.
   local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  for i = 4, #ARGV do
-    local c = tonumber(ARGV[i])
-    if instant == 0 or math.abs(c - now) < math.abs(instant - now) then
-      instant = c
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if window == 0 then
+    -- The run belongs to the scheduled instant nearest to Redis's clock, whatever the hosts'.
+    for i = 8, 7 + n do
+      local c = tonumber(ARGV[i])
+      if instant == 0 or math.abs(c - now) < math.abs(instant - now) then
+        instant = c
+      end
+    end
+  else
+    -- The latest instant at or before Redis's clock, unless the host fired a little early.
+    local past, ahead = 0, 0
+    for i = 8, 7 + n do
+      local c = tonumber(ARGV[i])
+      if c <= now then
+        if c > past then past = c end
+      elseif ahead == 0 or c < ahead then
+        ahead = c
+      end
+    end
+    instant = past
+    if ahead ~= 0 and ahead - now <= EARLY and (past == 0 or ahead - now < now - past) then
+      instant = ahead
     end
   end
   local ran = tonumber(redis.call('HGET', KEYS[4], 'instant'))
-  if ran and ran >= instant then
-    return {0, 0, false, instant, ran, -1, 0}
+  local raw = redis.call('HGET', KEYS[6], string.format('%d', instant))
+  if raw then
+    local ok, e = pcall(cjson.decode, raw)
+    if not ok or type(e) ~= 'table' or type(e.state) ~= 'string' or type(e.attempts) ~= 'table' then
+      return redis.error_reply('ERR the ledger entry ' .. string.format('%d', instant) .. ' of '
+        .. KEYS[6] .. ' is not one cronlock wrote (left as it is)')
+    end
+    entry = e
+  end
+  if window == 0 then
+    if ran and ran >= instant then
+      return {0, 0, false, instant, ran, -1, 0, 0}
+    end
+    attempt = 1
+  else
+    -- Nothing due: out of the window, a later run started, or this instant is done.
+    if instant == 0 or now - instant > window then
+      return {0, 0, false, instant, instant, -1, 0, 0}
+    end
+    if ran and ran > instant then
+      return {0, 0, false, instant, ran, -1, 0, 0}
+    end
+    attempt = 1
+    if entry then
+      if entry.state == 'running' and redis.call('GET', KEYS[1]) ~= entry.holder then
+        -- Claimed, never released, and its lock is gone: its host died mid-run.
+        entry.state = 'abandoned'
+        entry.attempts[#entry.attempts].ended = now
+        entry.attempts[#entry.attempts].state = 'abandoned'
+        redis.call('HSET', KEYS[6], string.format('%d', instant), cjson.encode(entry))
+      end
+      if (entry.state ~= 'failed' and entry.state ~= 'abandoned')
+        or #entry.attempts > tonumber(ARGV[5]) then
+        return {0, 0, false, instant, instant, -1, 0, 0}
+      end
+      attempt = #entry.attempts + 1
+    end
   end
 end
 local holder = redis.call('GET', KEYS[1])
 if holder then
-  return {0, redis.call('PTTL', KEYS[1]), holder, instant, 0, -1, 0}
+  return {0, redis.call('PTTL', KEYS[1]), holder, instant, 0, -1, 0, 0}
 end
 -- The token first: a counter that cannot give one refuses before anything is written.
 local token, refused = fence_token(KEYS[2])
@@ -53,11 +117,35 @@ if not token then
   return refused
 end
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {0, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[1]), instant, 0, -1, 0}
+  return {0, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[1]), instant, 0, -1, 0, 0}
 end
 if instant ~= 0 then
   redis.call('HSET', KEYS[4], 'instant', string.format('%d', instant), 'schedule', ARGV[3])
+  -- The ledger: this attempt, and the instants inside the window nobody ran.
+  entry = entry or {state = 'running', attempts = {}}
+  entry.state = 'running'
+  entry.holder = ARGV[1]
+  local h = cjson.decode(ARGV[1])
+  entry.attempts[#entry.attempts + 1] = {host = h.host, run_id = h.token, fence = token,
+    started = now, state = 'running'}
+  redis.call('HSET', KEYS[6], string.format('%d', instant), cjson.encode(entry))
+  if window > 0 then
+    for i = 8, #ARGV do
+      local c = tonumber(ARGV[i])
+      local field = string.format('%d', c)
+      if c < instant and now - c <= window and redis.call('HEXISTS', KEYS[6], field) == 0 then
+        redis.call('HSET', KEYS[6], field, '{"state":"missed","attempts":{}}')
+      end
+    end
+  end
+  local fields = redis.call('HKEYS', KEYS[6])
+  if #fields > KEEP then
+    table.sort(fields, function(a, b) return tonumber(a) < tonumber(b) end)
+    for i = 1, #fields - KEEP do redis.call('HDEL', KEYS[6], fields[i]) end
+  end
+  local ttl = tonumber(ARGV[6])
+  if ttl > 0 then redis.call('PEXPIRE', KEYS[6], ttl) else redis.call('PERSIST', KEYS[6]) end
 end
 redis.call('SET', KEYS[2], token)
 -- The token as a decimal string: a Lua number would round it above 2^53.
-return {token, 0, false, instant, 0, 0, 0}
+return {token, 0, false, instant, 0, 0, 0, attempt}

@@ -6,27 +6,30 @@
 -- ARGV[4] history length (0: keep only the last run)
 -- ARGV[5] record expiry in ms (0: none)
 -- ARGV[6] notification expiry in ms
--- With --limit above 1 (KEYS[1] is then our slot): KEYS[5] the limit record, KEYS[6...] every
+-- KEYS[5] the ledger of instants; ARGV[7] with --schedule, this run's instant ('' for none),
+-- ARGV[8] its exit status: the attempt is marked succeeded (0) or failed, when it is still ours
+-- With --limit above 1 (KEYS[1] is then our slot): KEYS[6] the limit record, KEYS[7...] every
 -- slot; the record goes with the last slot, and lives at least as long as a slot kept for min-hold.
 -- Returns 1 deleted, 2 kept for min-hold, 0 not ours (touched nothing of the lock).
 -- The lock is dealt with first: if a record key has a wrong type, the release has still happened.
+if redis.replicate_commands then pcall(redis.replicate_commands) end
 local result = 0
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   local hold = tonumber(ARGV[2])
   if hold > 0 then
     redis.call('PEXPIRE', KEYS[1], hold)
-    if KEYS[5] and redis.call('PTTL', KEYS[5]) < hold then
-      redis.call('PEXPIRE', KEYS[5], hold)
+    if KEYS[6] and redis.call('PTTL', KEYS[6]) < hold then
+      redis.call('PEXPIRE', KEYS[6], hold)
     end
     result = 2
   else
     redis.call('DEL', KEYS[1])
-    if KEYS[5] then
+    if KEYS[6] then
       local any = false
-      for i = 6, #KEYS do
+      for i = 7, #KEYS do
         if redis.call('EXISTS', KEYS[i]) == 1 then any = true end
       end
-      if not any then redis.call('DEL', KEYS[5]) end
+      if not any then redis.call('DEL', KEYS[6]) end
     end
     -- Wake one waiter (BLPOP); the list never holds more than one element.
     redis.call('DEL', KEYS[4])
@@ -54,6 +57,21 @@ if ARGV[3] ~= '' then
   else
     -- --history 0 keeps no list: trim away what earlier runs kept.
     redis.call('DEL', KEYS[3])
+  end
+end
+if ARGV[7] ~= '' then
+  -- The ledger: our attempt at the instant ended (even when the lock was lost: a failure).
+  local raw = redis.call('HGET', KEYS[5], ARGV[7])
+  local ok, e = pcall(cjson.decode, raw or '')
+  if ok and type(e) == 'table' and e.holder == ARGV[1] and type(e.attempts) == 'table'
+    and #e.attempts > 0 then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local code = tonumber(ARGV[8])
+    local last = e.attempts[#e.attempts]
+    e.state = (code == 0) and 'succeeded' or 'failed'
+    last.state, last.ended, last.exit = e.state, now, code
+    redis.call('HSET', KEYS[5], ARGV[7], cjson.encode(e))
   end
 end
 return result

@@ -8,15 +8,15 @@
 -- current holders hold it with --limit M (M is not N: refused, nothing touched).
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 if redis.call('EXISTS', KEYS[3]) == 1 then
-  return {0, 0, false, 0, 0, -1, 0}
+  return {0, 0, false, 0, 0, -1, 0, 0}
 end
 local n = tonumber(ARGV[3])
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  return {0, 0, false, 0, 0, -1, 1}
+  return {0, 0, false, 0, 0, -1, 1, 0}
 end
 local recorded = tonumber(redis.call('GET', KEYS[4]) or '0')
 if recorded and recorded ~= 0 and recorded ~= n then
-  return {0, 0, false, 0, 0, -1, recorded}
+  return {0, 0, false, 0, 0, -1, recorded, 0}
 end
 local free, soonest, holder = nil, nil, false
 for i = 6, #KEYS do
@@ -31,7 +31,7 @@ for i = 6, #KEYS do
   end
 end
 if not free then
-  return {0, soonest, holder, 0, 0, -1, 0}
+  return {0, soonest, holder, 0, 0, -1, 0, 0}
 end
 local token, refused = fence_token(KEYS[2])
 if not token then
@@ -42,4 +42,4 @@ local keep = math.max(redis.call('PTTL', KEYS[4]), tonumber(ARGV[2]))
 redis.call('SET', KEYS[4], ARGV[3], 'PX', keep)
 redis.call('SET', KEYS[2], token)
 redis.call('HSET', KEYS[5], tostring(free - 6), token)
-return {token, 0, false, 0, 0, free - 6, 0}
+return {token, 0, false, 0, 0, free - 6, 0, 1}
