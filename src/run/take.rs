@@ -1,0 +1,173 @@
+//! The first step of a run: ask for the lock (waiting as `--wait` says, for the instant
+//! `--schedule` and `--catch-up` choose), and the lines that step logs: busy, already ran,
+//! acquired.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use anyhow::Result;
+
+use crate::clock::Instant;
+use crate::config::RunConfig;
+use crate::duration::Span;
+use crate::exit::Exit;
+use crate::fleet::describe;
+use crate::host;
+use crate::log::Log;
+use crate::signals;
+use crate::store::keys::Keys;
+use crate::store::lock::{self, Held};
+use crate::store::quorum::Masters;
+use crate::store::wait::{self, Acquired};
+
+/// How many instants before the candidates a `--catch-up` firing sends for the ledger's
+/// `missed` (the ledger keeps 64 instants).
+const EARLIER_MAX: usize = 60;
+
+/// Ask for the lock (waiting as `--wait` says): ours, or the exit status of a run that does not
+/// start, its reason logged.
+pub(super) fn take(config: &RunConfig, log: &Log) -> Result<Result<(Held, Masters), Exit>> {
+    let keys = Keys::new(&config.prefix, &config.key);
+    let command = command_line(&config.argv);
+    let asked = Instant::now();
+    let slot = config.schedule.as_ref().map(|s| {
+        let now = host::unix_millis() as i64;
+        let candidates = s.candidates(now);
+        // With --catch-up, the instants before those inside the window: the ledger records
+        // the ones nobody ran as missed.
+        let earlier = match (config.catch_up, candidates.first()) {
+            (Some(window), Some(&first)) => {
+                s.earlier(first, now - window.as_millis() as i64, EARLIER_MAX)
+            }
+            _ => Vec::new(),
+        };
+        lock::Slot {
+            schedule: s.text.clone(),
+            candidates,
+            catch_up: config.catch_up,
+            retries: config.retries,
+            earlier,
+            ledger_ttl: config.history_ttl,
+        }
+    });
+    let ask = wait::Ask {
+        ttl: config.timing.ttl,
+        wait: config.wait,
+        slot,
+        limit: config.limit,
+    };
+    let masters = Masters::new(&config.servers);
+    let exit = match wait::acquire(masters, &keys, &command, ask, log)? {
+        Acquired::Held(held, masters) => return Ok(Ok((*held, masters))),
+        Acquired::Busy(value) => {
+            busy(config, &value, asked.elapsed(), log);
+            Exit::Conflict(config.conflict_exit_code)
+        }
+        Acquired::AlreadyRan { instant, ran } => {
+            already_ran(config, instant, ran, log);
+            Exit::Conflict(config.conflict_exit_code)
+        }
+        Acquired::Signalled(sig) => {
+            log.info(
+                "signal",
+                &format!(
+                    "received {} while waiting; not running the command",
+                    signals::name(sig)
+                ),
+                &[("signal", sig.into())],
+            );
+            Exit::Signal(sig)
+        }
+    };
+    Ok(Err(exit))
+}
+
+/// The lock (or every slot) is held elsewhere: say by whom, and how long we waited.
+fn busy(config: &RunConfig, value: &str, waited: Duration, log: &Log) {
+    let after = if config.wait.is_zero() {
+        String::new()
+    } else {
+        format!(
+            " after waiting {}",
+            Span(Duration::from_millis(waited.as_millis() as u64))
+        )
+    };
+    let holder = describe::describe_holder(value);
+    let text = if config.limit > 1 {
+        format!(
+            "all {} slots of lock '{}' are held (the first to free by {holder}){after}; not \
+             running the command",
+            config.limit, config.key,
+        )
+    } else {
+        format!(
+            "lock '{}' is held by {holder}{after}; not running the command",
+            config.key
+        )
+    };
+    log.info(
+        "busy",
+        &text,
+        &[
+            ("conflict_exit_code", config.conflict_exit_code.into()),
+            ("waited_ms", (waited.as_millis() as u64).into()),
+            ("holder", describe::holder_identity(value)),
+        ],
+    );
+}
+
+/// `--schedule`: the run for this instant (or a later one) already started.
+fn already_ran(config: &RunConfig, instant: i64, ran: i64, log: &Log) {
+    let label = |at: i64| {
+        config
+            .schedule
+            .as_ref()
+            .map_or_else(|| at.to_string(), |s| s.label(at))
+    };
+    let what = if ran > instant {
+        format!("a later run ({}) already started", label(ran))
+    } else {
+        format!("already ran for the {} run", label(instant))
+    };
+    log.info(
+        "already_ran",
+        &format!("lock '{}': {what}; not running the command", config.key),
+        &[
+            ("conflict_exit_code", config.conflict_exit_code.into()),
+            ("instant", instant.into()),
+            ("recorded_instant", ran.into()),
+        ],
+    );
+}
+
+/// "acquired [slot S of N of ]lock 'KEY' (fencing token F)[ for the ... run]".
+pub(super) fn acquired_line(config: &RunConfig, held: &Held) -> String {
+    let slot = if held.limit > 1 {
+        format!("slot {} of {} of ", held.slot, held.limit)
+    } else {
+        String::new()
+    };
+    let run = match (held.instant, &config.schedule) {
+        (Some(i), Some(s)) => format!(" for the {} run", s.label(i)),
+        _ => String::new(),
+    };
+    format!(
+        "acquired {slot}lock '{}' (fencing token {}){run}",
+        config.key, held.fence
+    )
+}
+
+/// `argv` as one line for people (the holder's `command` field).
+fn command_line(argv: &[OsString]) -> String {
+    argv.iter()
+        .map(|a| {
+            let a = a.to_string_lossy();
+            if a.is_empty() || a.contains(|c: char| c.is_whitespace() || "'\"\\$`".contains(c)) {
+                format!("'{}'", a.replace('\'', r"'\''"))
+            } else {
+                a.into_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
