@@ -25,6 +25,7 @@ complete -c cronlock -l ping-url-file -d 'Read the --ping URL from this file ins
 complete -c cronlock -l log-format -d 'Format of cronlock\'s own messages on stderr' -r -f -a "text\t'`cronlock: ...` lines'
 json\t'one JSON object per line'"
 complete -c cronlock -l max-age -d 'With --check: how old the last run may be (with --schedule: how long after an instant its run may take to start)' -r
+complete -c cronlock -l reason -d 'With --suspend: why, for whoever reads --status, --check or a skipped firing\'s -v line' -r
 complete -c cronlock -l token -d 'With --force-release: release only the holder with this token (its CRONLOCK_TOKEN, shown by --status)' -r
 complete -c cronlock -s n -l nonblock -d 'Do not wait for a busy lock, like flock -n (same as --wait 0)'
 complete -c cronlock -s q -l quiet -d 'Print only errors'
@@ -32,8 +33,10 @@ complete -c cronlock -s v -l verbose -d 'Also report a busy lock, acquisition, r
 complete -c cronlock -l ping-body -d 'With --ping: send the last 10 KiB of the command\'s output (stdout and stderr) as the final ping\'s body; the output then passes through cronlock on its way to yours'
 complete -c cronlock -l status -d 'Show whether KEY is held, by whom, and its last run; then exit'
 complete -c cronlock -l check -d 'Monitoring plugin: judge KEY\'s last run from its record in Redis and exit 0 OK, 1 WARNING, 2 CRITICAL or 3 UNKNOWN, with one line on stdout (Nagios conventions)'
-complete -c cronlock -l list -d 'List every lock currently held under --prefix; then exit'
+complete -c cronlock -l list -d 'List every lock currently held, and every KEY suspended, under --prefix; then exit'
 complete -c cronlock -l force-release -d 'Delete KEY\'s lock whoever holds it (the holder\'s command is then stopped, exit 122)'
-complete -c cronlock -l json -d 'Print --status, --list and --force-release results as JSON'
+complete -c cronlock -l suspend -d 'Suspend KEY across the fleet until --resume: every firing skips with the -E status (a running command goes on), and the instants that pass meanwhile are recorded skipped and never caught up; then exit'
+complete -c cronlock -l resume -d 'End KEY\'s suspension: the next due instant runs; then exit'
+complete -c cronlock -l json -d 'Print --status, --list, --force-release, --suspend and --resume results as JSON'
 complete -c cronlock -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c cronlock -s V -l version -d 'Print version'

@@ -87,4 +87,8 @@ pub enum AdminMode {
     List,
     /// `--force-release KEY [--token T]`.
     ForceRelease { key: String, token: Option<String> },
+    /// `--suspend KEY [--reason TEXT]`.
+    Suspend { key: String, reason: Option<String> },
+    /// `--resume KEY`.
+    Resume { key: String },
 }

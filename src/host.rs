@@ -32,3 +32,18 @@ pub fn rfc3339(ms: u64) -> String {
     let t = UNIX_EPOCH + std::time::Duration::from_millis(ms);
     humantime::format_rfc3339_seconds(t).to_string()
 }
+
+/// Who runs us, for records people read (`--suspend`): `$USER` or `$LOGNAME`, else `uid N`.
+pub fn user() -> String {
+    use std::os::unix::fs::MetadataExt;
+    ["USER", "LOGNAME"]
+        .iter()
+        .filter_map(|v| std::env::var(v).ok())
+        .find(|u| !u.is_empty())
+        .or_else(|| {
+            std::fs::metadata("/proc/self")
+                .ok()
+                .map(|m| format!("uid {}", m.uid()))
+        })
+        .unwrap_or_else(|| "unknown".into())
+}

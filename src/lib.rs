@@ -28,7 +28,7 @@ use crate::cli::{Cli, LogFormat};
 use crate::config::{Admin, AdminMode, Request};
 use crate::exit::Exit;
 use crate::fleet::report::Report;
-use crate::fleet::{admin, check, status};
+use crate::fleet::{admin, check, status, suspend};
 use crate::log::Log;
 use crate::store::inspect;
 use crate::store::keys::Keys;
@@ -143,7 +143,9 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
         Request::Run(config) => {
             let mut report = Report::new(&config.reports, log)?;
             let attempted = host::unix_millis();
-            let outcome = run::run_job(&config, log, &mut |rid| report.started(rid));
+            let outcome = run::run_job(&config, log, &mut |rid, attempt| {
+                report.started(&config.key, rid, attempt, log)
+            });
             report.tell(&config.key, attempted, &outcome, log);
             outcome.result
         }
@@ -151,7 +153,7 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
     }
 }
 
-/// `--status`, `--check`, `--list` and `--force-release`.
+/// `--status`, `--check`, `--list`, `--force-release`, `--suspend` and `--resume`.
 fn admin_mode(admin: &Admin, log: &Log) -> Result<Exit> {
     let mut masters = Masters::new(&admin.servers);
     let (timeout, json) = (admin.timeout, admin.json);
@@ -178,6 +180,16 @@ fn admin_mode(admin: &Admin, log: &Log) -> Result<Exit> {
             token.as_deref(),
             json,
         )?,
+        AdminMode::Suspend { key, reason } => suspend::suspend(
+            &mut masters,
+            timeout,
+            &Keys::new(&admin.prefix, key),
+            reason.as_deref(),
+            json,
+        )?,
+        AdminMode::Resume { key } => {
+            suspend::resume(&mut masters, timeout, &Keys::new(&admin.prefix, key), json)?
+        }
     };
     admin::print(&text)?;
     Ok(Exit::Success)

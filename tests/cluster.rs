@@ -6,6 +6,7 @@ use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use common::story;
 use common::*;
 
 /// Three primaries without replicas, for the tests that do not disturb the cluster.
@@ -259,4 +260,16 @@ fn limit_two_on_a_cluster() {
     for key in keys_on_each_primary(c, "limited") {
         limit_two_of_four(|| cronlock_at(&url), &key);
     }
+}
+
+/// The catch-up story on a Cluster: each KEY's ledger and suspension live in its slot, beside its
+/// lock, so every script runs on one node.
+#[test]
+fn catch_up_retries_and_suspend_on_a_cluster() {
+    let url = cluster().url();
+    story::missed(&url, "cl-report");
+    story::retries(&url, "cl-flaky");
+    story::abandoned(&url, "cl-dies", 1);
+    story::abandoned(&url, "cl-dies0", 0);
+    story::suspend(&url, "cl-paused");
 }

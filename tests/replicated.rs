@@ -6,6 +6,7 @@ use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use common::story;
 use common::*;
 
 /// One topology for the tests that do not disturb it.
@@ -445,4 +446,16 @@ fn a_permanent_refusal_through_the_sentinels_ends_a_wait_at_once() {
         started.elapsed()
     );
     assert!(one_line(&out).contains("DB index"), "{}", stderr(&out));
+}
+
+/// The catch-up story through the sentinels: the ledger and the suspension are on the primary
+/// they name, like the lock.
+#[test]
+fn catch_up_retries_and_suspend_through_the_sentinels() {
+    let url = topology().url(SERVICE);
+    story::missed(&url, "sn-report");
+    story::retries(&url, "sn-flaky");
+    story::abandoned(&url, "sn-dies", 1);
+    story::abandoned(&url, "sn-dies0", 0);
+    story::suspend(&url, "sn-paused");
 }

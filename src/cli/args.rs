@@ -92,8 +92,9 @@ fn after_long_help() -> String {
 /// cronlock takes the lock KEY atomically, runs COMMAND while holding it, releases it, and exits with
 /// the command's status. When the lock is held elsewhere the command does not run and cronlock exits
 /// with the -E status (0 by default, since on a fleet "another host runs this slot" is the normal
-/// outcome). Every option except -c and the modes --status, --list and --force-release can also be
-/// set from the environment variable shown; an option on the command line wins over its variable.
+/// outcome). Every option except -c and the modes --status, --list, --force-release, --suspend and
+/// --resume can also be set from the environment variable shown; an option on the command line
+/// wins over its variable.
 #[derive(Debug, Parser)]
 #[command(
     name = "cronlock",
@@ -104,8 +105,10 @@ fn after_long_help() -> String {
                       cronlock --status [--json] <KEY>\n       \
                       cronlock --check [--max-age <DURATION>] [--schedule <CRON>] [--json] <KEY>\n       \
                       cronlock --list [--json]\n       \
-                      cronlock --force-release <KEY>",
-    group(ArgGroup::new("admin").args(["status", "check", "list", "force_release"]))
+                      cronlock --force-release <KEY>\n       \
+                      cronlock --suspend [--reason <TEXT>] <KEY>\n       \
+                      cronlock --resume <KEY>",
+    group(ArgGroup::new("admin").args(["status", "check", "list", "force_release", "suspend", "resume"]))
 )]
 pub struct Cli {
     /// Redis URL: redis://[user][:password@]host[:port][/db], rediss://... (TLS),
@@ -359,13 +362,32 @@ pub struct Cli {
           value_parser = duration::positive, allow_hyphen_values = true)]
     pub max_age: Option<Span>,
 
-    /// List every lock currently held under --prefix; then exit
+    /// List every lock currently held, and every KEY suspended, under --prefix; then exit
     #[arg(long)]
     pub list: bool,
 
     /// Delete KEY's lock whoever holds it (the holder's command is then stopped, exit 122)
     #[arg(long, requires = "key")]
     pub force_release: bool,
+
+    /// Suspend KEY across the fleet until --resume: every firing skips with the -E status (a
+    /// running command goes on), and the instants that pass meanwhile are recorded skipped and
+    /// never caught up; then exit
+    #[arg(long, requires = "key")]
+    pub suspend: bool,
+
+    /// With --suspend: why, for whoever reads --status, --check or a skipped firing's -v line
+    #[arg(
+        long,
+        env = "CRONLOCK_SUSPEND_REASON",
+        value_name = "TEXT",
+        requires = "suspend"
+    )]
+    pub reason: Option<String>,
+
+    /// End KEY's suspension: the next due instant runs; then exit
+    #[arg(long, requires = "key")]
+    pub resume: bool,
 
     /// With --force-release: release only the holder with this token (its CRONLOCK_TOKEN, shown
     /// by --status)
@@ -377,7 +399,7 @@ pub struct Cli {
     )]
     pub token: Option<String>,
 
-    /// Print --status, --list and --force-release results as JSON
+    /// Print --status, --list, --force-release, --suspend and --resume results as JSON
     #[arg(long, env = "CRONLOCK_JSON", value_parser = switch,
           default_value_t = false, num_args = 0, default_missing_value = "true")]
     pub json: bool,

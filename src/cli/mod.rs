@@ -23,6 +23,8 @@ pub(crate) enum Mode {
     Check(String),
     List,
     ForceRelease(String),
+    Suspend(String),
+    Resume(String),
 }
 
 /// What to run, once the arguments are checked.
@@ -157,6 +159,10 @@ impl Cli {
             Some("--list")
         } else if self.force_release {
             Some("--force-release")
+        } else if self.suspend {
+            Some("--suspend")
+        } else if self.resume {
+            Some("--resume")
         } else {
             None
         };
@@ -180,6 +186,10 @@ impl Cli {
             Mode::Check(key)
         } else if self.status {
             Mode::Status(key)
+        } else if self.suspend {
+            Mode::Suspend(key)
+        } else if self.resume {
+            Mode::Resume(key)
         } else {
             Mode::ForceRelease(key)
         })
@@ -314,7 +324,7 @@ pub fn parse() -> std::result::Result<Cli, clap::Error> {
 const LIST_KEY: &str = "\u{1}list";
 
 /// `--history` takes an optional count, so `--status --history KEY` would read KEY as the count:
-/// in the modes that run no command (`--status`, `--check`, `--list`, `--force-release`), a
+/// in the modes that run no command (`--status`, `--check`, `--list`, `--force-release`, ...), a
 /// `--history` whose next word is not a count (a number or `all`) stands alone, as
 /// `--history=all`. (`--history=N` is the form that cannot be misread.) A run's COMMAND and its
 /// arguments are never touched.
@@ -322,7 +332,15 @@ fn history_flag_apart(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
     let mut args: Vec<OsString> = args.collect();
     let end = args.iter().position(|a| a == "--").unwrap_or(args.len());
     let admin = args[..end].iter().any(|a| {
-        ["--status", "--check", "--list", "--force-release"].contains(&a.to_str().unwrap_or(""))
+        [
+            "--status",
+            "--check",
+            "--list",
+            "--force-release",
+            "--suspend",
+            "--resume",
+        ]
+        .contains(&a.to_str().unwrap_or(""))
     });
     if !admin {
         return args;

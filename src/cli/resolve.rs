@@ -75,6 +75,11 @@ impl Cli {
                 key,
                 token: self.token.clone(),
             },
+            Mode::Suspend(key) => AdminMode::Suspend {
+                key,
+                reason: self.reason.clone(),
+            },
+            Mode::Resume(key) => AdminMode::Resume { key },
         };
         Ok(Admin {
             mode,

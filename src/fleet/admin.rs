@@ -10,7 +10,9 @@ use std::time::Duration;
 use anyhow::{anyhow, Result};
 use serde_json::{json, Value};
 
-use crate::fleet::describe::{holder_json, round_ms, text_field, ttl_ms};
+use crate::fleet::describe::{
+    describe_suspension, holder_json, round_ms, suspension_json, text_field, ttl_ms,
+};
 use crate::host::rfc3339;
 use crate::log::Log;
 use crate::store::inspect;
@@ -36,17 +38,20 @@ pub fn print(text: &str) -> Result<()> {
 /// A lock `--list` shows.
 struct Row {
     name: String,
+    /// Null when the KEY is only listed for being suspended.
     holder: Value,
     pttl: i64,
     fence: Option<i64>,
     /// How many masters hold it (with several).
     holding: usize,
+    /// While `--suspend` is in force: its record.
+    suspended: Option<String>,
 }
 
 /// A KEY held with `--limit` above 1: its name, N, and the slots in use.
 type Semaphore = (String, u32, usize);
 
-/// `--list`: every lock held under `prefix`, found with SCAN (never KEYS; on a cluster, on every
+/// `--list`: every lock held, and every KEY suspended, under `prefix`, found with SCAN (never KEYS; on a cluster, on every
 /// primary; with several masters, on each). A key under the prefix that cronlock cannot read
 /// (another type) is skipped with a warning.
 pub fn list(
@@ -62,7 +67,14 @@ pub fn list(
         let mut rows_json: Vec<Value> = rows
             .iter()
             .map(|r| {
-                let mut row = json!({ "key": r.name, "holder": r.holder, "ttl_ms": ttl_ms(r.pttl), "fencing_token": r.fence });
+                let held = !r.holder.is_null();
+                let mut row = json!({
+                    "key": r.name,
+                    "holder": r.holder,
+                    "ttl_ms": if held { ttl_ms(r.pttl) } else { Value::Null },
+                    "fencing_token": if held { r.fence.into() } else { Value::Null },
+                    "suspended": r.suspended.as_deref().map(suspension_json),
+                });
                 if several {
                     row["held_on"] = r.holding.into();
                 }
@@ -83,7 +95,16 @@ pub fn list(
         } else {
             String::new()
         };
-        w!(out, "{}\t{}", row.name, list_line(&row, &on));
+        let suspended = row
+            .suspended
+            .as_deref()
+            .map(|r| format!("suspended {}", describe_suspension(r)));
+        let line = match (row.holder.is_null(), suspended) {
+            (true, Some(s)) => s,
+            (false, Some(s)) => format!("{}; {s}", list_line(&row, &on)),
+            (_, None) => list_line(&row, &on),
+        };
+        w!(out, "{}\t{line}", row.name);
     }
     for (name, limit, n) in semaphores {
         w!(
@@ -106,8 +127,11 @@ fn held_under(
         .map_err(|e| anyhow!("cannot list locks: {e}"))?
         .iter()
         .filter_map(|k| {
-            // A KEY held with --limit above 1 shows through its limit record.
-            Keys::name_of(prefix, k).or_else(|| Keys::name_of(prefix, k.strip_suffix(":limit")?))
+            // A KEY held with --limit above 1 shows through its limit record, a suspended
+            // one through its suspension.
+            Keys::name_of(prefix, k)
+                .or_else(|| Keys::name_of(prefix, k.strip_suffix(":limit")?))
+                .or_else(|| Keys::name_of(prefix, k.strip_suffix(":suspend")?))
         })
         .collect();
     names.sort();
@@ -141,14 +165,15 @@ fn held_under(
             semaphores.push((name, limit, snap.slots.len()));
             continue;
         }
-        // Gone since the scan: skip.
-        if let Some(value) = snap.holder {
+        // Gone since the scan (neither held nor suspended): skip.
+        if snap.holder.is_some() || snap.suspended.is_some() {
             rows.push(Row {
                 name,
-                holder: holder_json(&value),
+                holder: snap.holder.as_deref().map_or(Value::Null, holder_json),
                 pttl: snap.pttl,
                 fence: snap.fence,
                 holding,
+                suspended: snap.suspended,
             });
         }
     }

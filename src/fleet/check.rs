@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::fleet::describe::round_ms;
 use crate::fleet::describe::text_field as text;
+use crate::fleet::describe::{describe_suspension, round_ms};
 use crate::fleet::schedule::Schedule;
 use crate::store::inspect::Snapshot;
 
@@ -120,8 +120,32 @@ fn failure(run: &Value) -> Option<String> {
     }
 }
 
-/// Judge KEY from a snapshot at `now_ms`.
+/// Judge KEY from a snapshot at `now_ms`. A suspended KEY (`--suspend`) is a WARNING whatever its
+/// runs say: nothing is expected to run, and someone should remember to resume it.
 pub fn judge(
+    key: &str,
+    snap: &Snapshot,
+    max_age: Option<Duration>,
+    schedule: Option<&Schedule>,
+    now_ms: u64,
+) -> Verdict {
+    let verdict = judge_runs(key, snap, max_age, schedule, now_ms);
+    match &snap.suspended {
+        Some(record) => Verdict {
+            state: State::Warning,
+            message: format!(
+                "{key} is suspended {} (its runs: {})",
+                describe_suspension(record),
+                verdict.message
+            ),
+            perf: verdict.perf,
+        },
+        None => verdict,
+    }
+}
+
+/// [`judge`], from the runs alone.
+fn judge_runs(
     key: &str,
     snap: &Snapshot,
     max_age: Option<Duration>,
@@ -271,7 +295,20 @@ mod tests {
             schedule: None,
             limit: None,
             slots: Vec::new(),
+            ledger: Vec::new(),
+            suspended: None,
         }
+    }
+
+    #[test]
+    fn a_suspended_key_is_a_warning_whatever_its_runs() {
+        let mut s = snap(None, Some(run("exited", 1, 60, "t")), None);
+        assert_eq!(judge("k", &s, None, None, NOW).state, State::Critical);
+        s.suspended = Some(r#"{"host":"h","user":"ops","since":1,"reason":"db move"}"#.into());
+        let v = judge("k", &s, None, None, NOW);
+        assert_eq!(v.state, State::Warning);
+        assert!(v.message.contains("suspended by ops on h"), "{}", v.message);
+        assert!(v.message.contains("db move"), "{}", v.message);
     }
 
     fn run(ended: &str, status: i64, started_ago_s: u64, token: &str) -> Value {

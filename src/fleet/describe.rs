@@ -71,3 +71,39 @@ pub(crate) fn text_field(v: &Value, key: &str) -> String {
         other => other.to_string(),
     }
 }
+
+/// A suspension record (`--suspend`) as JSON, with `since_time`; one cronlock did not write is
+/// shown as `{"value": ...}`.
+pub fn suspension_json(record: &str) -> Value {
+    let mut v = holder_json(record);
+    if let Some(since) = v["since"].as_u64() {
+        v["since_time"] = rfc3339(since).into();
+    }
+    v
+}
+
+/// When a suspension began (Unix ms), if its record says.
+pub fn suspended_since(record: &str) -> Option<u64> {
+    holder_json(record)["since"].as_u64()
+}
+
+/// A suspension in a few words: `by ops on web-1 since 2026-11-24T01:00:00Z (3h ago): reason`.
+pub fn describe_suspension(record: &str) -> String {
+    let v = holder_json(record);
+    if v.get("value").is_some() {
+        return "by a record cronlock did not write".into();
+    }
+    let since = v["since"]
+        .as_u64()
+        .map(|s| format!(" since {} ({} ago)", rfc3339(s), ago(s)))
+        .unwrap_or_default();
+    let why = match v["reason"].as_str() {
+        Some(r) if !r.is_empty() => format!(": {r}"),
+        _ => " (no reason given)".into(),
+    };
+    format!(
+        "by {} on {}{since}{why}",
+        text_field(&v, "user"),
+        text_field(&v, "host")
+    )
+}

@@ -58,6 +58,8 @@ pub struct Run {
     pub started_ms: u64,
     pub duration: Duration,
     pub exit_status: u8,
+    /// Which attempt at its instant (1 without `--schedule`; 2, 3, ... for `--retries`).
+    pub attempt: u32,
 }
 
 /// One attempt, as the metrics file records it.
@@ -67,6 +69,9 @@ pub struct Attempt {
     /// Unix ms.
     pub at_ms: u64,
     pub run: Option<Run>,
+    /// KEY was found suspended (`--suspend`) since this time (Unix ms); None: it was not, or
+    /// (for an [`Outcome::Error`]) nobody could tell.
+    pub suspended: Option<u64>,
 }
 
 /// The file for KEY: `cronlock_NAME.prom`, NAME being KEY with every byte outside
@@ -110,6 +115,13 @@ const START: &str = "cronlock_last_run_start_timestamp_seconds";
 const DURATION: &str = "cronlock_last_run_duration_seconds";
 const EXIT: &str = "cronlock_last_run_exit_status";
 const SUCCESS: &str = "cronlock_last_success_timestamp_seconds";
+const RUNNING: &str = "cronlock_running";
+const ATTEMPT: &str = "cronlock_run_attempt";
+const SUSPENDED: &str = "cronlock_suspended";
+const SUSPENDED_SINCE: &str = "cronlock_suspended_since_timestamp_seconds";
+const RUNNING_HELP: &str = "1 while this host runs KEY's command, else 0.";
+const ATTEMPT_HELP: &str =
+    "Which attempt at its instant this host's current or last run is (2 and more: --retries).";
 
 /// The value of `metric` in a previous file of ours.
 fn previous(text: &str, metric: &str) -> Option<String> {
@@ -193,6 +205,60 @@ pub fn render(key: &str, host: &str, attempt: &Attempt, old: &str) -> String {
             gauge(name, help, &[(String::new(), v)]);
         }
     }
+    gauge(RUNNING, RUNNING_HELP, &[(String::new(), "0".into())]);
+    let attempt_no = attempt
+        .run
+        .map(|r| r.attempt.to_string())
+        .or_else(|| previous(old, ATTEMPT));
+    if let Some(n) = attempt_no {
+        gauge(ATTEMPT, ATTEMPT_HELP, &[(String::new(), n)]);
+    }
+    let (suspended, since) = match (attempt.suspended, attempt.outcome) {
+        (Some(since), _) => ("1".to_string(), Some(seconds(since))),
+        (None, Outcome::Error) => (
+            previous(old, SUSPENDED).unwrap_or_else(|| "0".into()),
+            previous(old, SUSPENDED_SINCE),
+        ),
+        (None, _) => ("0".to_string(), None),
+    };
+    let suspended_on = suspended == "1";
+    gauge(
+        SUSPENDED,
+        "1 when this host's last attempt found KEY suspended (cronlock --suspend), else 0.",
+        &[(String::new(), suspended)],
+    );
+    if let Some(since) = since.filter(|_| suspended_on) {
+        gauge(
+            SUSPENDED_SINCE,
+            "When KEY's suspension began (Unix time), while it is suspended.",
+            &[(String::new(), since)],
+        );
+    }
+    out
+}
+
+/// The file's text when the command starts (`attempt` at its instant): the previous file's lines
+/// with `cronlock_running` 1 and the attempt, so an alert sees a run (a retry) in progress.
+pub fn render_started(key: &str, host: &str, attempt: u32, old: &str) -> String {
+    let mut out: String = old
+        .lines()
+        .filter(|l| {
+            let metric = l
+                .strip_prefix("# HELP ")
+                .or_else(|| l.strip_prefix("# TYPE "))
+                .unwrap_or(l);
+            ![RUNNING, ATTEMPT]
+                .iter()
+                .any(|m| metric.starts_with(m) && metric[m.len()..].starts_with([' ', '{']))
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let labels = format!("key=\"{}\",host=\"{}\"", escape(key), escape(host));
+    for (name, help, value) in [(RUNNING, RUNNING_HELP, 1), (ATTEMPT, ATTEMPT_HELP, attempt)] {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        let _ = writeln!(out, "{name}{{{labels}}} {value}");
+    }
     out
 }
 
@@ -202,10 +268,20 @@ pub fn render(key: &str, host: &str, attempt: &Attempt, old: &str) -> String {
 /// name (which replaces a symlink there instead of following it). The previous file is read
 /// without following a symlink.
 pub fn write(dir: &Path, key: &str, host: &str, attempt: &Attempt) -> std::io::Result<()> {
+    replace(dir, key, |old| render(key, host, attempt, old))
+}
+
+/// When the command starts: `cronlock_running` 1 and its attempt (see [`render_started`]).
+pub fn write_started(dir: &Path, key: &str, host: &str, attempt: u32) -> std::io::Result<()> {
+    replace(dir, key, |old| render_started(key, host, attempt, old))
+}
+
+/// Write KEY's file as `text` makes it from the previous one (see [`write`]).
+fn replace(dir: &Path, key: &str, text: impl FnOnce(&str) -> String) -> std::io::Result<()> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let target = path(dir, key);
     let old = read_no_follow(&target).unwrap_or_default();
-    let text = render(key, host, attempt, &old);
+    let text = text(&old);
     let name = target
         .file_name()
         .and_then(|n| n.to_str())
@@ -295,7 +371,9 @@ mod tests {
                 started_ms: 1_000_000,
                 duration: Duration::from_millis(1500),
                 exit_status: 0,
+                attempt: 1,
             }),
+            suspended: None,
         };
         let first = render("k\"1", "h", &run, "");
         assert!(
@@ -308,6 +386,7 @@ mod tests {
             outcome: Outcome::Skipped,
             at_ms: 2_000_000,
             run: None,
+            suspended: None,
         };
         let second = render("k\"1", "h", &skip, &first);
         assert!(second.contains(r#"outcome="skipped"} 1"#));

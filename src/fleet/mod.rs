@@ -1,5 +1,6 @@
 //! The fleet: what operators see of many runs across many hosts: schedules, checks, metrics,
-//! pings, run records and the admin modes (`--status`, `--list`, `--force-release`, `--check`).
+//! pings, run records and the admin modes (`--status`, `--list`, `--force-release`, `--check`,
+//! `--suspend`, `--resume`).
 //!
 //! May not: run or signal the command, or hold a lock; the admin modes read and force the store
 //! through [`crate::store::quorum::Masters`] like every other caller.
@@ -14,9 +15,11 @@ macro_rules! w {
 pub mod admin;
 pub mod check;
 pub mod describe;
+pub mod ledger;
 pub mod metrics;
 pub mod ping;
 pub mod record;
 pub mod report;
 pub mod schedule;
 pub mod status;
+pub mod suspend;

@@ -40,6 +40,8 @@ pub struct RunOutcome {
     pub run: Option<metrics::Run>,
     /// `--ping-body`: the tail of the command's output.
     pub body: Option<Vec<u8>>,
+    /// KEY was suspended (`--suspend`) since this time (Unix ms; 0: not said), so nothing ran.
+    pub suspended: Option<u64>,
 }
 
 /// The reports a run asked for, ready to tell.
@@ -61,10 +63,15 @@ impl Report {
         })
     }
 
-    /// The command started as attempt `run_id`: the start ping.
-    pub fn started(&mut self, run_id: &str) {
+    /// KEY's command started as `run_id`, the `attempt`-th at its instant: the start ping, and
+    /// `cronlock_running` 1 in the metrics file.
+    pub fn started(&mut self, key: &str, run_id: &str, attempt: u32, log: &Log) {
         if let Some(p) = self.pinger.as_mut() {
             p.started(run_id);
+        }
+        if let Some(dir) = &self.metrics_dir {
+            let written = metrics::write_started(dir, key, &host::hostname(), attempt);
+            metrics_failed(dir, written, log);
         }
     }
 
@@ -85,21 +92,28 @@ impl Report {
                 outcome: kind,
                 at_ms: attempted,
                 run: outcome.run,
+                suspended: outcome.suspended,
             };
-            if let Err(e) = metrics::write(dir, key, &host::hostname(), &attempt) {
-                log.warn(
-                    "metrics_failed",
-                    &format!(
-                        "cannot write metrics to {}: {}",
-                        dir.display(),
-                        crate::log::io_text(&e)
-                    ),
-                );
-            }
+            let written = metrics::write(dir, key, &host::hostname(), &attempt);
+            metrics_failed(dir, written, log);
         }
         if let (Some(p), true) = (self.pinger, outcome.locked) {
             let status = outcome.result.as_ref().map_or(exit::FAILURE, |e| e.code());
             p.finished(status, outcome.body.clone());
         }
+    }
+}
+
+/// A metrics file that could not be written: a warning, never the run's failure.
+fn metrics_failed(dir: &std::path::Path, written: std::io::Result<()>, log: &Log) {
+    if let Err(e) = written {
+        log.warn(
+            "metrics_failed",
+            &format!(
+                "cannot write metrics to {}: {}",
+                dir.display(),
+                crate::log::io_text(&e)
+            ),
+        );
     }
 }

@@ -1,5 +1,6 @@
-//! `--status KEY`: who holds a lock (every holder, with `--limit`), each master's view, the
-//! schedule, the last run and the kept history, as text for people or `--json` for scripts.
+//! `--status KEY`: who holds a lock (every holder, with `--limit`), each master's view, whether it
+//! is suspended, the schedule and its ledger of instants, the last run and the kept history, as
+//! text for people or `--json` for scripts.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -7,7 +8,10 @@ use std::time::Duration;
 use anyhow::Result;
 use serde_json::{json, Value};
 
-use crate::fleet::describe::{ago, holder_json, round_ms, text_field, ttl_ms};
+use crate::fleet::describe::{
+    ago, describe_suspension, holder_json, round_ms, suspension_json, text_field, ttl_ms,
+};
+use crate::fleet::ledger;
 use crate::fleet::schedule::Schedule;
 use crate::host::{rfc3339, unix_millis};
 use crate::store::inspect;
@@ -101,6 +105,7 @@ fn json_status(keys: &Keys, view: &View) -> String {
         "holder": holder,
         "ttl_ms": holder.as_ref().map(|_| ttl_ms(snap.pttl)),
         "fencing_token": holder.as_ref().and(snap.fence),
+        "suspended": snap.suspended.as_deref().map(suspension_json),
         "last_run": view.last,
         "schedule": view.plan.as_ref().map(|p| json!({
             "schedule": p.schedule.text,
@@ -109,6 +114,7 @@ fn json_status(keys: &Keys, view: &View) -> String {
             "next_instant": p.next,
             "next_instant_time": p.next.map(|ms| rfc3339(ms as u64)),
         })),
+        "ledger": ledger::json(&snap.ledger),
     });
     if view.with_history {
         doc["history"] = Value::Array(view.runs.clone());
@@ -148,15 +154,37 @@ fn text_status(keys: &Keys, view: &View) -> String {
         }
         None => w!(out, "lock '{}' is free", keys.name),
     }
+    suspended_line(&mut out, keys, &view.snap);
     masters_lines(&mut out, view);
     last_run_lines(&mut out, view.last.as_ref());
     if let Some(p) = &view.plan {
-        schedule_lines(&mut out, p);
+        schedule_lines(&mut out, p, &view.snap.ledger);
     }
     if view.with_history {
         history_lines(&mut out, &view.runs);
+        if view.plan.is_some() || !view.snap.ledger.is_empty() {
+            let label = |ms: i64| match &view.plan {
+                Some(p) => p.schedule.label(ms),
+                None => rfc3339(ms.max(0) as u64),
+            };
+            for line in ledger::lines(&view.snap.ledger, label) {
+                w!(out, "{line}");
+            }
+        }
     }
     out
+}
+
+/// While `--suspend` is in force: by whom, since when, why.
+fn suspended_line(out: &mut String, keys: &Keys, snap: &inspect::Snapshot) {
+    if let Some(r) = &snap.suspended {
+        w!(
+            out,
+            "suspended:       {} (cronlock --resume {} ends it)",
+            describe_suspension(r),
+            keys.name
+        );
+    }
 }
 
 /// Each master's view, with several masters.
@@ -188,15 +216,19 @@ fn masters_lines(out: &mut String, view: &View) {
     }
 }
 
-/// The schedule: the last instant a run started for, and the next one.
-fn schedule_lines(out: &mut String, p: &Plan) {
+/// The schedule: the last instant a run started for (and its state in the ledger), and the next.
+fn schedule_lines(out: &mut String, p: &Plan, ledger: &[(i64, String)]) {
     w!(out, "schedule:        {}", p.schedule.text);
     match p.last {
-        Some(ms) => w!(
-            out,
-            "  last instant:  {} (a run started for it)",
-            p.schedule.label(ms)
-        ),
+        Some(ms) => {
+            let state = ledger
+                .iter()
+                .find(|(at, _)| *at == ms)
+                .map_or("a run started for it".into(), |(at, raw)| {
+                    ledger::state_words(&ledger::entry_json(*at, raw))
+                });
+            w!(out, "  last instant:  {} ({state})", p.schedule.label(ms));
+        }
         None => w!(out, "  last instant:  none recorded"),
     }
     if let Some(ms) = p.next {
@@ -235,6 +267,7 @@ fn slots_status(keys: &Keys, limit: u32, view: &View, as_json: bool) -> String {
             "held": !holders.is_empty(),
             "limit": limit,
             "holders": holders,
+            "suspended": view.snap.suspended.as_deref().map(suspension_json),
             "last_run": view.last,
         });
         if view.with_history {
@@ -249,6 +282,7 @@ fn slots_status(keys: &Keys, limit: u32, view: &View, as_json: bool) -> String {
         keys.name,
         holders.len()
     );
+    suspended_line(&mut out, keys, &view.snap);
     for h in holders {
         w!(out, "slot {}:", h["slot"]);
         let pttl = h["ttl_ms"].as_i64().unwrap_or(-1);

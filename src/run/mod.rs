@@ -33,7 +33,7 @@ use crate::store::tracking;
 use crate::watchdog::Watchdog;
 
 /// Told the run id once the command started (the start ping).
-type OnStart<'a> = &'a mut dyn FnMut(&str);
+type OnStart<'a> = &'a mut dyn FnMut(&str, u32);
 
 mod take;
 
@@ -43,13 +43,15 @@ use take::{acquired_line, take};
 pub static RUNNING_GROUP: AtomicI32 = AtomicI32::new(0);
 
 /// Take the lock, run the command under the watchdog, release and record the run: how it went,
-/// for the reports. `on_start` is called once the command started (the start ping).
-pub fn run_job(config: &RunConfig, log: &Log, on_start: &mut dyn FnMut(&str)) -> RunOutcome {
+/// for the reports. `on_start` is called once the command started, with its run id and attempt
+/// (the start ping, the metrics' `cronlock_running`).
+pub fn run_job(config: &RunConfig, log: &Log, on_start: &mut dyn FnMut(&str, u32)) -> RunOutcome {
     let mut outcome = RunOutcome {
         result: Ok(Exit::Success),
         locked: false,
         run: None,
         body: None,
+        suspended: None,
     };
     outcome.result = run_locked(config, log, on_start, &mut outcome);
     outcome
@@ -59,13 +61,13 @@ pub fn run_job(config: &RunConfig, log: &Log, on_start: &mut dyn FnMut(&str)) ->
 fn run_locked(
     config: &RunConfig,
     log: &Log,
-    on_start: &mut dyn FnMut(&str),
+    on_start: OnStart<'_>,
     outcome: &mut RunOutcome,
 ) -> Result<Exit> {
     log.set_key(&config.key);
     let (timing, redis) = (config.timing, &config.servers);
     let asked = Instant::now();
-    let (held, masters) = match take(config, log)? {
+    let (held, masters) = match take(config, log, &mut outcome.suspended)? {
         Ok(taken) => taken,
         Err(exit) => return Ok(exit),
     };
@@ -135,6 +137,7 @@ fn finish(
         started_ms: held.holder.started_ms,
         duration,
         exit_status: exit.code(),
+        attempt: held.attempt,
     });
     let opts = ReleaseOptions {
         hold: (held.sent_at + config.min_hold).saturating_duration_since(Instant::now()),
@@ -171,7 +174,7 @@ fn run_child(
         Ok(started) => started,
         Err(exit) => return (exit, Ending::NotStarted),
     };
-    on_start(&held.holder.token);
+    on_start(&held.holder.token, held.attempt);
     let started = Instant::now();
     // Told at once when the lock key changes, once the command has run a little.
     let plan = tracking::Plan {

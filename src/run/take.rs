@@ -26,7 +26,12 @@ const EARLIER_MAX: usize = 60;
 
 /// Ask for the lock (waiting as `--wait` says): ours, or the exit status of a run that does not
 /// start, its reason logged.
-pub(super) fn take(config: &RunConfig, log: &Log) -> Result<Result<(Held, Masters), Exit>> {
+/// A suspended KEY's firing notes when the suspension began in `suspended` (for the metrics).
+pub(super) fn take(
+    config: &RunConfig,
+    log: &Log,
+    suspended: &mut Option<u64>,
+) -> Result<Result<(Held, Masters), Exit>> {
     let keys = Keys::new(&config.prefix, &config.key);
     let command = command_line(&config.argv);
     let asked = Instant::now();
@@ -65,6 +70,11 @@ pub(super) fn take(config: &RunConfig, log: &Log) -> Result<Result<(Held, Master
         }
         Acquired::AlreadyRan { instant, ran } => {
             already_ran(config, instant, ran, log);
+            Exit::Conflict(config.conflict_exit_code)
+        }
+        Acquired::Suspended { record, instant } => {
+            say_suspended(config, &record, instant, log);
+            *suspended = Some(describe::suspended_since(&record).unwrap_or(0));
             Exit::Conflict(config.conflict_exit_code)
         }
         Acquired::Signalled(sig) => {
@@ -116,6 +126,29 @@ fn busy(config: &RunConfig, value: &str, waited: Duration, log: &Log) {
     );
 }
 
+/// KEY is suspended (`--suspend`): by whom, since when, why; the instant is recorded skipped.
+fn say_suspended(config: &RunConfig, record: &str, instant: Option<i64>, log: &Log) {
+    let run = match (instant, &config.schedule) {
+        (Some(at), Some(s)) => format!(", the {} run is recorded skipped", s.label(at)),
+        _ => String::new(),
+    };
+    log.info(
+        "suspended",
+        &format!(
+            "lock '{}' is suspended {}; not running the command{run} (cronlock --resume {} \
+             ends the suspension)",
+            config.key,
+            describe::describe_suspension(record),
+            config.key
+        ),
+        &[
+            ("conflict_exit_code", config.conflict_exit_code.into()),
+            ("suspension", describe::suspension_json(record)),
+            ("instant", instant.into()),
+        ],
+    );
+}
+
 /// `--schedule`: the run for this instant (or a later one) already started.
 fn already_ran(config: &RunConfig, instant: i64, ran: i64, log: &Log) {
     let label = |at: i64| {
@@ -126,6 +159,12 @@ fn already_ran(config: &RunConfig, instant: i64, ran: i64, log: &Log) {
     };
     let what = if ran > instant {
         format!("a later run ({}) already started", label(ran))
+    } else if config.catch_up.is_some() {
+        format!(
+            "nothing due (the {} run is done, was skipped while suspended, or is older than \
+             --catch-up)",
+            label(instant)
+        )
     } else {
         format!("already ran for the {} run", label(instant))
     };

@@ -1,5 +1,6 @@
 //! What the admin modes read and force: a consistent snapshot of a lock (`--status`, `--check`,
-//! `--list`) and a forced release (`--force-release`), each one script.
+//! `--list`), a forced release (`--force-release`) and the fleet-wide switch (`--suspend`,
+//! `--resume`), each one script.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -13,8 +14,49 @@ use crate::store::topology::{Failure, Link};
 
 const FORCE_RELEASE_LUA: &str = include_str!("lua/force_release.lua");
 const STATUS_LUA: &str = include_str!("lua/status.lua");
+const SUSPEND_LUA: &str = include_str!("lua/suspend.lua");
+const RESUME_LUA: &str = include_str!("lua/resume.lua");
 static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(FORCE_RELEASE_LUA));
 static STATUS: LazyLock<Script> = LazyLock::new(|| Script::new(STATUS_LUA));
+static SUSPEND: LazyLock<Script> = LazyLock::new(|| Script::new(SUSPEND_LUA));
+static RESUME: LazyLock<Script> = LazyLock::new(|| Script::new(RESUME_LUA));
+
+/// `--suspend KEY`: store `record` (JSON: host, user, reason; Redis adds `since`). Returns the
+/// record in force before (None: KEY was not suspended) and the one now.
+pub fn suspend(
+    link: &mut Link,
+    within: Duration,
+    keys: &Keys,
+    record: &str,
+) -> Result<(Option<String>, String)> {
+    eval(
+        link,
+        within,
+        &SUSPEND,
+        SUSPEND_LUA,
+        &[&keys.suspend],
+        &[record.to_string()],
+        |v| {
+            redis::from_redis_value::<(Option<String>, String)>(v.clone())
+                .map_err(|_| Failure::shape("a suspend reply that is not {before, now}"))
+        },
+    )
+    .map_err(|e| anyhow!("cannot suspend lock '{}': {e}", keys.name))
+}
+
+/// `--resume KEY`: the record that was in force (None: KEY was not suspended).
+pub fn resume(link: &mut Link, within: Duration, keys: &Keys) -> Result<Option<String>> {
+    eval(
+        link,
+        within,
+        &RESUME,
+        RESUME_LUA,
+        &[&keys.suspend],
+        &[],
+        |v| text_or_nil(v, "a resume reply that is not the record"),
+    )
+    .map_err(|e| anyhow!("cannot resume lock '{}': {e}", keys.name))
+}
 
 /// Delete the lock whoever holds it (every holder, with `--limit` above 1), or only the holder
 /// whose token is `token`; returns the holder values deleted (none when it was free).
@@ -63,6 +105,10 @@ pub struct Snapshot {
     /// With `--limit` above 1: N, and each held slot.
     pub limit: Option<u32>,
     pub slots: Vec<SlotHolder>,
+    /// With `--schedule`: the ledger, as (instant in Unix ms, entry as JSON), newest first.
+    pub ledger: Vec<(i64, String)>,
+    /// While `--suspend` is in force: its record (JSON).
+    pub suspended: Option<String>,
 }
 
 /// One holder of a `--limit` above 1.
@@ -91,6 +137,8 @@ pub fn snapshot(
         (Option<i64>, Option<String>),
         Option<u32>,
         Vec<(u32, String, i64, i64)>,
+        Vec<(i64, String)>,
+        Option<String>,
     );
     let slot_keys = keys.slots(MAX_LIMIT);
     let mut all: Vec<&str> = vec![
@@ -101,9 +149,22 @@ pub fn snapshot(
         &keys.schedule,
         &keys.limit,
         &keys.fences,
+        &keys.ledger,
+        &keys.suspend,
     ];
     all.extend(slot_keys.iter().map(String::as_str));
-    let (holder, pttl, fence, last_run, history, (instant, schedule), limit, slots): Reply = eval(
+    let (
+        holder,
+        pttl,
+        fence,
+        last_run,
+        history,
+        (instant, schedule),
+        limit,
+        slots,
+        ledger,
+        suspended,
+    ): Reply = eval(
         link,
         within,
         &STATUS,
@@ -138,6 +199,12 @@ pub fn snapshot(
         schedule,
         limit,
         slots,
+        ledger: {
+            let mut ledger = ledger;
+            ledger.sort_by_key(|e| std::cmp::Reverse(e.0));
+            ledger
+        },
+        suspended,
     })
 }
 
@@ -211,6 +278,9 @@ pub fn merge(
         // A --limit above 1 needs a single Redis: nothing to merge.
         limit: None,
         slots: Vec::new(),
+        ledger: newest.ledger.clone(),
+        // Suspended wherever one master says so, as an acquire reads it.
+        suspended: ok.iter().find_map(|s| s.suspended.clone()),
     };
     Ok((merged, snaps))
 }

@@ -15,6 +15,9 @@
 //! - with `--limit N` above 1 (a semaphore): `cronlock:{KEY}:slot:I` for each holder (I in
 //!   0..N, held like the plain lock), `cronlock:{KEY}:limit` (N, while holders exist) and
 //!   `cronlock:{KEY}:fences` (each slot's fencing token)
+//! - `cronlock:{KEY}:ledger` with `--schedule`: the recent instants and their attempts (a hash)
+//! - `cronlock:{KEY}:suspend` after `--suspend`: the record while suspended, and the 16 newest
+//!   past suspensions (a hash, no expiry: it is the operator's switch)
 
 /// The Redis keys that belong to one KEY.
 #[derive(Debug, Clone)]
@@ -32,6 +35,8 @@ pub struct Keys {
     pub fences: String,
     /// With `--schedule`: the ledger of recent instants and their attempts (a hash).
     pub ledger: String,
+    /// `--suspend`: the suspension record and the past ones (a hash).
+    pub suspend: String,
 }
 
 impl Keys {
@@ -47,6 +52,7 @@ impl Keys {
             limit: format!("{lock}:limit"),
             fences: format!("{lock}:fences"),
             ledger: format!("{lock}:ledger"),
+            suspend: format!("{lock}:suspend"),
             lock,
         }
     }

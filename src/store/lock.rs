@@ -120,6 +120,12 @@ pub enum Attempt {
     },
     /// The current holders hold KEY with this other `--limit`: refused, nothing touched.
     Mismatch(u32),
+    /// KEY is suspended (`--suspend`): the suspension record, and (with a schedule) the instant
+    /// this attempt was for, now recorded `skipped`.
+    Suspended {
+        record: String,
+        instant: Option<i64>,
+    },
 }
 
 pub(super) fn ms(d: Duration) -> u64 {
@@ -190,7 +196,7 @@ pub fn try_acquire(
 ) -> Result<Attempt, Failure> {
     let sent_at = Instant::now();
     let abandoned = keys.abandoned(&holder.token);
-    let (fence, pttl, value, instant, ran, slot, other, attempt) = if limit > 1 {
+    let (fence, pttl, value, instant, ran, slot, other, attempt, suspended) = if limit > 1 {
         let slots = keys.slots(limit);
         let mut all: Vec<&str> = vec![
             &keys.lock,
@@ -198,6 +204,7 @@ pub fn try_acquire(
             &abandoned,
             &keys.limit,
             &keys.fences,
+            &keys.suspend,
         ];
         all.extend(slots.iter().map(String::as_str));
         eval(
@@ -216,6 +223,9 @@ pub fn try_acquire(
         return Ok(Attempt::Mismatch(other.clamp(0, i64::from(u32::MAX)) as u32));
     }
     let instant = (instant != 0).then_some(instant);
+    if let Some(record) = suspended {
+        return Ok(Attempt::Suspended { record, instant });
+    }
     if ran != 0 {
         return Ok(Attempt::AlreadyRan {
             instant: instant.unwrap_or(ran),
@@ -250,17 +260,29 @@ pub fn try_acquire(
     })))
 }
 
-/// An acquire's reply, read: `{fence, pttl, holder, instant, ran, slot, limit, attempt}`.
-type AcquireReply = (i64, i64, Option<String>, i64, i64, i64, i64, i64);
+/// An acquire's reply, read:
+/// `{fence, pttl, holder, instant, ran, slot, limit, attempt, suspension}`.
+type AcquireReply = (
+    i64,
+    i64,
+    Option<String>,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    Option<String>,
+);
 
 /// Read an acquire's reply; anything but its exact shape is a failure, never an answer.
 fn acquire_reply(reply: &Value) -> Result<AcquireReply, Failure> {
-    const SHAPE: &str =
-        "an acquire reply that is not {fence, pttl, holder, instant, ran, slot, limit, attempt}";
+    const SHAPE: &str = "an acquire reply that is not {fence, pttl, holder, instant, ran, slot, \
+                         limit, attempt, suspension}";
     let Value::Array(parts) = reply else {
         return Err(Failure::shape(SHAPE));
     };
-    let [fence, pttl, value, instant, ran, got, other, attempt] = parts.as_slice() else {
+    let [fence, pttl, value, instant, ran, got, other, attempt, suspended] = parts.as_slice()
+    else {
         return Err(Failure::shape(SHAPE));
     };
     // The token comes as a decimal string (exact), 0 when none was handed out.
@@ -281,6 +303,7 @@ fn acquire_reply(reply: &Value) -> Result<AcquireReply, Failure> {
         int(got, SHAPE)?,
         int(other, SHAPE)?,
         int(attempt, SHAPE)?,
+        text_or_nil(suspended, SHAPE)?,
     ))
 }
 
@@ -319,6 +342,7 @@ fn plain_acquire(
             &keys.schedule,
             &keys.limit,
             &keys.ledger,
+            &keys.suspend,
         ],
         &args,
         acquire_reply,

@@ -331,6 +331,21 @@ impl Masters {
         self.each(|_, link| inspect::force_release(link, within, keys, token))
     }
 
+    /// Each master's answer to `--suspend`: the record before, and the one now.
+    pub fn suspend(
+        &mut self,
+        within: Duration,
+        keys: &Keys,
+        record: &str,
+    ) -> Vec<anyhow::Result<(Option<String>, String)>> {
+        self.each(|_, link| inspect::suspend(link, within, keys, record))
+    }
+
+    /// Each master's answer to `--resume`: the record that was in force.
+    pub fn resume(&mut self, within: Duration, keys: &Keys) -> Vec<anyhow::Result<Option<String>>> {
+        self.each(|_, link| inspect::resume(link, within, keys))
+    }
+
     /// Every lock key under the pattern, on every master (merged).
     pub fn scan(&mut self, pattern: &str, within: Duration) -> Result<Vec<String>, Failure> {
         let answers = self.each(|_, link| link.scan(pattern, within));

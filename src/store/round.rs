@@ -1,6 +1,6 @@
 //! How the masters' answers to one acquisition round read, when they did not grant the lock:
-//! another `--limit`, the run already started, busy (with the soonest expiry), or the one line
-//! that says what failed. Split from [`crate::store::quorum`], which asks and undoes.
+//! another `--limit`, suspended, the run already started, busy (with the soonest expiry), or the
+//! one line that says what failed. Split from [`crate::store::quorum`], which asks and undoes.
 
 use std::time::Duration;
 
@@ -37,6 +37,16 @@ pub(super) fn refused(answers: &[Answer], majority: usize) -> Option<Outcome> {
         .find(|a| matches!(a, Ok(Attempt::Mismatch(_))))
     {
         return Some(Ok(Attempt::Mismatch(*other)));
+    }
+    // Suspended wherever one master says so (`--suspend` wrote it on a majority).
+    if let Some(Ok(Attempt::Suspended { record, instant })) = answers
+        .iter()
+        .find(|a| matches!(a, Ok(Attempt::Suspended { .. })))
+    {
+        return Some(Ok(Attempt::Suspended {
+            record: record.clone(),
+            instant: *instant,
+        }));
     }
     let count = |f: fn(&Answer) -> bool| answers.iter().filter(|a| f(a)).count();
     let busy = count(|a| matches!(a, Ok(Attempt::Busy(..))));

@@ -32,6 +32,11 @@ pub enum Acquired {
     Signalled(libc::c_int),
     /// With `--schedule`: the run for this instant already started (the recorded instant).
     AlreadyRan { instant: i64, ran: i64 },
+    /// KEY is suspended (`--suspend`): the record (who, since when, why); no wait outlasts it.
+    Suspended {
+        record: String,
+        instant: Option<i64>,
+    },
 }
 
 /// A random duration in `[d/2, d]`, so waiters on many hosts do not poll in step.
@@ -115,6 +120,9 @@ pub fn acquire(
                 }
                 Ok(Attempt::AlreadyRan { instant, ran }) => {
                     return Ok(Acquired::AlreadyRan { instant, ran })
+                }
+                Ok(Attempt::Suspended { record, instant }) => {
+                    return Ok(Acquired::Suspended { record, instant })
                 }
                 Ok(Attempt::Busy(expires_in, value, instant)) => {
                     if let (Some(s), Some(i)) = (slot.as_mut(), instant) {

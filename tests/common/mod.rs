@@ -2,6 +2,8 @@
 //! and bounded polling instead of sleeps.
 #![allow(dead_code)]
 
+pub mod story;
+
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};

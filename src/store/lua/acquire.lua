@@ -2,7 +2,8 @@
 -- KEYS[1] lock, KEYS[2] fencing counter, KEYS[3] this attempt's "abandoned" marker,
 -- KEYS[4] the schedule record (hash: instant, schedule), KEYS[5] the --limit record (present while
 -- holders with a --limit above 1 hold the KEY: then this --limit 1 attempt is a mismatch),
--- KEYS[6] the ledger of instants (hash: instant -> JSON entry)
+-- KEYS[6] the ledger of instants (hash: instant -> JSON entry), KEYS[7] the suspension (hash:
+-- 'current', the record while --suspend is in force; 'pauses', the past ones as [[since, until]])
 -- ARGV[1] holder value, ARGV[2] ttl in ms, ARGV[3] the --schedule ('' without one),
 -- ARGV[4] --catch-up window in ms (0: none), ARGV[5] --retries, ARGV[6] ledger expiry in ms
 -- (0: none), ARGV[7] how many candidates follow, ARGV[8...] with a schedule: its instants around
@@ -15,7 +16,10 @@
 -- --catch-up, the latest one at or before Redis's clock (or one at most EARLY ahead of it).
 -- Every reply has three more elements, as semaphore.lua's: the slot (0 when taken, else -1), the
 -- current holders' --limit when it is not 1 (then nothing was touched), else 0, and the attempt
--- at the instant (1, 2, ...; 0 when nothing was taken).
+-- at the instant (1, 2, ...; 0 when nothing was taken); and a ninth: the suspension record when
+-- KEY is suspended (then nothing was taken, and the instant is recorded 'skipped'), else false.
+-- An instant that passed while KEY was suspended is recorded 'skipped' and never run, also
+-- after --resume.
 -- The GETs come first so a key of the wrong type fails before anything is written
 -- (a script that errors half-way is not rolled back).
 --
@@ -27,16 +31,47 @@
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 if redis.call('EXISTS', KEYS[3]) == 1 then
   -- The client gave up on this attempt (its reply was lost) and asked for it to be undone.
-  return {0, 0, false, 0, 0, -1, 0, 0}
+  return {0, 0, false, 0, 0, -1, 0, 0, false}
 end
 local limit = tonumber(redis.call('GET', KEYS[5]) or '0')
 if limit and limit > 1 then
-  return {0, 0, false, 0, 0, -1, limit, 0}
+  return {0, 0, false, 0, 0, -1, limit, 0, false}
 end
 -- An early host still runs the instant it fired for, when it is at most this far ahead.
 local EARLY = 5000
 -- The ledger keeps this many instants, the newest.
 local KEEP = 64
+-- The suspension, read before anything is written (as every read here).
+local suspended = redis.call('HGET', KEYS[7], 'current')
+local pauses = {}
+local paused = redis.call('HGET', KEYS[7], 'pauses')
+if paused then
+  local ok, p = pcall(cjson.decode, paused)
+  if not ok or type(p) ~= 'table' then
+    return redis.error_reply('ERR the pauses of ' .. KEYS[7] .. ' are not ones cronlock wrote (left as they are)')
+  end
+  pauses = p
+end
+-- Whether the instant `at` passed while KEY was suspended.
+local function in_pause(at)
+  for _, p in ipairs(pauses) do
+    if type(p) == 'table' and tonumber(p[1]) and tonumber(p[2])
+      and at >= tonumber(p[1]) and at <= tonumber(p[2]) then
+      return true
+    end
+  end
+  return false
+end
+-- Keep the ledger's KEEP newest instants, expiring as --history-ttl says.
+local function keep_ledger()
+  local fields = redis.call('HKEYS', KEYS[6])
+  if #fields > KEEP then
+    table.sort(fields, function(a, b) return tonumber(a) < tonumber(b) end)
+    for i = 1, #fields - KEEP do redis.call('HDEL', KEYS[6], fields[i]) end
+  end
+  local ttl = tonumber(ARGV[6])
+  if ttl > 0 then redis.call('PEXPIRE', KEYS[6], ttl) else redis.call('PERSIST', KEYS[6]) end
+end
 local instant, attempt, entry, now = 0, 0, nil, 0
 local window = tonumber(ARGV[4]) or 0
 local n = tonumber(ARGV[7]) or 0
@@ -77,18 +112,30 @@ if ARGV[3] ~= '' then
     end
     entry = e
   end
+  -- Suspended now, or the instant passed while it was: recorded skipped, never run.
+  local skip = suspended or in_pause(instant) or (entry and entry.state == 'skipped')
+  if skip and instant ~= 0 and not entry then
+    redis.call('HSET', KEYS[6], string.format('%d', instant), '{"state":"skipped","attempts":{}}')
+    keep_ledger()
+  end
+  if suspended then
+    return {0, 0, false, instant, 0, -1, 0, 0, suspended}
+  end
+  if skip then
+    return {0, 0, false, instant, instant, -1, 0, 0, false}
+  end
   if window == 0 then
     if ran and ran >= instant then
-      return {0, 0, false, instant, ran, -1, 0, 0}
+      return {0, 0, false, instant, ran, -1, 0, 0, false}
     end
     attempt = 1
   else
     -- Nothing due: out of the window, a later run started, or this instant is done.
     if instant == 0 or now - instant > window then
-      return {0, 0, false, instant, instant, -1, 0, 0}
+      return {0, 0, false, instant, instant, -1, 0, 0, false}
     end
     if ran and ran > instant then
-      return {0, 0, false, instant, ran, -1, 0, 0}
+      return {0, 0, false, instant, ran, -1, 0, 0, false}
     end
     attempt = 1
     if entry then
@@ -101,15 +148,18 @@ if ARGV[3] ~= '' then
       end
       if (entry.state ~= 'failed' and entry.state ~= 'abandoned')
         or #entry.attempts > tonumber(ARGV[5]) then
-        return {0, 0, false, instant, instant, -1, 0, 0}
+        return {0, 0, false, instant, instant, -1, 0, 0, false}
       end
       attempt = #entry.attempts + 1
     end
   end
 end
+if suspended then
+  return {0, 0, false, 0, 0, -1, 0, 0, suspended}
+end
 local holder = redis.call('GET', KEYS[1])
 if holder then
-  return {0, redis.call('PTTL', KEYS[1]), holder, instant, 0, -1, 0, 0}
+  return {0, redis.call('PTTL', KEYS[1]), holder, instant, 0, -1, 0, 0, false}
 end
 -- The token first: a counter that cannot give one refuses before anything is written.
 local token, refused = fence_token(KEYS[2])
@@ -117,7 +167,7 @@ if not token then
   return refused
 end
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {0, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[1]), instant, 0, -1, 0, 0}
+  return {0, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[1]), instant, 0, -1, 0, 0, false}
 end
 if instant ~= 0 then
   redis.call('HSET', KEYS[4], 'instant', string.format('%d', instant), 'schedule', ARGV[3])
@@ -134,18 +184,13 @@ if instant ~= 0 then
       local c = tonumber(ARGV[i])
       local field = string.format('%d', c)
       if c < instant and now - c <= window and redis.call('HEXISTS', KEYS[6], field) == 0 then
-        redis.call('HSET', KEYS[6], field, '{"state":"missed","attempts":{}}')
+        local state = in_pause(c) and 'skipped' or 'missed'
+        redis.call('HSET', KEYS[6], field, '{"state":"' .. state .. '","attempts":{}}')
       end
     end
   end
-  local fields = redis.call('HKEYS', KEYS[6])
-  if #fields > KEEP then
-    table.sort(fields, function(a, b) return tonumber(a) < tonumber(b) end)
-    for i = 1, #fields - KEEP do redis.call('HDEL', KEYS[6], fields[i]) end
-  end
-  local ttl = tonumber(ARGV[6])
-  if ttl > 0 then redis.call('PEXPIRE', KEYS[6], ttl) else redis.call('PERSIST', KEYS[6]) end
+  keep_ledger()
 end
 redis.call('SET', KEYS[2], token)
 -- The token as a decimal string: a Lua number would round it above 2^53.
-return {token, 0, false, instant, 0, 0, 0, attempt}
+return {token, 0, false, instant, 0, 0, 0, attempt, false}
