@@ -1,7 +1,9 @@
 /* Interleaved timer for scripts/bench-*.sh: each round runs every command once, in a random
  * order, timing fork+exec+wait on CLOCK_MONOTONIC (like hyperfine -N, but interleaved, so the
  * machine's drift hits every command alike). Prints per command: median, p10, p90 in ms.
- * Usage: interleave ROUNDS CMDFILE   (one command per line, words split on spaces, no shell) */
+ * Usage: interleave ROUNDS CMDFILE   (one command per line, words split on spaces, or on tabs
+ * only when the line has a tab, so a word can hold spaces; no shell)
+ * A word's "{n}" becomes PID-ROUND, unique to the round and the run (a fresh KEY per round). */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,7 +41,8 @@ int main(int argc, char **argv) {
         lines[n] = strdup(buf);
         char *copy = strdup(buf), *save = NULL;
         int w = 0;
-        for (char *tok = strtok_r(copy, " ", &save); tok && w < MAXW - 1; tok = strtok_r(NULL, " ", &save))
+        const char *sep = strchr(copy, '\t') ? "\t" : " ";
+        for (char *tok = strtok_r(copy, sep, &save); tok && w < MAXW - 1; tok = strtok_r(NULL, sep, &save))
             words[n][w++] = tok;
         words[n][w] = NULL;
         n++;
@@ -55,11 +58,22 @@ int main(int argc, char **argv) {
         for (int c = n - 1; c > 0; c--) { int j = rand() % (c + 1), x = order[c]; order[c] = order[j]; order[j] = x; }
         for (int k = 0; k < n; k++) {
             int c = order[k];
+            char *argv_r[MAXW], held[MAXW][512];
+            for (int w = 0; w < MAXW; w++) {
+                argv_r[w] = words[c][w];
+                if (!words[c][w]) break;
+                char *at = strstr(words[c][w], "{n}");
+                if (at) {
+                    snprintf(held[w], sizeof held[w], "%.*s%d-%d%s", (int)(at - words[c][w]),
+                             words[c][w], (int)getpid(), r, at + 3);
+                    argv_r[w] = held[w];
+                }
+            }
             double t0 = now_ms();
             pid_t p = fork();
             if (p == 0) {
                 dup2(devnull, 1);
-                execvp(words[c][0], words[c]);
+                execvp(argv_r[0], argv_r);
                 _exit(127);
             }
             int st;

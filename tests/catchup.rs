@@ -108,3 +108,98 @@ fn a_ledger_entry_of_the_wrong_shape_is_refused_and_nothing_is_written() {
     assert!(!r.exists("cronlock:{odd}"));
     assert!(!r.exists("cronlock:{odd}:fence"));
 }
+
+/// 200 hosts (processes) fire at once on a due instant: exactly one runs it.
+#[test]
+fn two_hundred_firings_at_once_run_the_instant_once() {
+    let r = Redis::start();
+    let dir = scratch("crowd");
+    let ran = dir.join("ran");
+    let mut crowd: Vec<std::process::Child> = (0..200)
+        .map(|_| {
+            cronlock(&r)
+                .args(["--schedule", MONTHLY, "--catch-up", "100d", "-E", "75"])
+                .args(["--retries", "2", "crowd", "-c"])
+                .arg(format!(
+                    "echo \"$CRONLOCK_INSTANT $CRONLOCK_ATTEMPT\" >> {}; sleep 0.2",
+                    ran.display()
+                ))
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut codes = std::collections::BTreeMap::new();
+    for child in crowd.iter_mut() {
+        let status = child.wait().unwrap();
+        *codes.entry(status.code()).or_insert(0) += 1;
+    }
+    assert_eq!(
+        codes,
+        std::collections::BTreeMap::from([(Some(0), 1), (Some(75), 199)])
+    );
+    let lines = std::fs::read_to_string(&ran).unwrap();
+    assert_eq!(lines.lines().count(), 1, "{lines}");
+    assert!(lines.ends_with("-01T00:00:00Z 1\n"), "{lines}");
+    let entries = ledger(&r.url(), "crowd");
+    let (_, e) = entries.last().unwrap();
+    assert_eq!(e["state"], "succeeded");
+    assert_eq!(e["attempts"].as_array().unwrap().len(), 1);
+}
+
+/// A firing with nothing due is one round trip: one connection, one EVALSHA, nothing else asked.
+#[test]
+fn a_firing_with_nothing_due_is_one_round_trip() {
+    let r = Redis::start();
+    let out = fire(&r.url(), "quiet", &[], 0);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    r.query::<()>(redis::cmd("CONFIG").arg("RESETSTAT"));
+    let before: String = r.query(redis::cmd("INFO").arg("stats"));
+    let out = fire(&r.url(), "quiet", &[], 0);
+    assert_eq!(code(&out), 75, "{}", stderr(&out));
+    assert_eq!(stdout(&out), "");
+    assert_eq!(stderr(&out), "");
+    let after: String = r.query(redis::cmd("INFO").arg("stats"));
+    let connections = |info: &str| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    // The harness's own connection is reused; the firing opened one.
+    assert_eq!(connections(&after) - connections(&before), 1);
+    let stats: String = r.query(redis::cmd("INFO").arg("commandstats"));
+    let calls: std::collections::BTreeMap<String, u64> = stats
+        .lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let n = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((name.to_string(), n))
+        })
+        .collect();
+    assert_eq!(calls.get("evalsha"), Some(&1), "{calls:?}");
+    // Everything else ran inside that script (reads of the lock, the ledger, the suspension and
+    // Redis's clock), or was the harness's own (CONFIG RESETSTAT, INFO).
+    for (name, n) in &calls {
+        assert!(
+            [
+                "evalsha",
+                "exists",
+                "get",
+                "hget",
+                "time",
+                "config|resetstat",
+                "info"
+            ]
+            .contains(&name.as_str()),
+            "{name} was called {n} times: {calls:?}"
+        );
+    }
+}

@@ -43,7 +43,11 @@ fn promtool(args: &[&str]) -> std::process::Output {
 #[test]
 fn the_shipped_rules_pass_promtool_on_series_cronlock_wrote() {
     let out = promtool(&["check", "rules", RULES]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 
     let r = Redis::start();
     let dir = scratch("monitoring");
@@ -73,7 +77,14 @@ fn the_shipped_rules_pass_promtool_on_series_cronlock_wrote() {
     // A retry in progress: attempt 1 failed, attempt 2 is running when the file is read.
     let fire = |script: &str| {
         cronlock(&r)
-            .args(["--schedule", MONTHLY, "--catch-up", "100d", "--retries", "1"])
+            .args([
+                "--schedule",
+                MONTHLY,
+                "--catch-up",
+                "100d",
+                "--retries",
+                "1",
+            ])
             .args(["--metrics-dir", m, "retry-job", "-c", script])
             .spawn()
             .unwrap()
@@ -121,7 +132,11 @@ fn the_shipped_rules_pass_promtool_on_series_cronlock_wrote() {
         .unwrap()
         .to_string();
     let mut test = String::new();
-    writeln!(test, "rule_files:\n  - {RULES}\nevaluation_interval: 1m\ntests:").unwrap();
+    writeln!(
+        test,
+        "rule_files:\n  - {RULES}\nevaluation_interval: 1m\ntests:"
+    )
+    .unwrap();
     writeln!(test, "  - interval: 1m\n    input_series:").unwrap();
     for (name, series, value) in &all {
         let v = if name.ends_with("_timestamp_seconds") {
@@ -130,7 +145,11 @@ fn the_shipped_rules_pass_promtool_on_series_cronlock_wrote() {
             *value
         };
         // Constant for 1,700 minutes (over 28 hours).
-        writeln!(test, "      - series: '{series}'\n        values: '{v}+0x1700'").unwrap();
+        writeln!(
+            test,
+            "      - series: '{series}'\n        values: '{v}+0x1700'"
+        )
+        .unwrap();
     }
     // What each alert should say 10 minutes and 27 hours after the runs: its labels and its
     // annotations, templates filled in.
@@ -158,7 +177,10 @@ fn the_shipped_rules_pass_promtool_on_series_cronlock_wrote() {
     let alerts: BTreeMap<&str, [Vec<(String, String)>; 2]> = BTreeMap::from([
         ("CronlockNoRecentSuccess", [vec![], vec![no_success]]),
         ("CronlockLockLost", [vec![lost.clone()], vec![lost]]),
-        ("CronlockRetryInProgress", [vec![retry.clone()], vec![retry]]),
+        (
+            "CronlockRetryInProgress",
+            [vec![retry.clone()], vec![retry]],
+        ),
         ("CronlockSuspendedTooLong", [vec![], vec![suspended]]),
     ]);
     writeln!(test, "    alert_rule_test:").unwrap();
