@@ -12,7 +12,7 @@ complete -c cronlock -l limit -d 'Let up to N hosts hold KEY at once (a semaphor
 complete -c cronlock -l schedule -d 'Run once per instant of this cron schedule across the fleet: a host firing for an instant that already ran skips (exit -E), even after the lock was released' -r
 complete -c cronlock -l catch-up -d 'With --schedule: run the latest instant within DURATION before now (Redis\'s clock) that has not run yet, once; older ones nobody ran are recorded as missed, never run' -r
 complete -c cronlock -l retries -d 'With --catch-up: run an instant whose attempt failed (non-zero exit) or was abandoned (its host died) up to N more times, by later firings inside the window [default: 0]' -r
-complete -c cronlock -s E -l conflict-exit-code -d 'Exit status when the lock is held elsewhere and the command does not run' -r
+complete -c cronlock -s E -l conflict-exit-code -d 'Exit status when the lock is held elsewhere (or the instant already ran, nothing is due, KEY is suspended) and the command does not run' -r
 complete -c cronlock -s c -l command -d 'Run SHELL_COMMAND with /bin/sh -c instead of COMMAND' -r
 complete -c cronlock -l prefix -d 'Namespace for cronlock\'s Redis keys' -r
 complete -c cronlock -l connect-timeout -d 'Timeout for connecting to Redis and for each Redis command outside the watchdog' -r

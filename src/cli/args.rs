@@ -17,7 +17,8 @@ pub const EXIT_STATUS: &[(&str, &str)] = &[
     ("128+N", "the command was killed by signal N"),
     (
         "-E (default 0)",
-        "the lock is held elsewhere (or --wait ran out); the command did not run",
+        "the lock is held elsewhere (or --wait ran out, the --schedule instant already ran, nothing \
+         is due, KEY is suspended); the command did not run",
     ),
     (
         "122",
@@ -246,7 +247,8 @@ pub struct Cli {
           allow_hyphen_values = true)]
     pub retries: Option<u32>,
 
-    /// Exit status when the lock is held elsewhere and the command does not run
+    /// Exit status when the lock is held elsewhere (or the instant already ran, nothing is due,
+    /// KEY is suspended) and the command does not run
     #[arg(
         short = 'E',
         long,
