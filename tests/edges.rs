@@ -367,9 +367,30 @@ fn the_readme_acl_is_enough_for_everything() {
     let out = as_user(&["-w", "10s", "k", "true"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     holder.wait().unwrap();
+    // A scheduled run with catch-up and retries (the ledger), a skip, and the suspension.
+    let scheduled = [
+        "--schedule",
+        "CRON_TZ=UTC 0 0 0 1 * *",
+        "--catch-up",
+        "100d",
+        "--retries",
+        "1",
+        "-E",
+        "75",
+        "k",
+        "true",
+    ];
+    assert_eq!(code(&as_user(&scheduled)), 0);
+    let out = as_user(&scheduled);
+    assert_eq!(code(&out), 75, "{}", stderr(&out));
     for mode in [
         &["--status", "k", "--history"][..],
         &["--list"],
+        &["--suspend", "--reason", "acl", "k"],
+        &["--list"],
+        &["--status", "--json", "k"],
+        &["--resume", "k"],
+        &["--check", "k"],
         &["--force-release", "k"],
     ] {
         let out = as_user(mode);
