@@ -11,22 +11,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-300}
-need=()
-command -v redis-server >/dev/null || need+=(redis-server)
-command -v gcc >/dev/null || need+=(gcc)
-if [ ${#need[@]} -gt 0 ]; then
-  sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
-fi
-echo "building the release binary and the timer..." >&2
-cargo build --release --locked --quiet
-BIN=$PWD/target/x86_64-unknown-linux-gnu/release/cronlock
-WORK=$(mktemp -d)
-trap 'for p in "$WORK"/*.pid; do kill "$(cat "$p")" 2>/dev/null || true; done; rm -rf "$WORK"' EXIT
-gcc -O2 -o "$WORK/interleave" scripts/interleave.c
+. scripts/bench-common.sh
+bench_install redis-server:redis-server gcc:gcc
+bench_setup
 cd "$WORK"
-P=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+P=$(free_port)
 redis-server --port "$P" --bind 127.0.0.1 --save '' --daemonize yes --pidfile "$WORK/redis.pid" \
   --dir "$WORK" >/dev/null
 U=redis://127.0.0.1:$P

@@ -7,21 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-300}
-need=()
-command -v redis-server >/dev/null || need+=(redis-server)
-command -v openssl >/dev/null || need+=(openssl)
-command -v gcc >/dev/null || need+=(gcc)
-if [ ${#need[@]} -gt 0 ]; then
-  sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
-fi
-echo "building the release binary and the timer..." >&2
-cargo build --release --locked --quiet
-BIN=$PWD/target/x86_64-unknown-linux-gnu/release/cronlock
-WORK=$(mktemp -d)
-trap 'for p in "$WORK"/*.pid; do kill "$(cat "$p")" 2>/dev/null || true; done; rm -rf "$WORK"' EXIT
-gcc -O2 -o "$WORK/interleave" scripts/interleave.c
+. scripts/bench-common.sh
+bench_install redis-server:redis-server openssl:openssl gcc:gcc
+bench_setup
 cd "$WORK"
 ec="-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes"
 openssl req -x509 $ec -keyout ca.key -out ca.crt -days 2 -subj /CN=bench-ca 2>/dev/null
@@ -29,8 +17,7 @@ openssl req $ec -keyout server.key -out server.csr -subj /CN=localhost 2>/dev/nu
 echo "subjectAltName=IP:127.0.0.1" > san.ext
 openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days 2 \
   -extfile san.ext 2>/dev/null
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-P=$(port); T=$(port)
+P=$(free_port); T=$(free_port)
 redis-server --port "$P" --bind 127.0.0.1 --save '' --daemonize yes --pidfile "$WORK/plain.pid" \
   --dir "$WORK" >/dev/null
 redis-server --port 0 --tls-port "$T" --bind 127.0.0.1 --tls-cert-file server.crt \

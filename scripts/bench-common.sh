@@ -1,0 +1,31 @@
+# Sourced by scripts/bench-tls.sh and scripts/bench-catchup.sh: what every interleaved benchmark
+# needs first. Not run on its own.
+
+# Install the Debian packages of the commands that are missing: bench_install CMD:PACKAGE ...
+bench_install() {
+  local need=() pair
+  for pair in "$@"; do
+    command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
+  done
+  if [ ${#need[@]} -gt 0 ]; then
+    local sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+  fi
+}
+
+# Build the release binary (BIN) and the timer (WORK/interleave) in a temporary WORK directory,
+# which is removed on exit, after killing every server whose WORK/*.pid file is there.
+bench_setup() {
+  echo "building the release binary and the timer..." >&2
+  cargo build --release --locked --quiet
+  BIN=$PWD/target/x86_64-unknown-linux-gnu/release/cronlock
+  WORK=$(mktemp -d)
+  trap 'for p in "$WORK"/*.pid; do kill "$(cat "$p")" 2>/dev/null || true; done; rm -rf "$WORK"' EXIT
+  gcc -O2 -o "$WORK/interleave" scripts/interleave.c
+}
+
+# A free TCP port on loopback.
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
