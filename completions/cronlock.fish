@@ -27,6 +27,9 @@ json\t'one JSON object per line'"
 complete -c cronlock -l max-age -d 'With --check: how old the last run may be (with --schedule: how long after an instant its run may take to start)' -r
 complete -c cronlock -l reason -d 'With --suspend: why, for whoever reads --status, --check or a skipped firing\'s -v line' -r
 complete -c cronlock -l token -d 'With --force-release: release only the holder with this token (its CRONLOCK_TOKEN, shown by --status)' -r
+complete -c cronlock -l crontab -d 'Run the jobs of this crontab as one of any number of equal replicas: each instant of each job runs once across them; a line is `SCHEDULE [OPTIONS] KEY COMMAND-LINE`' -r -F
+complete -c cronlock -l max-jobs -d 'With --crontab: runs this replica supervises at once; at the limit it claims nothing, and another replica runs the job' -r
+complete -c cronlock -l drain -d 'With --crontab: how long running jobs may go on after SIGTERM or SIGINT before they are stopped (SIGTERM, --grace, SIGKILL)' -r
 complete -c cronlock -s n -l nonblock -d 'Do not wait for a busy lock, like flock -n (same as --wait 0)'
 complete -c cronlock -s q -l quiet -d 'Print only errors'
 complete -c cronlock -s v -l verbose -d 'Also report a busy lock, acquisition, release and renewals'

@@ -1,5 +1,5 @@
-//! What cronlock was asked to do, as plain values resolved once: a run ([`RunConfig`]) or an
-//! admin mode ([`Admin`]).
+//! What cronlock was asked to do, as plain values resolved once: a run ([`RunConfig`]), an
+//! admin mode ([`Admin`]) or a replica serving a crontab ([`Replica`]).
 //!
 //! It exists so that a run can be described by something other than a command line. `cli/`
 //! resolves the arguments and variables into these values, with every check done and every
@@ -15,10 +15,45 @@ use crate::fleet::schedule::Schedule;
 use crate::lease::Timing;
 use crate::store::topology::Redis;
 
-/// What to do: one run, or one admin mode.
+/// What to do: one run, one admin mode, or a replica serving a crontab.
 pub enum Request {
     Run(Box<RunConfig>),
     Admin(Box<Admin>),
+    Crontab(Box<Replica>),
+}
+
+/// `--crontab FILE`: a long-lived replica that runs the file's jobs, each instant once across
+/// every replica.
+#[derive(Clone)]
+pub struct Replica {
+    /// The file, as given (read again on SIGHUP or when it changes).
+    pub file: std::path::PathBuf,
+    /// Its jobs, each checked as the run it makes would check it.
+    pub jobs: Vec<CronJob>,
+    /// `--max-jobs`: runs this replica supervises at once; at the limit it claims nothing.
+    pub max_jobs: u32,
+    /// `--drain`: how long running jobs may go on after SIGTERM or SIGINT.
+    pub drain: Duration,
+    /// `--grace`: between SIGTERM and SIGKILL when the drain runs out.
+    pub grace: Duration,
+}
+
+/// One job line of a crontab, resolved: the run `cronlock --schedule SCHEDULE [OPTIONS] KEY -c
+/// COMMAND-LINE` would make, and what the replica needs to fire it.
+#[derive(Clone)]
+pub struct CronJob {
+    /// Its line in the file (from 1), for messages.
+    pub line: usize,
+    pub key: String,
+    pub schedule: Schedule,
+    /// `--catch-up` given: fire once at start (a replica that starts late catches up).
+    pub catch_up: bool,
+    /// The status its run exits with when it did not run (`-E`).
+    pub conflict_exit_code: u8,
+    /// The run's arguments after the program name.
+    pub args: Vec<String>,
+    /// The `NAME=value` lines above it.
+    pub env: Vec<(String, String)>,
 }
 
 /// One run of a command under a KEY's lock, fully described.

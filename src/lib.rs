@@ -13,6 +13,7 @@ pub mod host;
 pub mod job;
 pub mod lease;
 pub mod log;
+pub mod replica;
 pub mod run;
 pub mod signals;
 pub mod store;
@@ -108,7 +109,8 @@ fn run_parsed() -> Exit {
             return Exit::Failure;
         }
     };
-    let log = Log::new(quiet, verbose, json);
+    // A replica (--crontab) is a service: its runs' starts and ends are its normal output.
+    let log = Log::new(quiet, verbose || cli.crontab.is_some(), json);
     let exit = match execute(&cli, &log) {
         Ok(exit) => exit,
         Err(e) if cli.check => unknown(&format!("{e:#}")),
@@ -137,7 +139,7 @@ fn unknown(message: &str) -> Exit {
 /// How long the exit waits for queued log lines to reach a slow stderr.
 const FLUSH_WAIT: Duration = Duration::from_millis(500);
 
-/// Do what the parsed command line says: one run, or one of the admin modes.
+/// Do what the parsed command line says: one run, one of the admin modes, or a replica.
 fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
     match cli.resolve()? {
         Request::Run(config) => {
@@ -150,6 +152,11 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
             outcome.result
         }
         Request::Admin(admin) => admin_mode(&admin, log),
+        Request::Crontab(replica) => {
+            let file = replica.file.clone();
+            let json = cli.log_format == LogFormat::Json;
+            replica::serve(&replica, &|| cli::crontab::load(&file), json, log)
+        }
     }
 }
 

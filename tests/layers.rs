@@ -161,7 +161,7 @@ fn layer(module: &str) -> Option<(u8, &str)> {
         "store" | "job" => 2,
         "fleet" => 3,
         "config" | "watchdog" => 4,
-        "run" => 5,
+        "run" | "replica" => 5,
         "cli" => 6,
         _ => return None,
     };

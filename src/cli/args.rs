@@ -108,7 +108,8 @@ fn after_long_help() -> String {
                       cronlock --list [--json]\n       \
                       cronlock --force-release <KEY>\n       \
                       cronlock --suspend [--reason <TEXT>] <KEY>\n       \
-                      cronlock --resume <KEY>",
+                      cronlock --resume <KEY>\n       \
+                      cronlock --crontab <FILE> [--max-jobs <N>] [--drain <DURATION>]",
     group(ArgGroup::new("admin").args(["status", "check", "list", "force_release", "suspend", "resume"]))
 )]
 pub struct Cli {
@@ -405,6 +406,32 @@ pub struct Cli {
     #[arg(long, env = "CRONLOCK_JSON", value_parser = switch,
           default_value_t = false, num_args = 0, default_missing_value = "true")]
     pub json: bool,
+
+    /// Run the jobs of this crontab as one of any number of equal replicas: each instant of each
+    /// job runs once across them; a line is `SCHEDULE [OPTIONS] KEY COMMAND-LINE`
+    ///
+    /// SIGTERM or SIGINT: claim nothing more, let running jobs end within --drain, then stop them.
+    /// SIGHUP, or a change of the file, reads it again.
+    #[arg(long, env = "CRONLOCK_CRONTAB", value_name = "FILE",
+          value_hint = clap::ValueHint::FilePath)]
+    pub crontab: Option<std::path::PathBuf>,
+
+    /// With --crontab: runs this replica supervises at once; at the limit it claims nothing, and
+    /// another replica runs the job
+    #[arg(long, env = "CRONLOCK_MAX_JOBS", value_name = "N", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub max_jobs: u32,
+
+    /// With --crontab: how long running jobs may go on after SIGTERM or SIGINT before they are
+    /// stopped (SIGTERM, --grace, SIGKILL)
+    #[arg(
+        long,
+        env = "CRONLOCK_DRAIN",
+        value_name = "DURATION",
+        default_value = "25s",
+        allow_hyphen_values = true
+    )]
+    pub drain: Span,
 
     /// Name of the lock; every host running the same job uses the same KEY (at most 1024 bytes)
     #[arg(value_name = "KEY", required = true)]

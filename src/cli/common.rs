@@ -6,7 +6,7 @@ use clap::parser::ValueSource;
 use clap::ValueEnum;
 
 use crate::cli::args::{Cli, Given, LogFormat};
-use crate::duration;
+use crate::duration::{self, Span};
 
 /// The way cronlock is run on every tick of every host, `cronlock KEY [--] COMMAND [ARGS...]`
 /// with settings from a few variables, parsed without clap: building clap's command definition
@@ -100,6 +100,9 @@ fn defaults(key: String, command: Vec<OsString>) -> Option<Cli> {
         suspend: false,
         reason: None,
         resume: false,
+        crontab: None,
+        max_jobs: 16,
+        drain: Span(std::time::Duration::from_secs(25)),
         token: None,
         json: false,
         key: Some(key),

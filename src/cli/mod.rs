@@ -10,6 +10,7 @@ use clap::{ArgMatches, CommandFactory, FromArgMatches};
 
 pub mod args;
 pub mod common;
+pub(crate) mod crontab;
 mod resolve;
 
 pub use args::*;
@@ -25,6 +26,7 @@ pub(crate) enum Mode {
     ForceRelease(String),
     Suspend(String),
     Resume(String),
+    Crontab(std::path::PathBuf),
 }
 
 /// What to run, once the arguments are checked.
@@ -151,6 +153,28 @@ impl Cli {
 
     /// The mode, with the checks clap cannot express.
     pub(crate) fn mode(&self) -> Result<Mode> {
+        if let Some(file) = &self.crontab {
+            if self.key.is_some() || !self.command.is_empty() || self.shell_command.is_some() {
+                bail!(
+                    "--crontab takes no KEY and no COMMAND: they are on the file's lines{}",
+                    if std::env::var_os("CRONLOCK_CRONTAB").is_some() {
+                        " (CRONLOCK_CRONTAB is set)"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            if self.status
+                || self.check
+                || self.list
+                || self.force_release
+                || self.suspend
+                || self.resume
+            {
+                bail!("--crontab serves jobs: it is not an admin mode's option");
+            }
+            return Ok(Mode::Crontab(file.clone()));
+        }
         let admin = if self.check {
             Some("--check")
         } else if self.status {
@@ -305,11 +329,17 @@ pub fn parse() -> std::result::Result<Cli, clap::Error> {
     // KEY is required (--help, the man page and the completions say <KEY>), except by --list,
     // the one mode that names no lock: there a stand-in fills its place, taken out below.
     let end = args.iter().position(|a| a == "--").unwrap_or(args.len());
-    if args.iter().take(end).skip(1).any(|a| a == "--list") {
+    let crontab = args
+        .iter()
+        .take(end)
+        .skip(1)
+        .any(|a| a == "--crontab" || a.to_str().is_some_and(|a| a.starts_with("--crontab=")))
+        || std::env::var_os("CRONLOCK_CRONTAB").is_some_and(|v| !v.is_empty());
+    if crontab || args.iter().take(end).skip(1).any(|a| a == "--list") {
         args.push(LIST_KEY.into());
     }
     let mut cli = from_matches(&Cli::command().try_get_matches_from(args)?)?;
-    if cli.list {
+    if cli.list || cli.crontab.is_some() {
         if cli.key.as_deref() == Some(LIST_KEY) {
             cli.key = None;
         } else if cli.command.last().is_some_and(|c| c == LIST_KEY) {
@@ -320,7 +350,8 @@ pub fn parse() -> std::result::Result<Cli, clap::Error> {
     Ok(cli)
 }
 
-/// KEY's stand-in under `--list`: a word no user types (it starts with a control character).
+/// KEY's stand-in under `--list` and `--crontab`: a word no user types (it starts with a control
+/// character).
 const LIST_KEY: &str = "\u{1}list";
 
 /// `--history` takes an optional count, so `--status --history KEY` would read KEY as the count:
@@ -357,7 +388,7 @@ fn history_flag_apart(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
     args
 }
 
-fn from_matches(matches: &ArgMatches) -> std::result::Result<Cli, clap::Error> {
+pub(crate) fn from_matches(matches: &ArgMatches) -> std::result::Result<Cli, clap::Error> {
     let mut cli = Cli::from_arg_matches(matches)?;
     cli.given = Given {
         redis_url: matches.value_source("redis_url"),

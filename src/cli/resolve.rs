@@ -8,7 +8,7 @@
 use anyhow::{bail, Result};
 
 use crate::cli::{Cli, Mode};
-use crate::config::{Admin, AdminMode, Reports, Request, RunConfig};
+use crate::config::{Admin, AdminMode, Replica, Reports, Request, RunConfig};
 use crate::lease::Timing;
 use crate::store::topology::Redis;
 
@@ -17,6 +17,17 @@ impl Cli {
     /// its arguments, then the run's timing and history, the servers, and the reports.
     pub fn resolve(&self) -> Result<Request> {
         let mode = self.mode()?;
+        if let Mode::Crontab(file) = mode {
+            return Ok(Request::Crontab(Box::new(Replica {
+                jobs: super::crontab::load(&file)?,
+                file,
+                max_jobs: self.max_jobs,
+                drain: self.drain.0,
+                grace: self
+                    .grace
+                    .map_or(std::time::Duration::from_secs(5), |g| g.0),
+            })));
+        }
         let Mode::Run(job) = mode else {
             return self.admin(mode).map(|a| Request::Admin(Box::new(a)));
         };
@@ -56,7 +67,7 @@ impl Cli {
     /// An admin mode with what it needs.
     fn admin(&self, mode: Mode) -> Result<Admin> {
         let mode = match mode {
-            Mode::Run(_) => unreachable!("a run is not an admin mode"),
+            Mode::Run(_) | Mode::Crontab(_) => unreachable!("not an admin mode"),
             Mode::Status(key) => AdminMode::Status {
                 key,
                 history: self

@@ -431,3 +431,24 @@ unsafe fn exec_command(p: &Prepared, cgroup: Option<CgroupFds>, joined: bool) ->
 fn report(fd: libc::c_int, err: i32) {
     sys::write(fd, &err.to_ne_bytes());
 }
+
+/// `--crontab`: make `cmd` (a run of cronlock itself) die with SIGKILL when this process dies,
+/// so no run outlives the replica that supervises it; the run's own guard then stops its
+/// command, as it does when any cronlock is killed. Spawn from the main thread, which lives as
+/// long as the replica (`PR_SET_PDEATHSIG` fires when the spawning thread ends).
+pub fn tie_to_parent(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = sys::getpid();
+    // SAFETY: the closure runs between fork and exec and makes only raw system calls (prctl,
+    // getppid, exit): no allocation, no lock.
+    unsafe {
+        cmd.pre_exec(move || {
+            sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+            // The replica died before the line above: nobody would stop this run.
+            if sys::getppid() != parent {
+                sys::exit(crate::exit::FAILURE as libc::c_int);
+            }
+            Ok(())
+        });
+    }
+}

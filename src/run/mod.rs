@@ -76,7 +76,11 @@ fn run_locked(
     log.info(
         "acquired",
         &acquired_line(config, &held),
-        &[("waited_ms", (asked.elapsed().as_millis() as u64).into())],
+        &[
+            ("waited_ms", (asked.elapsed().as_millis() as u64).into()),
+            ("instant", held.instant.into()),
+            ("attempt", held.attempt.into()),
+        ],
     );
     let until = held.sent_at + timing.ttl;
     // The guard's page, told the kill-by time each time the lease moves.

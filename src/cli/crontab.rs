@@ -1,0 +1,275 @@
+//! `--crontab FILE`: the file read into [`config::CronJob`]s, each line checked exactly as the run
+//! it makes would be checked (`cronlock --schedule SCHEDULE [OPTIONS] KEY -c COMMAND-LINE` goes
+//! through the same parser and resolution), so a bad line is one `FILE:LINE: message` at start,
+//! and a SIGHUP that reads a broken file keeps the old table.
+//!
+//! The format is a crontab's: comments (`#`) and blank lines; `NAME=value` lines, the environment
+//! of the jobs below them (`CRON_TZ=` the time zone of their schedules); job lines
+//! `SCHEDULE [OPTIONS] KEY COMMAND-LINE`, the schedule 5 fields, 6 with seconds first, or an
+//! `@hourly`-style nickname (six words that could all be cron fields are a 6-field schedule, so a
+//! KEY after 5 fields must not look like one: `5` or `*/2`). COMMAND-LINE is the rest of the
+//! line, run by `/bin/sh -c` as cron runs it (`%` is not special).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use anyhow::{anyhow, bail, Result};
+use clap::CommandFactory;
+
+use crate::cli::{from_matches, one_line, Cli};
+use crate::config::{CronJob, Request};
+use crate::fleet::schedule::Schedule;
+
+/// The largest crontab read: a table, not data.
+const MAX_FILE: u64 = 1 << 20;
+
+/// Options that belong to the replica or to another mode, never to one job.
+const NOT_PER_JOB: [&str; 16] = [
+    "--crontab",
+    "--max-jobs",
+    "--drain",
+    "--schedule",
+    "--wait",
+    "-w",
+    "-c",
+    "--command",
+    "--status",
+    "--check",
+    "--list",
+    "--force-release",
+    "--suspend",
+    "--resume",
+    "--help",
+    "--version",
+];
+
+/// Read and check `path`: every job, or the first line at fault as `FILE:LINE: message`.
+pub fn load(path: &Path) -> Result<Vec<CronJob>> {
+    let shown = path.display();
+    let text = read(path).map_err(|e| anyhow!("{shown}: {e}"))?;
+    let mut jobs: Vec<CronJob> = Vec::new();
+    let mut env: Vec<(String, String)> = Vec::new();
+    let mut zone: Option<String> = None;
+    let mut lines_of: HashMap<String, usize> = HashMap::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.trim();
+        let n = i + 1;
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if let Some((name, value)) = assignment(line) {
+            if name.starts_with("CRONLOCK_") {
+                bail!(
+                    "{shown}:{n}: {name} is cronlock's own setting: give the option on the job's \
+                     line, or set it for every job in the replica's environment"
+                );
+            }
+            if name == "CRON_TZ" {
+                zone = Some(value);
+            } else {
+                env.retain(|(k, _)| *k != name);
+                env.push((name, value));
+            }
+            continue;
+        }
+        let job = job(line, zone.as_deref(), &env, n).map_err(|e| anyhow!("{shown}:{n}: {e:#}"))?;
+        if let Some(first) = lines_of.insert(job.key.clone(), n) {
+            bail!(
+                "{shown}:{n}: KEY '{}' is already the KEY of line {first}: each job needs its own",
+                job.key
+            );
+        }
+        jobs.push(job);
+    }
+    Ok(jobs)
+}
+
+/// The file's text: a regular file, at most [`MAX_FILE`] bytes, UTF-8.
+fn read(path: &Path) -> Result<String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| anyhow!(crate::log::io_text(&e)))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| anyhow!(crate::log::io_text(&e)))?;
+    if !meta.is_file() {
+        bail!("not a regular file");
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| anyhow!(crate::log::io_text(&e)))?;
+    if bytes.len() as u64 > MAX_FILE {
+        bail!("larger than {} KiB", MAX_FILE / 1024);
+    }
+    String::from_utf8(bytes).map_err(|_| anyhow!("not UTF-8 text"))
+}
+
+/// `NAME=value` (the value unquoted), when the line is one.
+fn assignment(line: &str) -> Option<(String, String)> {
+    let (name, value) = line.split_once('=')?;
+    let name = name.trim();
+    let mut chars = name.chars();
+    let first = chars.next()?;
+    if !(first.is_ascii_alphabetic() || first == '_')
+        || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+    {
+        return None;
+    }
+    let value = value.trim();
+    let unquoted = ['"', '\'']
+        .iter()
+        .find_map(|q| value.strip_prefix(*q)?.strip_suffix(*q))
+        .unwrap_or(value);
+    Some((name.to_string(), unquoted.to_string()))
+}
+
+/// The words of `text` with where each ends, split on whitespace.
+fn words(text: &str) -> Vec<(usize, &str)> {
+    let mut out = Vec::new();
+    let mut start = None;
+    for (i, c) in text.char_indices() {
+        match (c.is_whitespace(), start) {
+            (true, Some(s)) => {
+                out.push((i, &text[s..i]));
+                start = None;
+            }
+            (false, None) => start = Some(i),
+            _ => {}
+        }
+    }
+    if let Some(s) = start {
+        out.push((text.len(), &text[s..]));
+    }
+    out
+}
+
+/// A word that can stand in a cron field (so a 6th one makes a 6-field schedule).
+fn cron_field(word: &str) -> bool {
+    word.chars()
+        .all(|c| c.is_ascii_digit() || "*/,-?LW#".contains(c))
+        || word
+            .split([',', '-', '/'])
+            .all(|p| p.len() == 3 && p.chars().all(|c| c.is_ascii_alphabetic()))
+}
+
+/// One job line.
+fn job(line: &str, zone: Option<&str>, env: &[(String, String)], n: usize) -> Result<CronJob> {
+    let all = words(line);
+    let fields = if all[0].1.starts_with('@') {
+        1
+    } else if all.len() >= 6 && all[..6].iter().all(|(_, w)| cron_field(w)) {
+        6
+    } else {
+        5
+    };
+    if all.len() <= fields {
+        bail!("a job line is SCHEDULE [OPTIONS] KEY COMMAND-LINE: it has no KEY");
+    }
+    let expr = line[..all[fields - 1].0].trim();
+    let text = match zone {
+        Some(z) => format!("CRON_TZ={z} {expr}"),
+        None => expr.to_string(),
+    };
+    let schedule = Schedule::parse(&text).map_err(|e| anyhow!("bad schedule '{expr}': {e}"))?;
+    // The options, up to KEY: an option that takes a value takes the next word too.
+    let command = Cli::command();
+    let mut args: Vec<String> = vec!["--schedule".into(), text];
+    let mut rest = all[fields..].iter();
+    let mut key = None;
+    while let Some((end, word)) = rest.next() {
+        if !word.starts_with('-') || *word == "-" {
+            key = Some((*end, word.to_string()));
+            break;
+        }
+        let name = word.split('=').next().unwrap_or(word);
+        if NOT_PER_JOB.contains(&name) || name == "-h" || name == "-V" {
+            bail!("{name} is not an option of one job");
+        }
+        args.push(word.to_string());
+        if !word.contains('=') && takes_value(&command, name) {
+            match rest.next() {
+                Some((_, value)) => args.push(value.to_string()),
+                None => bail!("{name} needs a value"),
+            }
+        }
+    }
+    let Some((key_end, key)) = key else {
+        bail!("a job line is SCHEDULE [OPTIONS] KEY COMMAND-LINE: it has no KEY");
+    };
+    let shell = line[key_end..].trim();
+    if shell.is_empty() {
+        bail!("a job line is SCHEDULE [OPTIONS] KEY COMMAND-LINE: KEY '{key}' has no command");
+    }
+    args.extend([key.clone(), "-c".into(), shell.to_string()]);
+    // The run this line makes, checked as that run would check it.
+    let mut argv = vec!["cronlock".to_string()];
+    argv.extend(args.iter().cloned());
+    let matches = command
+        .try_get_matches_from(&argv)
+        .map_err(|e| anyhow!(one_line(&e)))?;
+    let mut cli = from_matches(&matches).map_err(|e| anyhow!(one_line(&e)))?;
+    // The replica's own settings (from its environment) are not the job's.
+    cli.crontab = None;
+    let Request::Run(config) = cli.resolve()? else {
+        bail!("line {n} is not a run");
+    };
+    Ok(CronJob {
+        line: n,
+        key,
+        schedule,
+        catch_up: config.catch_up.is_some(),
+        conflict_exit_code: config.conflict_exit_code,
+        args,
+        env: env.to_vec(),
+    })
+}
+
+/// Whether the option `name` (`--ttl`, `-t`) takes a value of its own.
+fn takes_value(command: &clap::Command, name: &str) -> bool {
+    command.get_arguments().any(|a| {
+        let named = match name.strip_prefix("--") {
+            Some(long) => a.get_long() == Some(long),
+            None => name.len() == 2 && a.get_short() == name.chars().nth(1),
+        };
+        named
+            && a.get_action().takes_values()
+            && a.get_num_args().is_none_or(|r| r.min_values() > 0)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_split_into_schedule_options_key_and_command() {
+        let j = job(
+            "*/5 * * * * --ttl 1m -v report  echo 'a  b' | tee x",
+            None,
+            &[],
+            1,
+        )
+        .unwrap();
+        assert_eq!(j.key, "report");
+        assert_eq!(
+            j.args,
+            [
+                "--schedule",
+                "*/5 * * * *",
+                "--ttl",
+                "1m",
+                "-v",
+                "report",
+                "-c",
+                "echo 'a  b' | tee x"
+            ]
+        );
+        let j = job("*/2 * * * * * k true", Some("UTC"), &[], 1).unwrap();
+        assert_eq!(j.args[1], "CRON_TZ=UTC */2 * * * * *");
+        let j = job("@hourly --catch-up=1h k true", None, &[], 1).unwrap();
+        assert!(j.catch_up);
+        assert!(job("* * * * * --wait 5s k true", None, &[], 1).is_err());
+        assert!(job("* * * * * k", None, &[], 1).is_err());
+        assert!(job("* * * * * --nope k true", None, &[], 1).is_err());
+    }
+}
