@@ -50,6 +50,9 @@ pub struct CronJob {
     pub catch_up: bool,
     /// The status its run exits with when it did not run (`-E`).
     pub conflict_exit_code: u8,
+    /// `--retries`: the replica looks again when a run of it failed here, or when the run that
+    /// holds it elsewhere could have died (its lock's expiry).
+    pub retries: u32,
     /// The run's arguments after the program name.
     pub args: Vec<String>,
     /// The `NAME=value` lines above it.

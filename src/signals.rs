@@ -130,6 +130,19 @@ pub fn pending_forwarded() -> Option<libc::c_int> {
     None
 }
 
+/// Set once cronlock passed a request to end (SIGTERM, SIGINT, SIGHUP, SIGQUIT) to the command.
+static ASKED_TO_END: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Note that cronlock was asked to end (and passed it on to the command).
+pub fn note_asked_to_end() {
+    ASKED_TO_END.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Whether cronlock was asked to end while the command ran: its run was interrupted.
+pub fn asked_to_end() -> bool {
+    ASKED_TO_END.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// Wake the main thread (from the watchdog).
 pub fn wake_main() {
     // SAFETY: sending a blocked signal to our own process is harmless; sigtimedwait collects it.

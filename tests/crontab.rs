@@ -258,3 +258,135 @@ fn bad_crontabs_are_one_line_naming_file_and_line() {
     assert!(one_line(&out).contains("--crontab takes no KEY"));
     assert!(!ran.exists());
 }
+
+/// The lines `INSTANT ATTEMPT REPLICA PID` the jobs of the retry tests write.
+fn attempts(file: &Path) -> Vec<Vec<String>> {
+    instants(file)
+        .iter()
+        .map(|l| l.split_whitespace().map(String::from).collect())
+        .collect()
+}
+
+/// A replica SIGKILLed mid-run takes its run with it; another replica runs the instant again
+/// (`--retries 1`) within TTL + 2 s (before the next instant: a later instant, once due, is the
+/// one a firing runs, never a backlog). A replica SIGTERMed with a run longer than --drain stops it,
+/// records it `interrupted`, and another replica runs it again.
+#[test]
+fn a_dead_or_drained_replicas_run_is_retried_on_another() {
+    let r = Redis::start();
+    for (case, how) in [("killed", libc::SIGKILL), ("drained", libc::SIGTERM)] {
+        let dir = scratch(case);
+        let log = dir.join("log");
+        let key = format!("retry-{case}");
+        let file = crontab(
+            &dir,
+            &format!(
+                "*/10 * * * * * --ttl 2s --catch-up 1m --retries 1 {key} \
+                 [ -e {go} ] || exit 0; \
+                 echo $CRONLOCK_INSTANT $CRONLOCK_ATTEMPT $CRONLOCK_TEST_REPLICA $$ >> {}; \
+                 exec sleep 60\n",
+                log.display(),
+                go = dir.join("go").display()
+            ),
+        );
+        let args = ["--drain", "300ms", "--grace", "500ms"];
+        let mut replicas: Vec<Child> = (0..2).map(|_| replica(&r, &file, &args)).collect();
+        // Their catch-up at start runs the past instant, quickly; the test's run is the next
+        // instant's, fired on time.
+        assert!(wait_for(Duration::from_secs(10), || replica_err(&file)
+            .matches("command exited with status 0")
+            .count()
+            >= 1));
+        std::fs::write(dir.join("go"), "").unwrap();
+        assert!(wait_for(Duration::from_secs(15), || !attempts(&log).is_empty()));
+        let first = attempts(&log)[0].clone();
+        assert_eq!(first[1], "1", "{first:?}");
+        // The replica that runs it (the environment says which).
+        let own: u32 = first[2].parse().unwrap();
+        let i = replicas
+            .iter()
+            .position(|c| {
+                std::fs::read_to_string(format!("/proc/{}/environ", c.id()))
+                    .is_ok_and(|e| e.contains(&format!("CRONLOCK_TEST_REPLICA={own}\0")))
+            })
+            .unwrap();
+        let mut victim = replicas.remove(i);
+        let stopped = Instant::now();
+        signal(victim.id() as i32, how);
+        let status = victim.wait().unwrap();
+        let command: i32 = first[3].parse().unwrap();
+        assert!(
+            wait_for(Duration::from_secs(5), || !alive(command)),
+            "{case}: the run's command outlived its replica"
+        );
+        if how == libc::SIGTERM {
+            assert_eq!(status.code(), Some(143), "{}", replica_err(&file));
+        }
+        // Attempt 2 of the same instant, on the other replica, within TTL + 2 s.
+        assert!(
+            wait_for(Duration::from_secs(4), || attempts(&log)
+                .iter()
+                .any(|a| a[0] == first[0] && a[1] == "2")),
+            "{case}: {:?}\n{}",
+            attempts(&log),
+            replica_err(&file)
+        );
+        assert!(stopped.elapsed() < Duration::from_secs(4));
+        let again = attempts(&log)
+            .into_iter()
+            .find(|a| a[0] == first[0] && a[1] == "2")
+            .unwrap();
+        assert_ne!(again[2], first[2], "{case}: rerun on the same replica");
+        let s = run(cronlock(&r).args(["--status", "--json", &key]));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&s)).unwrap();
+        let entry = v["ledger"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["instant_time"] == first[0].as_str())
+            .unwrap()
+            .clone();
+        let want = if how == libc::SIGKILL {
+            "abandoned"
+        } else {
+            "interrupted"
+        };
+        assert_eq!(entry["attempts"][0]["state"], want, "{entry}");
+        for mut c in replicas {
+            signal(c.id() as i32, libc::SIGKILL);
+            c.wait().unwrap();
+        }
+    }
+}
+
+/// Every replica was down across an instant: one that starts inside --catch-up runs it, once; a
+/// second one started then finds nothing due.
+#[test]
+fn a_replica_started_late_catches_up_once() {
+    let r = Redis::start();
+    let dir = scratch("late");
+    let log = dir.join("log");
+    let file = crontab(
+        &dir,
+        &format!(
+            "CRON_TZ=UTC\n0 0 0 1 * * --catch-up 100d late echo $CRONLOCK_INSTANT >> {}\n",
+            log.display()
+        ),
+    );
+    let a = replica(&r, &file, &[]);
+    assert!(wait_for(Duration::from_secs(10), || !instants(&log).is_empty()));
+    let b = replica(&r, &file, &[]);
+    // b has fired too (its start line), and found nothing due.
+    assert!(wait_for(Duration::from_secs(10), || replica_err(&file)
+        .matches("serving 1 jobs")
+        .count()
+        == 2));
+    let settled = Instant::now();
+    assert!(wait_for(Duration::from_secs(5), || settled.elapsed()
+        > Duration::from_secs(1)));
+    assert_eq!(stop(a), Some(0));
+    assert_eq!(stop(b), Some(0));
+    let seen = instants(&log);
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(seen[0].ends_with("-01T00:00:00Z"), "{seen:?}");
+}

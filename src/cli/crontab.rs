@@ -219,6 +219,7 @@ fn job(line: &str, zone: Option<&str>, env: &[(String, String)], n: usize) -> Re
         schedule,
         catch_up: config.catch_up.is_some(),
         conflict_exit_code: config.conflict_exit_code,
+        retries: config.retries,
         args,
         env: env.to_vec(),
     })

@@ -262,6 +262,7 @@ impl Supervision {
             sig,
             libc::SIGTERM | libc::SIGINT | libc::SIGHUP | libc::SIGQUIT
         ) {
+            signals::note_asked_to_end();
             child.terminate(sig);
         } else {
             child.signal_group(sig);

@@ -62,6 +62,7 @@ pub fn serve(
         )
     })?;
     let mut table = Table::new(&replica.jobs, true);
+    let (follow, follow_ups) = std::sync::mpsc::channel::<(String, i64)>();
     log.info(
         "replica_started",
         &format!(
@@ -79,7 +80,13 @@ pub fn serve(
     let mut draining: Option<Instant> = None;
     let mut killing: Option<Instant> = None;
     let mut interrupted = false;
-    let set = SigSet::of(&[libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD]);
+    let set = SigSet::of(&[
+        libc::SIGTERM,
+        libc::SIGINT,
+        libc::SIGHUP,
+        libc::SIGCHLD,
+        signals::WAKEUP,
+    ]);
     loop {
         reap(&mut runs, &mut interrupted, log);
         if draining.is_some() && runs.is_empty() {
@@ -93,8 +100,13 @@ pub fn serve(
         if killing.is_some_and(|end| now >= end) {
             stop(&mut runs, libc::SIGKILL, log);
         }
+        for (key, at) in follow_ups.try_iter() {
+            if let Some(job) = table.jobs.iter_mut().find(|j| j.cron.key == key) {
+                job.next = Some(job.next.map_or(at, |n| n.min(at)));
+            }
+        }
         if draining.is_none() {
-            table.fire(&exe, replica.max_jobs, &mut runs, json, log);
+            table.fire(&exe, replica.max_jobs, &mut runs, (json, &follow), log);
         }
         // Sleep until the next instant, the drain's end or the next look at the file.
         let mut wake = checked + FILE_CHECK;
@@ -187,7 +199,7 @@ impl Table {
         exe: &std::path::Path,
         max: u32,
         runs: &mut HashMap<u32, Run>,
-        json: bool,
+        (json, follow): (bool, &output::FollowUp),
         log: &Log,
     ) {
         let now = unix_millis() as i64;
@@ -209,7 +221,8 @@ impl Table {
                 );
                 continue;
             }
-            match spawn(exe, &job.cron, json, log) {
+            let follow = (job.cron.retries > 0).then(|| follow.clone());
+            match spawn(exe, &job.cron, (json, follow), log) {
                 Ok(run) => {
                     runs.insert(run.child.id(), run);
                 }
@@ -254,7 +267,12 @@ impl Table {
 }
 
 /// Start one run of `job`: cronlock itself, tied to us, its output relayed line by line.
-fn spawn(exe: &std::path::Path, job: &CronJob, json: bool, log: &Log) -> Result<Run> {
+fn spawn(
+    exe: &std::path::Path,
+    job: &CronJob,
+    (json, follow): (bool, Option<output::FollowUp>),
+    log: &Log,
+) -> Result<Run> {
     let mut cmd = Command::new(exe);
     cmd.args(&job.args)
         .envs(job.env.iter().map(|(k, v)| (k, v)))
@@ -288,9 +306,10 @@ fn spawn(exe: &std::path::Path, job: &CronJob, json: bool, log: &Log) -> Result<
     for (from, stream) in streams.into_iter().flatten() {
         let key = job.key.clone();
         let log = log.clone();
+        let follow = follow.clone();
         std::thread::Builder::new()
             .name("output".into())
-            .spawn(move || output::relay(from, stream, &key, pid, json, &log))
+            .spawn(move || output::relay(from, stream, (&key, pid), json, &log, follow.as_ref()))
             .map_err(|e| anyhow!(crate::log::io_text(&e)))?;
     }
     Ok(Run {

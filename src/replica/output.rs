@@ -25,8 +25,19 @@ pub enum Stream {
     Stderr,
 }
 
-/// Relay `from` (a run's stream) until it closes; the run's cronlock lines are reported in `log`.
-pub fn relay(from: impl Read, stream: Stream, key: &str, pid: u32, json_out: bool, log: &Log) {
+/// A time (Unix ms) at which a job with `--retries` should be fired again, for the main loop.
+pub type FollowUp = std::sync::mpsc::Sender<(String, i64)>;
+
+/// Relay `from` (a run's stream) until it closes; the run's cronlock lines are reported in `log`,
+/// and, for a job with `--retries`, turned into follow-ups.
+pub fn relay(
+    from: impl Read,
+    stream: Stream,
+    (key, pid): (&str, u32),
+    json_out: bool,
+    log: &Log,
+    follow: Option<&FollowUp>,
+) {
     let mut reader = BufReader::with_capacity(MAX_LINE, from);
     let mut buf = Vec::new();
     loop {
@@ -43,10 +54,26 @@ pub fn relay(from: impl Read, stream: Stream, key: &str, pid: u32, json_out: boo
         if stream == Stream::Stderr {
             if let Some(event) = own_event(line, pid) {
                 report(log, key, &event);
+                if let (Some(at), Some(follow)) = (follow_up(&event), follow) {
+                    let _ = follow.send((key.to_string(), at));
+                    crate::signals::wake_main();
+                }
                 continue;
             }
         }
         write_line(stream, key, line, json_out);
+    }
+}
+
+/// When a job with `--retries` should be fired again after this event of its run: a second
+/// after the run failed here, or just after the lock of a run that holds it elsewhere would
+/// lapse (if that run's host died, its attempt is then abandoned, and due again).
+fn follow_up(e: &Value) -> Option<i64> {
+    let now = crate::host::unix_millis() as i64;
+    match e["event"].as_str()? {
+        "finished" if e["exit_status"].as_i64() != Some(0) => Some(now + 1000),
+        "busy" => Some(now + e["expires_in_ms"].as_i64()? + 250),
+        _ => None,
     }
 }
 

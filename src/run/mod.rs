@@ -26,7 +26,7 @@ use crate::job::{capture, cgroup};
 use crate::lease::{self, LockState, Watch};
 use crate::log::{Level, Log};
 use crate::signals;
-use crate::store::lock::{Held, ReleaseOptions, Released};
+use crate::store::lock::{Held, LedgerEnd, ReleaseOptions, Released};
 use crate::store::quorum::Masters;
 use crate::store::topology::Redis;
 use crate::store::tracking;
@@ -148,7 +148,11 @@ fn finish(
         record: Some(record::run_record(held, ending, exit, duration).to_string()),
         history: config.history,
         record_ttl: config.history_ttl,
-        ledger: held.instant.map(|i| (i, exit.code())),
+        ledger: held.instant.map(|instant| LedgerEnd {
+            instant,
+            exit: exit.code(),
+            interrupted: signals::asked_to_end(),
+        }),
     };
     let lost_until = if lost { Instant::now() } else { valid_until };
     let within = config.connect_timeout;

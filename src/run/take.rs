@@ -64,8 +64,8 @@ pub(super) fn take(
     let masters = Masters::new(&config.servers);
     let exit = match wait::acquire(masters, &keys, &command, ask, log)? {
         Acquired::Held(held, masters) => return Ok(Ok((*held, masters))),
-        Acquired::Busy(value) => {
-            busy(config, &value, asked.elapsed(), log);
+        Acquired::Busy { holder, expires_in } => {
+            busy(config, &holder, expires_in, asked.elapsed(), log);
             Exit::Conflict(config.conflict_exit_code)
         }
         Acquired::AlreadyRan { instant, ran } => {
@@ -93,7 +93,13 @@ pub(super) fn take(
 }
 
 /// The lock (or every slot) is held elsewhere: say by whom, and how long we waited.
-fn busy(config: &RunConfig, value: &str, waited: Duration, log: &Log) {
+fn busy(
+    config: &RunConfig,
+    value: &str,
+    expires_in: Option<Duration>,
+    waited: Duration,
+    log: &Log,
+) {
     let after = if config.wait.is_zero() {
         String::new()
     } else {
@@ -122,6 +128,12 @@ fn busy(config: &RunConfig, value: &str, waited: Duration, log: &Log) {
             ("conflict_exit_code", config.conflict_exit_code.into()),
             ("waited_ms", (waited.as_millis() as u64).into()),
             ("holder", describe::holder_identity(value)),
+            // When the holder's lock lapses unless renewed: a replica (--crontab) looks again
+            // then, in case the holder died and --retries may run the instant again.
+            (
+                "expires_in_ms",
+                expires_in.map(|d| d.as_millis() as u64).into(),
+            ),
         ],
     );
 }

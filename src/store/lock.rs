@@ -102,8 +102,18 @@ pub struct ReleaseOptions {
     pub record: Option<String>,
     pub history: u32,
     pub record_ttl: Option<Duration>,
-    /// With `--schedule`: the instant of this run and its exit status, for the ledger.
-    pub ledger: Option<(i64, u8)>,
+    /// With `--schedule`: how the attempt at its instant ended, for the ledger.
+    pub ledger: Option<LedgerEnd>,
+}
+
+/// How an attempt at a scheduled instant ended, for the ledger.
+#[derive(Debug, Clone, Copy)]
+pub struct LedgerEnd {
+    pub instant: i64,
+    pub exit: u8,
+    /// cronlock was asked to end (SIGTERM, SIGINT: a drain, a shutdown): a failure is then
+    /// `interrupted`, which `--retries` runs again like an abandoned attempt.
+    pub interrupted: bool,
 }
 
 /// One attempt's outcome.
@@ -487,8 +497,14 @@ pub fn release(
             opts.history.to_string(),
             opts.record_ttl.map_or(0, ms).to_string(),
             ms(NOTIFY_TTL).to_string(),
-            opts.ledger.map_or(String::new(), |(i, _)| i.to_string()),
-            opts.ledger.map_or(0, |(_, exit)| exit).to_string(),
+            opts.ledger.map_or(String::new(), |l| l.instant.to_string()),
+            opts.ledger.map_or(0, |l| l.exit).to_string(),
+            if opts.ledger.is_some_and(|l| l.interrupted) {
+                "1"
+            } else {
+                "0"
+            }
+            .to_string(),
         ],
         |v| match int(v, "a release reply that is not 0, 1 or 2")? {
             1 => Ok(Released::Deleted),

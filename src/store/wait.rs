@@ -26,8 +26,12 @@ const POLL_CAP: Duration = Duration::from_millis(500);
 pub enum Acquired {
     /// Ours, with the masters' links that took it (the watchdog goes on with them).
     Held(Box<Held>, Masters),
-    /// Held elsewhere, and `--wait` (if any) ran out: who holds it (the raw value).
-    Busy(String),
+    /// Held elsewhere, and `--wait` (if any) ran out: who holds it (the raw value), and when the
+    /// holder's lock expires unless renewed (None: no expiry).
+    Busy {
+        holder: String,
+        expires_in: Option<Duration>,
+    },
     /// A signal asked us to stop before we had the lock.
     Signalled(libc::c_int),
     /// With `--schedule`: the run for this instant already started (the recorded instant).
@@ -142,7 +146,10 @@ pub fn acquire(
             };
         let now = Instant::now();
         if now >= waiter.deadline {
-            return Ok(Acquired::Busy(busy_with));
+            return Ok(Acquired::Busy {
+                holder: busy_with,
+                expires_in,
+            });
         }
         waiter.announce();
         if let Some(sig) = waiter.until_free(&mut masters, now, expires_in)? {

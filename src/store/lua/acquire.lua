@@ -12,8 +12,9 @@
 -- holder value, instant, 0} when held (waiters use it to sleep no longer than the holder's expiry;
 -- -v names the holder), and {0, 0, false, instant, recorded instant} when the run for that
 -- instant already started (or, with --catch-up, nothing is due: the instant is done, or out of
--- the window). The instant is the candidate nearest to Redis's clock (0: no schedule); with
--- --catch-up, the latest one at or before Redis's clock (or one at most EARLY ahead of it).
+-- the window; an instant whose attempt runs now is held, as above). The instant is the candidate nearest to Redis's clock (0: no schedule); with
+-- --catch-up, the latest one at or before Redis's clock (or one at most EARLY, and at most a tenth
+-- of the period, ahead of it).
 -- Every reply has three more elements, as semaphore.lua's: the slot (0 when taken, else -1), the
 -- current holders' --limit when it is not 1 (then nothing was touched), else 0, and the attempt
 -- at the instant (1, 2, ...; 0 when nothing was taken); and a ninth: the suspension record when
@@ -98,7 +99,11 @@ if ARGV[3] ~= '' then
       end
     end
     instant = past
-    if ahead ~= 0 and ahead - now <= EARLY and (past == 0 or ahead - now < now - past) then
+    -- "A little" is at most a tenth of the period, so a firing between instants (a replica's
+    -- start or second look) runs the past instant, not the next one early.
+    local early = EARLY
+    if past ~= 0 and ahead ~= 0 then early = math.min(EARLY, math.floor((ahead - past) / 10)) end
+    if ahead ~= 0 and ahead - now <= early and (past == 0 or ahead - now < now - past) then
       instant = ahead
     end
   end
@@ -146,7 +151,12 @@ if ARGV[3] ~= '' then
         entry.attempts[#entry.attempts].state = 'abandoned'
         redis.call('HSET', KEYS[6], string.format('%d', instant), cjson.encode(entry))
       end
-      if (entry.state ~= 'failed' and entry.state ~= 'abandoned')
+      if entry.state == 'running' then
+        -- Its attempt runs now, under its lock: held elsewhere. A --wait waits for its end, and
+        -- a replica (--crontab) looks again when that lock would lapse if its host died.
+        return {0, redis.call('PTTL', KEYS[1]), entry.holder, instant, 0, -1, 0, 0, false}
+      end
+      if (entry.state ~= 'failed' and entry.state ~= 'abandoned' and entry.state ~= 'interrupted')
         or #entry.attempts > tonumber(ARGV[5]) then
         return {0, 0, false, instant, instant, -1, 0, 0, false}
       end

@@ -7,7 +7,9 @@
 -- ARGV[5] record expiry in ms (0: none)
 -- ARGV[6] notification expiry in ms
 -- KEYS[5] the ledger of instants; ARGV[7] with --schedule, this run's instant ('' for none),
--- ARGV[8] its exit status: the attempt is marked succeeded (0) or failed, when it is still ours
+-- ARGV[8] its exit status: the attempt is marked succeeded (0) or failed, when it is still ours;
+-- ARGV[9] '1' when cronlock was asked to end (SIGTERM, SIGINT: a drain, a shutdown) and the
+-- command did not succeed: the attempt is 'interrupted', which --retries runs again
 -- With --limit above 1 (KEYS[1] is then our slot): KEYS[6] the limit record, KEYS[7...] every
 -- slot; the record goes with the last slot, and lives at least as long as a slot kept for min-hold.
 -- Returns 1 deleted, 2 kept for min-hold, 0 not ours (touched nothing of the lock).
@@ -69,7 +71,7 @@ if ARGV[7] ~= '' then
     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     local code = tonumber(ARGV[8])
     local last = e.attempts[#e.attempts]
-    e.state = (code == 0) and 'succeeded' or 'failed'
+    e.state = (code == 0) and 'succeeded' or (ARGV[9] == '1' and 'interrupted' or 'failed')
     last.state, last.ended, last.exit = e.state, now, code
     redis.call('HSET', KEYS[5], ARGV[7], cjson.encode(e))
   end
