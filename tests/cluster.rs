@@ -6,8 +6,8 @@ use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use common::story;
 use common::*;
+use common::{replicas, story};
 
 /// Three primaries without replicas, for the tests that do not disturb the cluster.
 fn cluster() -> &'static Cluster {
@@ -272,4 +272,13 @@ fn catch_up_retries_and_suspend_on_a_cluster() {
     story::abandoned(&url, "cl-dies", 1);
     story::abandoned(&url, "cl-dies0", 0);
     story::suspend(&url, "cl-paused");
+}
+
+/// `--crontab` on a Cluster: three replicas, three jobs every second (their keys on different
+/// nodes), each instant once; a dead or drained replica's instant runs again on another.
+#[test]
+fn crontab_replicas_on_a_cluster() {
+    let url = cluster().url();
+    replicas::each_instant_once(&url, "cl-rep", 10);
+    replicas::retried_on_another(&url, "cl-retry");
 }

@@ -6,8 +6,8 @@ use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use common::story;
 use common::*;
+use common::{replicas, story};
 
 /// One topology for the tests that do not disturb it.
 fn topology() -> &'static Replicated {
@@ -458,4 +458,13 @@ fn catch_up_retries_and_suspend_through_the_sentinels() {
     story::abandoned(&url, "sn-dies", 1);
     story::abandoned(&url, "sn-dies0", 0);
     story::suspend(&url, "sn-paused");
+}
+
+/// `--crontab` through the sentinels: three replicas, three jobs every second, each instant once;
+/// a dead or drained replica's instant runs again on another.
+#[test]
+fn crontab_replicas_through_the_sentinels() {
+    let url = topology().url(SERVICE);
+    replicas::each_instant_once(&url, "sn-rep", 10);
+    replicas::retried_on_another(&url, "sn-retry");
 }

@@ -2,6 +2,7 @@
 //! and bounded polling instead of sleeps.
 #![allow(dead_code)]
 
+pub mod replicas;
 pub mod story;
 
 use std::net::TcpListener;

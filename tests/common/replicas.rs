@@ -1,0 +1,220 @@
+//! Replicas of `--crontab` as separate processes, over any URL: the scenarios told on one server
+//! (`crontab.rs`), on a Cluster (`cluster.rs`) and through Sentinel (`replicated.rs`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use super::*;
+
+/// A replica serving `file`, tied to the test; its stdout and stderr go to files beside the
+/// crontab (`N.out`, `N.err`), so a full pipe never stalls it.
+pub fn replica(url: &str, file: &Path, extra: &[&str]) -> Child {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let dir = file.parent().unwrap();
+    let mut cmd = cronlock_at(url);
+    cmd.arg("--crontab").arg(file).args(extra);
+    tie(&mut cmd);
+    cmd.stdout(std::fs::File::create(dir.join(format!("{n}.out"))).unwrap())
+        .stderr(std::fs::File::create(dir.join(format!("{n}.err"))).unwrap())
+        .env("CRONLOCK_TEST_REPLICA", n.to_string())
+        .spawn()
+        .unwrap()
+}
+
+/// What the replicas of `file` wrote on stderr.
+pub fn replica_err(file: &Path) -> String {
+    let dir = file.parent().unwrap();
+    let mut all = String::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        if e.path().extension().is_some_and(|x| x == "err") {
+            all += &std::fs::read_to_string(e.path()).unwrap_or_default();
+        }
+    }
+    all
+}
+
+/// The instants (as the jobs saw them) recorded in `file`, one per line.
+pub fn instants(file: &Path) -> Vec<String> {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+pub fn crontab(dir: &Path, text: &str) -> PathBuf {
+    let file = dir.join("crontab");
+    std::fs::write(&file, text).unwrap();
+    file
+}
+
+/// SIGTERM, and the exit status (None: still running after 30 s, then killed).
+pub fn stop(mut c: Child) -> Option<i32> {
+    signal(c.id() as i32, libc::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = c.kill();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    c.wait().unwrap().code()
+}
+
+/// The lines `INSTANT ATTEMPT REPLICA PID` the jobs of the retry tests write.
+pub fn attempts(file: &Path) -> Vec<Vec<String>> {
+    instants(file)
+        .iter()
+        .map(|l| l.split_whitespace().map(String::from).collect())
+        .collect()
+}
+
+/// Three replicas, three jobs every second, for `secs` seconds: every instant of every job runs exactly
+/// once, and none is missed while the replicas are up.
+pub fn each_instant_once(url: &str, name: &str, secs: u64) {
+    let dir = scratch(name);
+    let d = dir.display();
+    let file = crontab(
+        &dir,
+        &format!(
+            "# three jobs, every second\nCRON_TZ=UTC\n\
+             * * * * * * {name}-a echo $CRONLOCK_INSTANT >> {d}/a\n\
+             * * * * * * --ttl 5s {name}-b echo $CRONLOCK_INSTANT >> {d}/b\n\
+             * * * * * * {name}-c sh -c 'echo $CRONLOCK_INSTANT >> {d}/c; sleep 0.3'\n"
+        ),
+    );
+    let replicas: Vec<Child> = (0..3).map(|_| replica(url, &file, &[])).collect();
+    let started = Instant::now();
+    assert!(wait_for(Duration::from_secs(secs + 10), || started
+        .elapsed()
+        >= Duration::from_secs(secs)));
+    for (i, c) in replicas.into_iter().enumerate() {
+        assert_eq!(stop(c), Some(0), "replica {i}: {}", replica_err(&file));
+    }
+    for job in ["a", "b", "c"] {
+        let seen = instants(&dir.join(job));
+        let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+        for s in &seen {
+            *counts.entry(s.as_str()).or_default() += 1;
+        }
+        let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(twice.is_empty(), "job {job} ran twice: {twice:?}");
+        // Consecutive seconds from the first to the last: none missed.
+        let seconds: Vec<i64> = counts
+            .keys()
+            .map(|t| {
+                humantime::parse_rfc3339(t)
+                    .unwrap()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs() as i64
+            })
+            .collect();
+        for pair in seconds.windows(2) {
+            assert_eq!(
+                pair[1] - pair[0],
+                1,
+                "job {job} missed an instant: {seen:?}"
+            );
+        }
+        assert!(
+            seconds.len() as u64 + 2 >= secs,
+            "job {job}: {} instants in {secs} s",
+            seconds.len()
+        );
+    }
+}
+
+/// A replica SIGKILLed mid-run takes its run with it; another replica runs the instant again
+/// (`--retries 1`) within TTL + 2 s (before the next instant: a later instant, once due, is the
+/// one a firing runs, never a backlog). A replica SIGTERMed with a run longer than --drain stops it,
+/// records it `interrupted`, and another replica runs it again.
+pub fn retried_on_another(url: &str, name: &str) {
+    for (case, how) in [("killed", libc::SIGKILL), ("drained", libc::SIGTERM)] {
+        let dir = scratch(&format!("{name}-{case}"));
+        let log = dir.join("log");
+        let key = format!("{name}-{case}");
+        let file = crontab(
+            &dir,
+            &format!(
+                "*/5 * * * * * --ttl 1s --catch-up 1m --retries 1 {key} \
+                 [ -e {go} ] || exit 0; \
+                 echo $CRONLOCK_INSTANT $CRONLOCK_ATTEMPT $CRONLOCK_TEST_REPLICA $$ >> {}; \
+                 exec sleep 60\n",
+                log.display(),
+                go = dir.join("go").display()
+            ),
+        );
+        let args = ["--drain", "300ms", "--grace", "500ms"];
+        let mut replicas: Vec<Child> = (0..2).map(|_| replica(url, &file, &args)).collect();
+        // Their catch-up at start runs the past instant, quickly; the test's run is the next
+        // instant's, fired on time.
+        assert!(wait_for(Duration::from_secs(10), || replica_err(&file)
+            .matches("command exited with status 0")
+            .count()
+            >= 1));
+        std::fs::write(dir.join("go"), "").unwrap();
+        assert!(wait_for(Duration::from_secs(15), || !attempts(&log).is_empty()));
+        let first = attempts(&log)[0].clone();
+        assert_eq!(first[1], "1", "{first:?}");
+        // The replica that runs it (the environment says which).
+        let own: u32 = first[2].parse().unwrap();
+        let i = replicas
+            .iter()
+            .position(|c| {
+                std::fs::read_to_string(format!("/proc/{}/environ", c.id()))
+                    .is_ok_and(|e| e.contains(&format!("CRONLOCK_TEST_REPLICA={own}\0")))
+            })
+            .unwrap();
+        let mut victim = replicas.remove(i);
+        let stopped = Instant::now();
+        signal(victim.id() as i32, how);
+        let status = victim.wait().unwrap();
+        let command: i32 = first[3].parse().unwrap();
+        assert!(
+            wait_for(Duration::from_secs(5), || !alive(command)),
+            "{case}: the run's command outlived its replica"
+        );
+        if how == libc::SIGTERM {
+            assert_eq!(status.code(), Some(143), "{}", replica_err(&file));
+        }
+        // Attempt 2 of the same instant, on the other replica, within TTL + 2 s.
+        assert!(
+            wait_for(Duration::from_secs(3), || attempts(&log)
+                .iter()
+                .any(|a| a[0] == first[0] && a[1] == "2")),
+            "{case}: {:?}\n{}",
+            attempts(&log),
+            replica_err(&file)
+        );
+        assert!(stopped.elapsed() < Duration::from_secs(3));
+        let again = attempts(&log)
+            .into_iter()
+            .find(|a| a[0] == first[0] && a[1] == "2")
+            .unwrap();
+        assert_ne!(again[2], first[2], "{case}: rerun on the same replica");
+        let s = run(cronlock_at(url).args(["--status", "--json", &key]));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&s)).unwrap();
+        let entry = v["ledger"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["instant_time"] == first[0].as_str())
+            .unwrap()
+            .clone();
+        let want = if how == libc::SIGKILL {
+            "abandoned"
+        } else {
+            "interrupted"
+        };
+        assert_eq!(entry["attempts"][0]["state"], want, "{entry}");
+        for mut c in replicas {
+            signal(c.id() as i32, libc::SIGKILL);
+            c.wait().unwrap();
+        }
+    }
+}
