@@ -186,3 +186,82 @@ fn a_replica_started_late_catches_up_once() {
     assert_eq!(seen.len(), 1, "{seen:?}");
     assert!(seen[0].ends_with("-01T00:00:00Z"), "{seen:?}");
 }
+
+/// Each job's output lines are its KEY's (prefixed, or JSON with `key` and `stream`), whole even
+/// when two jobs write long lines at once; the replica's start and end lines name the KEY, the
+/// instant and the attempt.
+#[test]
+fn output_lines_are_attributed_whole_and_runs_are_logged() {
+    let r = Redis::start();
+    let dir = scratch("output");
+    let line = |c: char| c.to_string().repeat(3000);
+    let body = |c: char| {
+        format!(
+            "i=0; while [ $i -lt 50 ]; do echo {l}; echo {l} >&2; i=$((i+1)); done",
+            l = line(c)
+        )
+    };
+    let file = crontab(
+        &dir,
+        &format!(
+            "* * * * * * out-x {}\n* * * * * * out-y {}\n",
+            body('x'),
+            body('y')
+        ),
+    );
+    for json in [false, true] {
+        let extra: &[&str] = if json { &["--log-format", "json"] } else { &[] };
+        let c = replica(&r.url(), &file, extra);
+        let n = c_number(&c);
+        let out_file = dir.join(format!("{n}.out"));
+        assert!(wait_for(Duration::from_secs(10), || {
+            let text = std::fs::read_to_string(&out_file).unwrap_or_default();
+            text.lines().count() >= 200
+        }));
+        assert_eq!(stop(c), Some(0));
+        let out = std::fs::read_to_string(&out_file).unwrap();
+        let err = std::fs::read_to_string(dir.join(format!("{n}.err"))).unwrap();
+        for (stream, text) in [("stdout", out.as_str()), ("stderr", err.as_str())] {
+            for l in text
+                .lines()
+                .filter(|l| l.contains("xxx") || l.contains("yyy"))
+            {
+                let (key, content) = if json {
+                    let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                    assert_eq!(v["stream"], stream, "{l}");
+                    (
+                        v["key"].as_str().unwrap().to_string(),
+                        v["line"].as_str().unwrap().to_string(),
+                    )
+                } else {
+                    let (k, c) = l.split_once("] ").unwrap();
+                    (k.trim_start_matches('[').to_string(), c.to_string())
+                };
+                let c = if key == "out-x" { 'x' } else { 'y' };
+                assert_eq!(content, line(c), "a line of {key} was cut or mixed");
+            }
+        }
+        if json {
+            let started = err
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .find(|v| v["event"] == "run_started")
+                .expect("a run_started line");
+            assert!(started["key"].as_str().unwrap().starts_with("out-"));
+            assert!(started["instant"].as_i64().unwrap() > 0);
+            assert_eq!(started["attempt"], 1);
+        } else {
+            assert!(err.contains("out-x: started for the "), "{err}");
+            assert!(err.contains("out-x: command exited with status 0"), "{err}");
+        }
+    }
+}
+
+/// The number `replica` gave this child (its `N.out` file).
+fn c_number(c: &std::process::Child) -> String {
+    let env = std::fs::read_to_string(format!("/proc/{}/environ", c.id())).unwrap();
+    env.split('\0')
+        .find_map(|v| v.strip_prefix("CRONLOCK_TEST_REPLICA="))
+        .unwrap()
+        .to_string()
+}
