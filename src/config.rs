@@ -79,6 +79,10 @@ pub struct RunConfig {
     pub limit: u32,
     /// `--schedule`: once per scheduled instant.
     pub schedule: Option<Schedule>,
+    /// Set by a replica (`--crontab`, through `CRONLOCK_FIRED_FOR`): the instant (Unix ms) it fired
+    /// this run for. Without `--catch-up`, the run is for that instant, however late it starts
+    /// (a loaded replica), instead of the one nearest to Redis's clock.
+    pub fired_for: Option<i64>,
     /// `--catch-up`: the window in which a missed, failed or abandoned instant still runs.
     pub catch_up: Option<Duration>,
     /// `--retries`: more attempts at a failed or abandoned instant (0 without `--catch-up`).

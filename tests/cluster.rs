@@ -279,6 +279,6 @@ fn catch_up_retries_and_suspend_on_a_cluster() {
 #[test]
 fn crontab_replicas_on_a_cluster() {
     let url = cluster().url();
-    replicas::each_instant_once(&url, "cl-rep", 10);
+    replicas::each_instant_once(&url, "cl-rep", 20);
     replicas::retried_on_another(&url, "cl-retry");
 }

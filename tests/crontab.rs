@@ -265,3 +265,83 @@ fn c_number(c: &std::process::Child) -> String {
         .unwrap()
         .to_string()
 }
+
+/// A replica at --max-jobs claims nothing: another replica runs the instants meanwhile.
+#[test]
+fn a_replica_at_its_limit_leaves_the_instants_to_another() {
+    let r = Redis::start();
+    let dir = scratch("limit");
+    let ticks = dir.join("ticks");
+    let busy = dir.join("busy");
+    let file = crontab(
+        &dir,
+        &format!(
+            "* * * * * * --ttl 3s hold sh -c 'touch {}; sleep 6'\n\
+             * * * * * * tick echo $CRONLOCK_TEST_REPLICA >> {}\n",
+            busy.display(),
+            ticks.display()
+        ),
+    );
+    let a = replica(&r.url(), &file, &["--max-jobs", "1"]);
+    assert!(wait_for(Duration::from_secs(10), || busy.exists()));
+    let b = replica(&r.url(), &file, &[]);
+    // A holds its one run (hold sleeps 6 s): every tick meanwhile is B's.
+    let from = instants(&ticks).len();
+    assert!(wait_for(Duration::from_secs(10), || instants(&ticks).len()
+        >= from + 3));
+    let own_a = std::fs::read_to_string(format!("/proc/{}/environ", a.id()))
+        .unwrap()
+        .split('\0')
+        .find_map(|v| v.strip_prefix("CRONLOCK_TEST_REPLICA=").map(String::from))
+        .unwrap();
+    let later: Vec<String> = instants(&ticks).split_off(from);
+    assert!(later.iter().all(|n| *n != own_a), "{later:?}");
+    assert!(
+        replica_err(&file).contains("--max-jobs 1"),
+        "{}",
+        replica_err(&file)
+    );
+    assert_eq!(stop(b), Some(0));
+    let _ = stop(a);
+}
+
+/// A second SIGTERM stops the runs at once; a change of the file (no SIGHUP) is read too.
+#[test]
+fn a_second_sigterm_stops_at_once_and_a_changed_file_is_read() {
+    let r = Redis::start();
+    let dir = scratch("twice");
+    let d = dir.display();
+    let file = crontab(
+        &dir,
+        &format!("* * * * * * slow sh -c 'echo x >> {d}/slow; exec sleep 60'\n"),
+    );
+    let c = replica(&r.url(), &file, &["--drain", "60s", "--grace", "1s"]);
+    assert!(wait_for(Duration::from_secs(10), || !instants(
+        &dir.join("slow")
+    )
+    .is_empty()));
+    // The file changes: the new job starts without a signal.
+    std::fs::write(
+        &file,
+        format!(
+            "* * * * * * slow sh -c 'echo x >> {d}/slow; exec sleep 60'\n\
+             * * * * * * fresh echo x >> {d}/fresh\n"
+        ),
+    )
+    .unwrap();
+    assert!(wait_for(Duration::from_secs(10), || !instants(
+        &dir.join("fresh")
+    )
+    .is_empty()));
+    signal(c.id() as i32, libc::SIGTERM);
+    assert!(wait_for(Duration::from_secs(5), || replica_err(&file)
+        .contains("claiming nothing more")));
+    let again = Instant::now();
+    let code = stop(c);
+    assert_eq!(code, Some(143), "{}", replica_err(&file));
+    assert!(
+        again.elapsed() < Duration::from_secs(5),
+        "{}",
+        replica_err(&file)
+    );
+}

@@ -465,6 +465,6 @@ fn catch_up_retries_and_suspend_through_the_sentinels() {
 #[test]
 fn crontab_replicas_through_the_sentinels() {
     let url = topology().url(SERVICE);
-    replicas::each_instant_once(&url, "sn-rep", 10);
+    replicas::each_instant_once(&url, "sn-rep", 20);
     replicas::retried_on_another(&url, "sn-retry");
 }

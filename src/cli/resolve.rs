@@ -53,6 +53,7 @@ impl Cli {
             wait: self.wait(),
             limit: self.limit,
             schedule: self.schedule.clone(),
+            fired_for: fired_for()?,
             catch_up: self.catch_up.map(|c| c.0),
             retries: self.retries.unwrap_or(0),
             conflict_exit_code: self.conflict_exit_code,
@@ -133,5 +134,18 @@ impl Cli {
             ping_url: self.ping()?,
             ping_body: self.ping_body,
         })
+    }
+}
+
+/// `CRONLOCK_FIRED_FOR`: set by a replica (`--crontab`) for its runs, the instant it fired for.
+fn fired_for() -> Result<Option<i64>> {
+    match std::env::var("CRONLOCK_FIRED_FOR") {
+        Err(_) => Ok(None),
+        Ok(v) => v.parse::<i64>().map(Some).map_err(|_| {
+            anyhow::anyhow!(
+                "invalid value '{v}' for CRONLOCK_FIRED_FOR (set by --crontab for its runs: an \
+                 instant in Unix milliseconds)"
+            )
+        }),
     }
 }

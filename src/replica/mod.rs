@@ -222,7 +222,7 @@ impl Table {
                 continue;
             }
             let follow = (job.cron.retries > 0).then(|| follow.clone());
-            match spawn(exe, &job.cron, (json, follow), log) {
+            match spawn(exe, &job.cron, due, (json, follow), log) {
                 Ok(run) => {
                     runs.insert(run.child.id(), run);
                 }
@@ -270,6 +270,7 @@ impl Table {
 fn spawn(
     exe: &std::path::Path,
     job: &CronJob,
+    due: i64,
     (json, follow): (bool, Option<output::FollowUp>),
     log: &Log,
 ) -> Result<Run> {
@@ -283,6 +284,8 @@ fn spawn(
         // Its cronlock lines as JSON events, for the replica to report (a line's own
         // --log-format wins, and its lines are then relayed as output).
         .env("CRONLOCK_LOG_FORMAT", "json")
+        // The instant it fires for: the run is for that one, however late it starts.
+        .env("CRONLOCK_FIRED_FOR", due.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -37,7 +37,11 @@ pub(super) fn take(
     let asked = Instant::now();
     let slot = config.schedule.as_ref().map(|s| {
         let now = host::unix_millis() as i64;
-        let candidates = s.candidates(now);
+        // A replica's run is for the instant it was fired for, however late it starts.
+        let candidates = match (config.fired_for, config.catch_up) {
+            (Some(at), None) => vec![at],
+            _ => s.candidates(now),
+        };
         // With --catch-up, the instants before those inside the window: the ledger records
         // the ones nobody ran as missed.
         let earlier = match (config.catch_up, candidates.first()) {
