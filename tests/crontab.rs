@@ -152,6 +152,19 @@ fn bad_crontabs_are_one_line_naming_file_and_line() {
     let out = run(cronlock(&r).args(["--crontab", "x", "k", "true"]));
     assert_eq!(code(&out), 125);
     assert!(one_line(&out).contains("--crontab takes no KEY"));
+    // The replica's own options, without --crontab: named, the flag or the variable.
+    let out = run(cronlock(&r).args(["--max-jobs", "3", "k", "--", "touch"]).arg(&ran));
+    assert_eq!(code(&out), 125);
+    assert!(one_line(&out).contains("--max-jobs only applies to a replica"));
+    let out = run(cronlock(&r)
+        .env("CRONLOCK_DRAIN", "5s")
+        .args(["k", "--", "touch"])
+        .arg(&ran));
+    assert_eq!(code(&out), 125);
+    assert!(one_line(&out).contains("CRONLOCK_DRAIN only applies to a replica"));
+    let out = run(cronlock(&r).args(["--crontab", "x", "--max-jobs", "0"]));
+    assert_eq!(code(&out), 125);
+    assert!(one_line(&out).contains("--max-jobs"));
     assert!(!ran.exists());
 }
 

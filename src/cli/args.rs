@@ -419,7 +419,7 @@ pub struct Cli {
     /// With --crontab: runs this replica supervises at once; at the limit it claims nothing, and
     /// another replica runs the job
     #[arg(long, env = "CRONLOCK_MAX_JOBS", value_name = "N", default_value_t = 16,
-          value_parser = clap::value_parser!(u32).range(1..=1024))]
+          value_parser = clap::value_parser!(u32).range(1..=1024), requires = "crontab")]
     pub max_jobs: u32,
 
     /// With --crontab: how long running jobs may go on after SIGTERM or SIGINT before they are
@@ -429,7 +429,8 @@ pub struct Cli {
         env = "CRONLOCK_DRAIN",
         value_name = "DURATION",
         default_value = "25s",
-        allow_hyphen_values = true
+        allow_hyphen_values = true,
+        requires = "crontab"
     )]
     pub drain: Span,
 

@@ -459,6 +459,32 @@ pub fn one_line(err: &clap::Error) -> String {
         }
     }
     use clap::error::{ContextKind, ContextValue};
+    // --max-jobs or --drain (or their variables) without --crontab: name them.
+    if err.kind() == clap::error::ErrorKind::MissingRequiredArgument
+        && message.contains("--crontab <FILE>")
+    {
+        let given: Vec<String> = [
+            ("--max-jobs", "CRONLOCK_MAX_JOBS"),
+            ("--drain", "CRONLOCK_DRAIN"),
+        ]
+        .iter()
+        .filter_map(|(flag, var)| {
+            let on_line =
+                std::env::args().any(|a| a == *flag || a.starts_with(&format!("{flag}=")));
+            if on_line {
+                Some(flag.to_string())
+            } else {
+                std::env::var_os(var).map(|_| var.to_string())
+            }
+        })
+        .collect();
+        if !given.is_empty() {
+            message = format!(
+                "{} only applies to a replica: it needs --crontab",
+                given.join(" and ")
+            );
+        }
+    }
     if let Some(ContextValue::String(similar)) = err.get(ContextKind::SuggestedArg) {
         message += &format!("; a similar argument exists: '{similar}'");
     }
