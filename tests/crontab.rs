@@ -153,7 +153,9 @@ fn bad_crontabs_are_one_line_naming_file_and_line() {
     assert_eq!(code(&out), 125);
     assert!(one_line(&out).contains("--crontab takes no KEY"));
     // The replica's own options, without --crontab: named, the flag or the variable.
-    let out = run(cronlock(&r).args(["--max-jobs", "3", "k", "--", "touch"]).arg(&ran));
+    let out = run(cronlock(&r)
+        .args(["--max-jobs", "3", "k", "--", "touch"])
+        .arg(&ran));
     assert_eq!(code(&out), 125);
     assert!(one_line(&out).contains("--max-jobs only applies to a replica"));
     let out = run(cronlock(&r)

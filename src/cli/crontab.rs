@@ -16,15 +16,16 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Result};
 use clap::CommandFactory;
 
-use crate::cli::{from_matches, one_line, Cli};
+use crate::cli::{from_matches, one_line, Cli, ADMIN_MODES};
 use crate::config::{CronJob, Request};
 use crate::fleet::schedule::Schedule;
 
 /// The largest crontab read: a table, not data.
 const MAX_FILE: u64 = 1 << 20;
 
-/// Options that belong to the replica or to another mode, never to one job.
-const NOT_PER_JOB: [&str; 16] = [
+/// Options that belong to the replica or to the line itself, never to one job's OPTIONS (nor do
+/// the admin modes, [`ADMIN_MODES`]).
+const NOT_PER_JOB: [&str; 12] = [
     "--crontab",
     "--max-jobs",
     "--drain",
@@ -33,14 +34,10 @@ const NOT_PER_JOB: [&str; 16] = [
     "-w",
     "-c",
     "--command",
-    "--status",
-    "--check",
-    "--list",
-    "--force-release",
-    "--suspend",
-    "--resume",
     "--help",
+    "-h",
     "--version",
+    "-V",
 ];
 
 /// Read and check `path`: every job, or the first line at fault as `FILE:LINE: message`.
@@ -182,7 +179,7 @@ fn job(line: &str, zone: Option<&str>, env: &[(String, String)], n: usize) -> Re
             break;
         }
         let name = word.split('=').next().unwrap_or(word);
-        if NOT_PER_JOB.contains(&name) || name == "-h" || name == "-V" {
+        if NOT_PER_JOB.contains(&name) || ADMIN_MODES.contains(&name) {
             bail!("{name} is not an option of one job");
         }
         args.push(word.to_string());

@@ -7,6 +7,7 @@
 //! May not: start or stop a process (only [`crate::signals`], so a wait ends on a signal),
 //! write reports, or open a connection other than through [`wire`].
 
+pub mod acquire;
 pub mod cluster;
 pub mod connect;
 pub mod dial;

@@ -21,6 +21,7 @@
 use std::time::Duration;
 
 use crate::clock::Instant;
+use crate::store::acquire;
 use crate::store::inspect::{self, Snapshot};
 use crate::store::keys::Keys;
 use crate::store::lock::{self, Attempt, Held, Holder, ReleaseOptions, Released, Slot};
@@ -115,7 +116,7 @@ impl Masters {
         let budget = self.budget(within, ttl);
         let sent_at = Instant::now();
         let answers = self.each(|_, link| -> Answer {
-            match lock::try_acquire(link, budget, keys, holder, ttl, slot, limit) {
+            match acquire::try_acquire(link, budget, keys, holder, ttl, slot, limit) {
                 Ok(Attempt::Held(held)) => {
                     let left = budget.saturating_sub(sent_at.elapsed());
                     match link.confirm(&keys.lock, left) {

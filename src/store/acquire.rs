@@ -1,0 +1,191 @@
+//! Taking the lock: one acquisition attempt (`acquire.lua`, or `semaphore.lua` with `--limit`
+//! above 1), and its reply read to the letter: a grant, busy, already ran, suspended, or another
+//! `--limit`. Anything but the exact shape is a failure, never a grant.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::{Script, Value};
+
+use crate::clock::Instant;
+use crate::store::keys::Keys;
+use crate::store::lock::{eval, int, ms, text_or_nil, Attempt, Held, Holder, Slot};
+use crate::store::topology::{Failure, Link};
+
+// Hashed once: every call then sends EVALSHA with the SHA1.
+const ACQUIRE_LUA: &str = concat!(
+    include_str!("lua/fence.lua"),
+    include_str!("lua/acquire.lua")
+);
+const SEMAPHORE_LUA: &str = concat!(
+    include_str!("lua/fence.lua"),
+    include_str!("lua/semaphore.lua")
+);
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
+static SEMAPHORE: LazyLock<Script> = LazyLock::new(|| Script::new(SEMAPHORE_LUA));
+
+/// One acquisition attempt, within `within` (connecting included). An error whose
+/// [`Failure::maybe_ran`] holds may have taken the lock: see [`crate::store::lock::abandon`].
+pub fn try_acquire(
+    link: &mut Link,
+    within: Duration,
+    keys: &Keys,
+    holder: &Holder,
+    ttl: Duration,
+    slot: Option<&Slot>,
+    limit: u32,
+) -> Result<Attempt, Failure> {
+    let sent_at = Instant::now();
+    let abandoned = keys.abandoned(&holder.token);
+    let (fence, pttl, value, instant, ran, slot, other, attempt, suspended) = if limit > 1 {
+        let slots = keys.slots(limit);
+        let mut all: Vec<&str> = vec![
+            &keys.lock,
+            &keys.fence,
+            &abandoned,
+            &keys.limit,
+            &keys.fences,
+            &keys.suspend,
+        ];
+        all.extend(slots.iter().map(String::as_str));
+        eval(
+            link,
+            within,
+            &SEMAPHORE,
+            SEMAPHORE_LUA,
+            &all,
+            &[holder.value.clone(), ms(ttl).to_string(), limit.to_string()],
+            acquire_reply,
+        )?
+    } else {
+        plain_acquire(link, within, keys, holder, ttl, slot, &abandoned)?
+    };
+    if other != 0 {
+        return Ok(Attempt::Mismatch(other.clamp(0, i64::from(u32::MAX)) as u32));
+    }
+    let instant = (instant != 0).then_some(instant);
+    if let Some(record) = suspended {
+        return Ok(Attempt::Suspended { record, instant });
+    }
+    if ran != 0 {
+        return Ok(Attempt::AlreadyRan {
+            instant: instant.unwrap_or(ran),
+            ran,
+        });
+    }
+    if fence <= 0 {
+        let left = u64::try_from(pttl).ok().map(Duration::from_millis);
+        return Ok(Attempt::Busy(left, value.unwrap_or_default(), instant));
+    }
+    // A grant names its slot (0 for the plain lock): a broken server, never a lock, otherwise.
+    let Ok(slot) = u32::try_from(slot) else {
+        link.distrust();
+        return Err(Failure::shape(
+            "an acquire reply that is not {fence, pttl, holder, instant, ran, slot, limit}",
+        ));
+    };
+    let mut keys = keys.clone();
+    if limit > 1 {
+        keys.lock = keys.slot(slot);
+    }
+    Ok(Attempt::Held(Box::new(Held {
+        keys,
+        holder: holder.clone(),
+        fence,
+        ttl,
+        sent_at,
+        instant,
+        limit,
+        slot,
+        attempt: attempt.clamp(1, i64::from(u32::MAX)) as u32,
+    })))
+}
+
+/// An acquire's reply, read:
+/// `{fence, pttl, holder, instant, ran, slot, limit, attempt, suspension}`.
+type AcquireReply = (
+    i64,
+    i64,
+    Option<String>,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    Option<String>,
+);
+
+/// Read an acquire's reply; anything but its exact shape is a failure, never an answer.
+fn acquire_reply(reply: &Value) -> Result<AcquireReply, Failure> {
+    const SHAPE: &str = "an acquire reply that is not {fence, pttl, holder, instant, ran, slot, \
+                         limit, attempt, suspension}";
+    let Value::Array(parts) = reply else {
+        return Err(Failure::shape(SHAPE));
+    };
+    let [fence, pttl, value, instant, ran, got, other, attempt, suspended] = parts.as_slice()
+    else {
+        return Err(Failure::shape(SHAPE));
+    };
+    // The token comes as a decimal string (exact), 0 when none was handed out.
+    let fence = match fence {
+        Value::BulkString(digits) => std::str::from_utf8(digits)
+            .ok()
+            .and_then(|d| d.parse::<i64>().ok())
+            .filter(|t| *t > 0)
+            .ok_or_else(|| Failure::shape(SHAPE))?,
+        other => int(other, SHAPE)?,
+    };
+    Ok((
+        fence,
+        int(pttl, SHAPE)?,
+        text_or_nil(value, SHAPE)?,
+        int(instant, SHAPE)?,
+        int(ran, SHAPE)?,
+        int(got, SHAPE)?,
+        int(other, SHAPE)?,
+        int(attempt, SHAPE)?,
+        text_or_nil(suspended, SHAPE)?,
+    ))
+}
+
+/// The plain lock's acquire (`acquire.lua`).
+fn plain_acquire(
+    link: &mut Link,
+    within: Duration,
+    keys: &Keys,
+    holder: &Holder,
+    ttl: Duration,
+    slot: Option<&Slot>,
+    abandoned: &str,
+) -> Result<AcquireReply, Failure> {
+    let window = slot.and_then(|s| s.catch_up).map_or(0, ms);
+    let mut args = vec![
+        holder.value.clone(),
+        ms(ttl).to_string(),
+        slot.map_or(String::new(), |s| s.schedule.clone()),
+        window.to_string(),
+        slot.map_or(0, |s| s.retries).to_string(),
+        slot.and_then(|s| s.ledger_ttl).map_or(0, ms).to_string(),
+        slot.map_or(0, |s| s.candidates.len()).to_string(),
+    ];
+    if let Some(s) = slot {
+        args.extend(s.candidates.iter().chain(&s.earlier).map(i64::to_string));
+    }
+    eval(
+        link,
+        within,
+        &ACQUIRE,
+        ACQUIRE_LUA,
+        &[
+            &keys.lock,
+            &keys.fence,
+            abandoned,
+            &keys.schedule,
+            &keys.limit,
+            &keys.ledger,
+            &keys.suspend,
+        ],
+        &args,
+        acquire_reply,
+    )
+}
