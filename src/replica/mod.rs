@@ -79,6 +79,7 @@ pub fn serve(
     // Set by the first SIGTERM/SIGINT: when the drain ends. Then when SIGKILL follows.
     let mut draining: Option<Instant> = None;
     let mut killing: Option<Instant> = None;
+    let mut killed = false;
     let mut interrupted = false;
     let set = SigSet::of(&[
         libc::SIGTERM,
@@ -97,8 +98,9 @@ pub fn serve(
             stop(&mut runs, libc::SIGTERM, log);
             killing = Some(now + replica.grace);
         }
-        if killing.is_some_and(|end| now >= end) {
+        if killing.is_some_and(|end| now >= end) && !killed {
             stop(&mut runs, libc::SIGKILL, log);
+            killed = true;
         }
         for (key, at) in follow_ups.try_iter() {
             if let Some(job) = table.jobs.iter_mut().find(|j| j.cron.key == key) {
@@ -108,14 +110,19 @@ pub fn serve(
         if draining.is_none() {
             table.fire(&exe, replica.max_jobs, &mut runs, (json, &follow), log);
         }
-        // Sleep until the next instant, the drain's end or the next look at the file.
+        // Sleep until the next instant (none while draining), the drain's end, the grace's end,
+        // a run's exit (SIGCHLD) or the next look at the file.
         let mut wake = checked + FILE_CHECK;
-        if let Some(ms) = table.next_due() {
-            let left = (ms - unix_millis() as i64).max(0) as u64;
-            wake = wake.min(now + Duration::from_millis(left));
-        }
-        for end in [draining, killing].into_iter().flatten() {
-            wake = wake.min(end);
+        match (draining, killing) {
+            (None, _) => {
+                if let Some(ms) = table.next_due() {
+                    let left = (ms - unix_millis() as i64).max(0) as u64;
+                    wake = wake.min(now + Duration::from_millis(left));
+                }
+            }
+            (Some(end), None) => wake = wake.min(end),
+            (Some(_), Some(end)) if !killed => wake = wake.min(end),
+            _ => {}
         }
         match signals::wait(&set, wake.saturating_duration_since(Instant::now())) {
             Some(libc::SIGTERM | libc::SIGINT) if draining.is_none() => {
