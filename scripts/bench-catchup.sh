@@ -41,10 +41,7 @@ echo
 echo "| repeat | flock | plain | --schedule runs | --catch-up runs | --schedule skips | --catch-up nothing due | catch-up run / schedule run | nothing due / schedule run | plain / flock |${BASE_BIN:+ base plain / flock |}"
 echo "|---|---|---|---|---|---|---|---|---|---|${BASE_BIN:+---|}"
 for rep in 1 2 3; do
-  ./interleave "$ROUNDS" cmds > out
-  mapfile -t m < <(awk '{print $1}' out)
-  fails=$(awk '{s+=$4} END {print s}' out)
-  [ "$fails" -eq 0 ] || { echo "bench-catchup: $fails runs failed" >&2; cat out >&2; exit 1; }
+  bench_repeat "$ROUNDS" bench-catchup
   awk -v r="$rep" -v f="${m[0]}" -v p="${m[1]}" -v sr="${m[2]}" -v cr="${m[3]}" -v ss="${m[4]}" \
       -v cn="${m[5]}" -v b="${m[6]:-0}" 'BEGIN {
     printf "| %d | %.2f ms | %.2f ms | %.2f ms | %.2f ms | %.2f ms | %.2f ms | %.2fx | %.2fx | %.2fx |",

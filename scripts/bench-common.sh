@@ -29,3 +29,14 @@ bench_setup() {
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
+
+# One interleaved repeat of $WORK/cmds ($1 rounds): the medians in the array m (one per
+# command, in file order), the full lines in $WORK/out; a failed run stops the benchmark ($2
+# names it).
+bench_repeat() {
+  (cd "$WORK" && ./interleave "$1" cmds > out)
+  mapfile -t m < <(awk '{print $1}' "$WORK/out")
+  local fails
+  fails=$(awk '{s+=$4} END {print s}' "$WORK/out")
+  [ "$fails" -eq 0 ] || { echo "$2: $fails runs failed" >&2; cat "$WORK/out" >&2; exit 1; }
+}

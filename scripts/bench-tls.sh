@@ -39,10 +39,7 @@ echo
 echo "| repeat | flock | cronlock redis:// | cronlock rediss:// | true | plain / flock | TLS / flock | TLS - plain |"
 echo "|---|---|---|---|---|---|---|---|"
 for rep in 1 2 3; do
-  ./interleave "$ROUNDS" cmds > out
-  mapfile -t m < <(awk '{print $1}' out)
-  fails=$(awk '{s+=$4} END {print s}' out)
-  [ "$fails" -eq 0 ] || { echo "bench-tls: $fails runs failed" >&2; cat out >&2; exit 1; }
+  bench_repeat "$ROUNDS" bench-tls
   awk -v r="$rep" -v f="${m[0]}" -v p="${m[1]}" -v t="${m[2]}" -v tr="${m[3]}" 'BEGIN {
     printf "| %d | %.2f ms | %.2f ms | %.2f ms | %.2f ms | %.2fx | %.2fx | +%.2f ms |\n",
       r, f, p, t, tr, p / f, t / f, t - p }'
