@@ -12,8 +12,14 @@ use std::time::Duration;
 
 pub use crate::fleet::report::Reports;
 use crate::fleet::schedule::Schedule;
+use crate::host;
 use crate::lease::Timing;
+use crate::store::lock::Slot;
 use crate::store::topology::Redis;
+
+/// How many instants before the candidates a `--catch-up` firing sends for the ledger's
+/// `missed` (the ledger keeps 64 instants).
+const EARLIER_MAX: usize = 60;
 
 /// What to do: one run, one admin mode, or a replica serving a crontab.
 pub enum Request {
@@ -57,6 +63,9 @@ pub struct CronJob {
     pub args: Vec<String>,
     /// The `NAME=value` lines above it.
     pub env: Vec<(String, String)>,
+    /// The run it makes, resolved: what the replica claims with, and what the run checks the
+    /// lock it is handed against.
+    pub config: std::sync::Arc<RunConfig>,
 }
 
 /// One run of a command under a KEY's lock, fully described.
@@ -79,10 +88,10 @@ pub struct RunConfig {
     pub limit: u32,
     /// `--schedule`: once per scheduled instant.
     pub schedule: Option<Schedule>,
-    /// Set by a replica (`--crontab`, through `CRONLOCK_FIRED_FOR`): the instant (Unix ms) it fired
-    /// this run for. Without `--catch-up`, the run is for that instant, however late it starts
-    /// (a loaded replica), instead of the one nearest to Redis's clock.
-    pub fired_for: Option<i64>,
+    /// Set by a replica (`--crontab`) for the runs it starts: the descriptor of the channel on
+    /// which it hands over the lock it claimed ([`crate::fleet::handover`]). The run then takes
+    /// nothing itself.
+    pub handover: Option<i32>,
     /// `--catch-up`: the window in which a missed, failed or abandoned instant still runs.
     pub catch_up: Option<Duration>,
     /// `--retries`: more attempts at a failed or abandoned instant (0 without `--catch-up`).
@@ -98,6 +107,53 @@ pub struct RunConfig {
     /// `--history-ttl`: how long run records live.
     pub history_ttl: Option<Duration>,
     pub reports: Reports,
+}
+
+impl RunConfig {
+    /// With `--schedule`: what the acquire chooses the run's instant from. `fired_for` is the
+    /// instant a replica claims: without `--catch-up` the claim is for that instant only, however
+    /// late it is sent (a loaded replica), instead of the one nearest to Redis's clock.
+    pub fn slot(&self, fired_for: Option<i64>) -> Option<Slot> {
+        let s = self.schedule.as_ref()?;
+        let now = host::unix_millis() as i64;
+        let candidates = match (fired_for, self.catch_up) {
+            (Some(at), None) => vec![at],
+            _ => s.candidates(now),
+        };
+        // With --catch-up, the instants before those inside the window: the ledger records the
+        // ones nobody ran as missed.
+        let earlier = match (self.catch_up, candidates.first()) {
+            (Some(window), Some(&first)) => {
+                s.earlier(first, now - window.as_millis() as i64, EARLIER_MAX)
+            }
+            _ => Vec::new(),
+        };
+        Some(Slot {
+            schedule: s.text.clone(),
+            candidates,
+            catch_up: self.catch_up,
+            retries: self.retries,
+            earlier,
+            ledger_ttl: self.history_ttl,
+        })
+    }
+
+    /// The command as one line for people (the holder's `command` field).
+    pub fn command_line(&self) -> String {
+        self.argv
+            .iter()
+            .map(|a| {
+                let a = a.to_string_lossy();
+                if a.is_empty() || a.contains(|c: char| c.is_whitespace() || "'\"\\$`".contains(c))
+                {
+                    format!("'{}'", a.replace('\'', r"'\''"))
+                } else {
+                    a.into_owned()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
 }
 
 /// An admin mode and what it needs.

@@ -219,6 +219,7 @@ fn job(line: &str, zone: Option<&str>, env: &[(String, String)], n: usize) -> Re
         retries: config.retries,
         args,
         env: env.to_vec(),
+        config: std::sync::Arc::new(*config),
     })
 }
 

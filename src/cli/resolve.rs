@@ -53,7 +53,7 @@ impl Cli {
             wait: self.wait(),
             limit: self.limit,
             schedule: self.schedule.clone(),
-            fired_for: fired_for()?,
+            handover: handover_fd()?,
             catch_up: self.catch_up.map(|c| c.0),
             retries: self.retries.unwrap_or(0),
             conflict_exit_code: self.conflict_exit_code,
@@ -137,14 +137,15 @@ impl Cli {
     }
 }
 
-/// `CRONLOCK_FIRED_FOR`: set by a replica (`--crontab`) for its runs, the instant it fired for.
-fn fired_for() -> Result<Option<i64>> {
-    match std::env::var("CRONLOCK_FIRED_FOR") {
+/// The channel a replica (`--crontab`) hands its run's lock over on: a descriptor number.
+fn handover_fd() -> Result<Option<i32>> {
+    let var = crate::fleet::handover::FD_VAR;
+    match std::env::var(var) {
         Err(_) => Ok(None),
-        Ok(v) => v.parse::<i64>().map(Some).map_err(|_| {
+        Ok(v) => v.parse::<i32>().map(Some).map_err(|_| {
             anyhow::anyhow!(
-                "invalid value '{v}' for CRONLOCK_FIRED_FOR (set by --crontab for its runs: an \
-                 instant in Unix milliseconds)"
+                "invalid value '{v}' for {var} (set by --crontab for its runs: a descriptor \
+                 number)"
             )
         }),
     }

@@ -15,6 +15,7 @@ macro_rules! w {
 pub mod admin;
 pub mod check;
 pub mod describe;
+pub mod handover;
 pub mod ledger;
 pub mod metrics;
 pub mod ping;

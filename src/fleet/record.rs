@@ -34,6 +34,19 @@ impl Ending {
             Ending::NotStarted => "not-started",
         }
     }
+
+    /// The ending [`Ending::name`] names.
+    pub fn from_name(name: &str) -> Option<Ending> {
+        [
+            Ending::Exited,
+            Ending::Signalled,
+            Ending::Lost,
+            Ending::MaxRuntime,
+            Ending::NotStarted,
+        ]
+        .into_iter()
+        .find(|e| e.name() == name)
+    }
 }
 
 /// The record of one run, as JSON.

@@ -436,16 +436,22 @@ fn report(fd: libc::c_int, err: i32) {
 /// so no run outlives the replica that supervises it; the run's own guard then stops its
 /// command, as it does when any cronlock is killed. Spawn from the main thread, which lives as
 /// long as the replica (`PR_SET_PDEATHSIG` fires when the spawning thread ends).
-pub fn tie_to_parent(cmd: &mut std::process::Command) {
+///
+/// `channel` (opened close-on-exec, so no other run inherits it) is kept open across this one
+/// `execve`: the run's end of the replica's channel.
+pub fn tie_to_parent(cmd: &mut std::process::Command, channel: libc::c_int) {
     use std::os::unix::process::CommandExt;
     let parent = sys::getpid();
     // SAFETY: the closure runs between fork and exec and makes only raw system calls (prctl,
-    // getppid, exit): no allocation, no lock.
+    // getppid, fcntl, exit): no allocation, no lock.
     unsafe {
         cmd.pre_exec(move || {
             sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
             // The replica died before the line above: nobody would stop this run.
             if sys::getppid() != parent {
+                sys::exit(crate::exit::FAILURE as libc::c_int);
+            }
+            if sys::keep_on_exec(channel) < 0 {
                 sys::exit(crate::exit::FAILURE as libc::c_int);
             }
             Ok(())

@@ -1,24 +1,30 @@
 //! `--crontab FILE`: one replica of a fleet scheduler with no leader. Every replica reads the same
 //! crontab and is equal: it sleeps until the next instant one of its jobs is due (nothing is
-//! polled meanwhile), then fires that job's run, and the run's atomic acquire in Redis is the
-//! claim: the first replica's run takes the instant, the others' runs skip it. A job with
-//! `--catch-up` is also fired once at start, so a replica that starts late catches up.
+//! polled meanwhile), then claims that instant itself in Redis, with the atomic acquire a run
+//! makes (`claim.rs`, on a thread of its own, so a hung Redis never stops this loop). Only a claim
+//! it won starts a process: the run `cronlock --schedule SCHEDULE [OPTIONS] KEY -c COMMAND-LINE`
+//! makes, handed the won lock on a channel of its own (`runs.rs`, [`crate::fleet::handover`]),
+//! with its guard, watchdog, lost-lock stop, fencing, history, metrics, pings and ledger. The run
+//! reports on that channel when its command started and how it ended: the job's output and
+//! verbosity never change what the replica knows.
 //!
-//! Each run is exactly the run `cronlock --schedule SCHEDULE [OPTIONS] KEY -c COMMAND-LINE` makes:
-//! it *is* that run, a child process of cronlock itself (guard, watchdog, lost-lock stop,
-//! fencing, history, metrics, pings, ledger), tied to the replica with `PR_SET_PDEATHSIG`, so a
-//! replica that dies (SIGKILL, OOM) takes its runs with it and their instants become abandoned,
-//! for `--retries` on another replica. At `--max-jobs` runs, a replica claims nothing.
+//! `--max-jobs` counts the runs this replica won and its claims in flight; an instant that comes
+//! due while it is full waits for room (`table.rs`) and is given up only when it can no longer
+//! start. Runs are tied to the replica with `PR_SET_PDEATHSIG`, so a replica that dies (SIGKILL,
+//! OOM) takes its runs with it and their instants become abandoned, for `--retries` elsewhere.
 //!
 //! SIGTERM or SIGINT: claim nothing more; runs go on until they end or `--drain` runs out, then
 //! get SIGTERM, and SIGKILL after `--grace`. A second SIGTERM or SIGINT stops them at once. The
 //! exit status is 0 when every run ended on its own, 143 otherwise. SIGHUP, or a change of the
 //! file, reads it again: a file with an error keeps the table that runs, in one line.
 
+mod claim;
 mod output;
+mod runs;
+mod table;
 
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{anyhow, Result};
@@ -26,26 +32,49 @@ use anyhow::{anyhow, Result};
 use crate::clock::Instant;
 use crate::config::{CronJob, Replica};
 use crate::exit::Exit;
+use crate::fleet::handover::Report;
+use crate::fleet::record::Ending;
 use crate::host::{rfc3339, unix_millis};
-use crate::job::guard::tie_to_parent;
-use crate::log::Log;
+use crate::log::{Level, Log};
 use crate::signals::{self, SigSet};
+use claim::{Answer, Ask, Claims, Verdict};
+use runs::{Heard, Run};
+use table::Table;
 
 /// How often the file's modification time is looked at (a ConfigMap update, an edit).
 const FILE_CHECK: Duration = Duration::from_secs(2);
 
-/// A job of the table, and when it is next due (Unix ms).
-struct Job {
-    cron: CronJob,
-    next: Option<i64>,
+/// Where the replica is in its life.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Claiming due instants and running them.
+    Serving,
+    /// Asked to stop: claiming nothing; runs may go on until then.
+    Draining { until: Instant },
+    /// The drain is over: runs got SIGTERM, and get SIGKILL then.
+    Stopping { kill_at: Instant },
+    /// Runs got SIGKILL: their guards stop their commands; waiting for them to end.
+    Killed,
 }
 
-/// A run this replica supervises.
-struct Run {
-    key: String,
-    child: Child,
-    /// We signalled it (the drain ran out, or a second SIGTERM).
-    stopped: bool,
+/// What the loop owns besides the table.
+struct Replicant<'a> {
+    replica: &'a Replica,
+    exe: std::path::PathBuf,
+    json: bool,
+    log: &'a Log,
+    runs: HashMap<u32, Run>,
+    claims: Claims,
+    answers: Receiver<Answer>,
+    heard: (Sender<Heard>, Receiver<Heard>),
+    /// Claims sent and not yet answered.
+    in_flight: usize,
+    /// A run had to be stopped (the exit status says so).
+    interrupted: bool,
+    /// "At --max-jobs" was said, and no room came since.
+    full_told: bool,
+    /// The test hook [`runs::HOLD_AFTER_CLAIM`]: where to say a claim was won, then stop.
+    hold: Option<std::path::PathBuf>,
 }
 
 /// Serve the crontab until SIGTERM or SIGINT, and every run has ended.
@@ -61,8 +90,25 @@ pub fn serve(
             crate::log::io_text(&e)
         )
     })?;
-    let mut table = Table::new(&replica.jobs, true);
-    let (follow, follow_ups) = std::sync::mpsc::channel::<(String, i64)>();
+    let me = uuid::Uuid::new_v4().as_u64_pair().0;
+    let mut table = Table::new(&replica.jobs, true, me);
+    let (answered, answers) = mpsc::channel();
+    let claims =
+        Claims::start(answered).map_err(|e| anyhow!("cannot start the claims thread: {e}"))?;
+    let mut r = Replicant {
+        replica,
+        exe,
+        json,
+        log,
+        runs: HashMap::new(),
+        claims,
+        answers,
+        heard: mpsc::channel(),
+        in_flight: 0,
+        interrupted: false,
+        full_told: false,
+        hold: std::env::var_os(runs::HOLD_AFTER_CLAIM).map(Into::into),
+    };
     log.info(
         "replica_started",
         &format!(
@@ -73,14 +119,9 @@ pub fn serve(
         ),
         &[("jobs", table.jobs.len().into())],
     );
-    let mut runs: HashMap<u32, Run> = HashMap::new();
+    let mut phase = Phase::Serving;
     let mut modified = mtime(&replica.file);
     let mut checked = Instant::now();
-    // Set by the first SIGTERM/SIGINT: when the drain ends. Then when SIGKILL follows.
-    let mut draining: Option<Instant> = None;
-    let mut killing: Option<Instant> = None;
-    let mut killed = false;
-    let mut interrupted = false;
     let set = SigSet::of(&[
         libc::SIGTERM,
         libc::SIGINT,
@@ -89,57 +130,46 @@ pub fn serve(
         signals::WAKEUP,
     ]);
     loop {
-        reap(&mut runs, &mut interrupted, log);
-        if draining.is_some() && runs.is_empty() {
-            break;
-        }
+        r.answers(&mut table, phase);
+        r.reports(&mut table);
+        runs::reap(&mut r.runs);
+        r.forget_ended(&mut table);
         let now = Instant::now();
-        if draining.is_some_and(|end| now >= end) && killing.is_none() {
-            stop(&mut runs, libc::SIGTERM, log);
-            killing = Some(now + replica.grace);
-        }
-        if killing.is_some_and(|end| now >= end) && !killed {
-            stop(&mut runs, libc::SIGKILL, log);
-            killed = true;
-        }
-        for (key, at) in follow_ups.try_iter() {
-            if let Some(job) = table.jobs.iter_mut().find(|j| j.cron.key == key) {
-                job.next = Some(job.next.map_or(at, |n| n.min(at)));
+        if phase != Phase::Serving && r.runs.is_empty() {
+            // A claim still in flight is waited for while the drain lasts (a win is released).
+            let drained = matches!(phase, Phase::Draining { until } if now >= until);
+            if r.in_flight == 0 || drained || !matches!(phase, Phase::Draining { .. }) {
+                break;
             }
         }
-        if draining.is_none() {
-            table.fire(&exe, replica.max_jobs, &mut runs, (json, &follow), log);
+        phase = r.advance_phase(phase, now);
+        if phase == Phase::Serving {
+            table.advance(log);
+            r.claim(&mut table);
         }
-        // Sleep until the next instant (none while draining), the drain's end, the grace's end,
-        // a run's exit (SIGCHLD) or the next look at the file.
-        let mut wake = checked + FILE_CHECK;
-        match (draining, killing) {
-            (None, _) => {
-                if let Some(ms) = table.next_due() {
-                    let left = (ms - unix_millis() as i64).max(0) as u64;
-                    wake = wake.min(now + Duration::from_millis(left));
-                }
-            }
-            (Some(end), None) => wake = wake.min(end),
-            (Some(_), Some(end)) if !killed => wake = wake.min(end),
-            _ => {}
-        }
+        let wake = r.wake(&table, phase, checked + FILE_CHECK);
         match signals::wait(&set, wake.saturating_duration_since(Instant::now())) {
-            Some(libc::SIGTERM | libc::SIGINT) if draining.is_none() => {
+            Some(libc::SIGTERM | libc::SIGINT) if phase == Phase::Serving => {
                 log.info(
                     "draining",
                     &format!(
                         "stopping: claiming nothing more; {} running jobs may go on for {}",
-                        runs.len(),
+                        r.runs.len(),
                         crate::duration::Span(replica.drain)
                     ),
-                    &[("running", runs.len().into())],
+                    &[("running", r.runs.len().into())],
                 );
-                draining = Some(Instant::now() + replica.drain);
+                phase = Phase::Draining {
+                    until: Instant::now() + replica.drain,
+                };
             }
+            // A second one: stop them now.
             Some(libc::SIGTERM | libc::SIGINT) => {
-                // A second one: stop them now.
-                draining = Some(Instant::now());
+                if let Phase::Draining { .. } = phase {
+                    phase = Phase::Draining {
+                        until: Instant::now(),
+                    };
+                }
             }
             Some(libc::SIGHUP) => {
                 table.reload(reload, log);
@@ -156,217 +186,318 @@ pub fn serve(
             }
         }
     }
-    log.info(
-        "replica_stopped",
-        if interrupted {
-            "stopped; some runs had to be stopped"
-        } else {
-            "stopped; every run ended on its own"
-        },
-        &[],
-    );
-    Ok(if interrupted {
+    let said = if r.interrupted {
+        "stopped; some runs had to be stopped"
+    } else {
+        "stopped; every run ended on its own"
+    };
+    log.info("replica_stopped", said, &[]);
+    Ok(if r.interrupted {
         Exit::Signal(libc::SIGTERM)
     } else {
         Exit::Success
     })
 }
 
-/// The jobs and when each is next due.
-struct Table {
-    jobs: Vec<Job>,
-}
-
-impl Table {
-    /// `first`: jobs with `--catch-up` are due at once (a replica that starts late catches up).
-    fn new(jobs: &[CronJob], first: bool) -> Table {
-        let now = unix_millis() as i64;
-        Table {
-            jobs: jobs
-                .iter()
-                .map(|c| Job {
-                    next: if first && c.catch_up {
-                        Some(now)
-                    } else {
-                        c.schedule.next_after(now)
-                    },
-                    cron: c.clone(),
-                })
-                .collect(),
-        }
-    }
-
-    fn next_due(&self) -> Option<i64> {
-        self.jobs.iter().filter_map(|j| j.next).min()
-    }
-
-    /// Fire every job that is due, as long as fewer than `max` runs are going on.
-    fn fire(
-        &mut self,
-        exe: &std::path::Path,
-        max: u32,
-        runs: &mut HashMap<u32, Run>,
-        (json, follow): (bool, &output::FollowUp),
-        log: &Log,
-    ) {
-        let now = unix_millis() as i64;
-        for job in &mut self.jobs {
-            let Some(due) = job.next.filter(|d| *d <= now) else {
-                continue;
-            };
-            job.next = job.cron.schedule.next_after(due.max(now));
-            if runs.len() >= max as usize {
-                log.warn(
-                    "at_max_jobs",
-                    &format!(
-                        "{}: not claiming the {} instant: {} runs are going on (--max-jobs {max}); \
-                         another replica may run it",
-                        job.cron.key,
-                        rfc3339(due as u64),
-                        runs.len()
-                    ),
-                );
-                continue;
-            }
-            let follow = (job.cron.retries > 0).then(|| follow.clone());
-            match spawn(exe, &job.cron, due, (json, follow), log) {
-                Ok(run) => {
-                    runs.insert(run.child.id(), run);
+impl Replicant<'_> {
+    /// The drain's end sends SIGTERM, the grace's end SIGKILL.
+    fn advance_phase(&mut self, phase: Phase, now: Instant) -> Phase {
+        match phase {
+            Phase::Draining { until } if now >= until => {
+                runs::stop(&mut self.runs, libc::SIGTERM, self.log);
+                Phase::Stopping {
+                    kill_at: now + self.replica.grace,
                 }
-                Err(e) => log.error(
-                    "spawn_failed",
-                    &format!("{}: cannot start its run: {e:#}", job.cron.key),
-                ),
             }
+            Phase::Stopping { kill_at } if now >= kill_at => {
+                runs::stop(&mut self.runs, libc::SIGKILL, self.log);
+                Phase::Killed
+            }
+            other => other,
         }
     }
 
-    /// Read the file again: added jobs start, removed ones are no longer fired (their runs go
-    /// on); a file with an error keeps this table.
-    fn reload(&mut self, reload: &dyn Fn() -> Result<Vec<CronJob>>, log: &Log) {
-        match reload() {
-            Ok(jobs) => {
-                let mut next = Table::new(&jobs, false);
-                // A job that stays keeps its next instant (a reload does not fire it again).
-                for job in &mut next.jobs {
-                    if let Some(old) = self.jobs.iter().find(|o| o.cron.key == job.cron.key) {
-                        if old.cron.args == job.cron.args {
-                            job.next = old.next;
-                        }
-                    }
-                }
-                log.info(
-                    "reloaded",
-                    &format!("read the crontab again: {} jobs", next.jobs.len()),
-                    &[("jobs", next.jobs.len().into())],
-                );
-                *self = next;
-            }
-            Err(e) => log.error(
-                "reload_failed",
+    /// When the loop must look again: the next instant (none unless serving), the drain's or the
+    /// grace's end, or the next look at the file; signals and answers wake it sooner.
+    fn wake(&self, table: &Table, phase: Phase, file_check: Instant) -> Instant {
+        let now = Instant::now();
+        let at = match phase {
+            Phase::Serving => table.next_wake().map(|ms| {
+                let left = (ms - unix_millis() as i64).max(0) as u64;
+                now + Duration::from_millis(left)
+            }),
+            Phase::Draining { until } => Some(until),
+            Phase::Stopping { kill_at } => Some(kill_at),
+            Phase::Killed => None,
+        };
+        at.map_or(file_check, |at| at.min(file_check))
+    }
+
+    /// Send the claims there is room for.
+    fn claim(&mut self, table: &mut Table) {
+        let busy = self.runs.len() + self.in_flight;
+        let room = (self.replica.max_jobs as usize).saturating_sub(busy);
+        let waiting = table.waiting();
+        if room > 0 || waiting == 0 {
+            self.full_told = false;
+        } else if !self.full_told {
+            self.full_told = true;
+            self.log.warn(
+                "at_max_jobs",
                 &format!(
-                    "{e:#}; still serving the {} jobs read before",
-                    self.jobs.len()
-                ),
-            ),
-        }
-    }
-}
-
-/// Start one run of `job`: cronlock itself, tied to us, its output relayed line by line.
-fn spawn(
-    exe: &std::path::Path,
-    job: &CronJob,
-    due: i64,
-    (json, follow): (bool, Option<output::FollowUp>),
-    log: &Log,
-) -> Result<Run> {
-    let mut cmd = Command::new(exe);
-    cmd.args(&job.args)
-        .envs(job.env.iter().map(|(k, v)| (k, v)))
-        // The replica's own settings are not the run's.
-        .env_remove("CRONLOCK_CRONTAB")
-        .env_remove("CRONLOCK_MAX_JOBS")
-        .env_remove("CRONLOCK_DRAIN")
-        // Its cronlock lines as JSON events, for the replica to report (a line's own
-        // --log-format wins, and its lines are then relayed as output).
-        .env("CRONLOCK_LOG_FORMAT", "json")
-        // The instant it fires for: the run is for that one, however late it starts.
-        .env("CRONLOCK_FIRED_FOR", due.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    tie_to_parent(&mut cmd);
-    let mut child = cmd.spawn().map_err(|e| anyhow!(crate::log::io_text(&e)))?;
-    let pid = child.id();
-    let streams = [
-        child.stdout.take().map(|s| {
-            (
-                Box::new(s) as Box<dyn std::io::Read + Send>,
-                output::Stream::Stdout,
-            )
-        }),
-        child.stderr.take().map(|s| {
-            (
-                Box::new(s) as Box<dyn std::io::Read + Send>,
-                output::Stream::Stderr,
-            )
-        }),
-    ];
-    for (from, stream) in streams.into_iter().flatten() {
-        let key = job.key.clone();
-        let log = log.clone();
-        let follow = follow.clone();
-        std::thread::Builder::new()
-            .name("output".into())
-            .spawn(move || output::relay(from, stream, (&key, pid), json, &log, follow.as_ref()))
-            .map_err(|e| anyhow!(crate::log::io_text(&e)))?;
-    }
-    Ok(Run {
-        key: job.key.clone(),
-        child,
-        stopped: false,
-    })
-}
-
-/// Collect the runs that ended.
-fn reap(runs: &mut HashMap<u32, Run>, interrupted: &mut bool, log: &Log) {
-    runs.retain(|_, run| match run.child.try_wait() {
-        Ok(None) => true,
-        Ok(Some(status)) => {
-            if run.stopped {
-                *interrupted = true;
-                log.warn(
-                    "run_stopped",
-                    &format!("{}: its run was stopped ({status})", run.key),
-                );
-            }
-            false
-        }
-        Err(_) => false,
-    });
-}
-
-/// Send `sig` to every run's cronlock (which passes SIGTERM on to its command; SIGKILL leaves
-/// the command to the run's guard).
-fn stop(runs: &mut HashMap<u32, Run>, sig: libc::c_int, log: &Log) {
-    for (pid, run) in runs.iter_mut() {
-        if !run.stopped {
-            log.warn(
-                "stopping_run",
-                &format!(
-                    "{}: stopping its run ({}): the drain is over",
-                    run.key,
-                    signals::name(sig)
+                    "{busy} runs and claims are going on (--max-jobs {}): {waiting} due instants \
+                     wait for room here; another replica may run them",
+                    self.replica.max_jobs
                 ),
             );
         }
-        run.stopped = true;
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(*pid as i32),
-            nix::sys::signal::Signal::try_from(sig).ok(),
-        );
+        for (i, instant) in table.take_due(room) {
+            let job = &table.jobs[i].cron;
+            self.in_flight += 1;
+            self.claims.send(Ask::Claim {
+                key: job.key.clone(),
+                config: job.config.clone(),
+                instant,
+            });
+        }
     }
+
+    /// Act on the claims' answers: start a won run, note a lost one.
+    fn answers(&mut self, table: &mut Table, phase: Phase) {
+        while let Ok(Answer {
+            key,
+            instant,
+            verdict,
+        }) = self.answers.try_recv()
+        {
+            self.in_flight = self.in_flight.saturating_sub(1);
+            let failed = matches!(verdict, Verdict::Failed(_));
+            let first_news = table.answered(&key, !failed, self.log);
+            let Some(job) = table.job(&key).map(|j| j.cron.clone()) else {
+                // Removed by a reload meanwhile: a won claim is given back.
+                if let Verdict::Won(held) = verdict {
+                    self.give_back(&key, held, None);
+                }
+                continue;
+            };
+            match verdict {
+                Verdict::Won(held) if phase != Phase::Serving => {
+                    self.give_back(&key, held, Some(job.config.clone()));
+                }
+                Verdict::Won(held) => self.start(&job, held),
+                Verdict::Failed(text) if first_news => self.log.warn(
+                    "claim_failed",
+                    &format!(
+                        "{key}: cannot claim the {} instant: {text}; trying again",
+                        rfc3339(instant.max(0) as u64)
+                    ),
+                ),
+                Verdict::Failed(_) => {}
+                lost => self.lost(table, &job, instant, lost),
+            }
+        }
+    }
+
+    /// Start the run of a won claim; a run that cannot start gives its claim back.
+    fn start(&mut self, job: &CronJob, held: Box<crate::store::lock::Held>) {
+        if let Some(path) = &self.hold {
+            let _ = std::fs::write(path, &job.key);
+            loop {
+                std::thread::park();
+            }
+        }
+        let heard = &self.heard.0;
+        match runs::spawn(&self.exe, job, &held, (self.json, heard), self.log) {
+            Ok(run) => {
+                self.runs.insert(run.pid(), run);
+            }
+            Err(e) => {
+                self.log.error(
+                    "spawn_failed",
+                    &format!(
+                        "{}: cannot start its run: {e:#}; released the claim",
+                        job.key
+                    ),
+                );
+                self.give_back(&job.key, held, Some(job.config.clone()));
+            }
+        }
+    }
+
+    /// A won claim that will not run: released, the attempt recorded interrupted.
+    fn give_back(
+        &mut self,
+        key: &str,
+        held: Box<crate::store::lock::Held>,
+        config: Option<std::sync::Arc<crate::config::RunConfig>>,
+    ) {
+        let Some(config) = config else {
+            self.log.warn(
+                "claim_dropped",
+                &format!("{key}: left its won claim to lapse: the job was removed meanwhile"),
+            );
+            return;
+        };
+        self.claims.send(Ask::Release { config, held });
+    }
+
+    /// A claim another replica's run (or a suspension) answered: said under `-v`, reported in the
+    /// job's metrics file, and, with `--retries`, looked at again when the holder's lock would
+    /// lapse.
+    fn lost(&mut self, table: &mut Table, job: &CronJob, instant: i64, verdict: Verdict) {
+        let key = &job.key;
+        let at = rfc3339(instant.max(0) as u64);
+        let mut suspended = None;
+        let text = match &verdict {
+            Verdict::Busy { holder, expires_in } => {
+                if let (true, Some(left)) = (job.retries > 0, expires_in) {
+                    let at = unix_millis() as i64 + left.as_millis() as i64 + 250;
+                    table.look_again(key, at);
+                }
+                let by = crate::fleet::describe::describe_holder(holder);
+                format!("{key}: the {at} instant is held by {by}")
+            }
+            Verdict::AlreadyRan => format!("{key}: the {at} instant already ran or is not due"),
+            Verdict::Suspended(record) => {
+                suspended = Some(crate::fleet::describe::suspended_since(record).unwrap_or(0));
+                let how = crate::fleet::describe::describe_suspension(record);
+                format!("{key}: suspended {how}; the {at} instant is recorded skipped")
+            }
+            Verdict::Won(_) | Verdict::Failed(_) => return,
+        };
+        let fields = [("key", key.clone().into()), ("instant", instant.into())];
+        self.log.event(Level::Debug, "claim_lost", &text, &fields);
+        if job.config.reports.metrics_dir.is_some() {
+            report_skip(job, suspended, self.log);
+        }
+    }
+
+    /// Read what the runs reported.
+    fn reports(&mut self, table: &mut Table) {
+        while let Ok((pid, heard)) = self.heard.1.try_recv() {
+            let Some(run) = self.runs.get_mut(&pid) else {
+                continue;
+            };
+            match heard {
+                None => run.closed = true,
+                Some(Report::Started { pid: group }) => {
+                    run.started = true;
+                    said_started(run, group, self.log);
+                }
+                Some(Report::Ended {
+                    status,
+                    ending,
+                    duration,
+                }) => {
+                    run.ended = true;
+                    said_ended(run, (status, ending, duration), self.log);
+                    let retries = table.job(&run.key).is_some_and(|j| j.cron.retries > 0);
+                    if status != 0 && retries {
+                        table.look_again(&run.key, unix_millis() as i64 + 1000);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Forget the runs that are over; one that died without reporting its end is said, and looked
+    /// at again (with `--retries`) once its lock has lapsed.
+    fn forget_ended(&mut self, table: &mut Table) {
+        let over: Vec<u32> = self
+            .runs
+            .iter()
+            .filter(|(_, r)| r.over())
+            .map(|(p, _)| *p)
+            .collect();
+        for pid in over {
+            let Some(run) = self.runs.remove(&pid) else {
+                continue;
+            };
+            let status = run.exited.map(|s| s.to_string()).unwrap_or_default();
+            if run.stopped {
+                self.interrupted = true;
+                self.log.warn(
+                    "run_stopped",
+                    &format!("{}: its run was stopped ({status})", run.key),
+                );
+            } else if !run.ended {
+                self.log.warn(
+                    "run_died",
+                    &format!(
+                        "{}: its run ended ({status}) without reporting an end",
+                        run.key
+                    ),
+                );
+                if table.job(&run.key).is_some_and(|j| j.cron.retries > 0) {
+                    let at = unix_millis() as i64 + run.ttl.as_millis() as i64 + 250;
+                    table.look_again(&run.key, at);
+                }
+            }
+        }
+    }
+}
+
+/// "KEY: started for the INSTANT instant, attempt N (fencing token F)".
+fn said_started(run: &Run, group: u32, log: &Log) {
+    let at = run.instant.map_or(String::new(), |ms| {
+        format!(" for the {} instant", rfc3339(ms.max(0) as u64))
+    });
+    log.info(
+        "run_started",
+        &format!(
+            "{}: started{at}, attempt {} (fencing token {})",
+            run.key, run.attempt, run.fence
+        ),
+        &[
+            ("key", run.key.clone().into()),
+            ("instant", run.instant.into()),
+            ("attempt", run.attempt.into()),
+            ("fencing_token", run.fence.into()),
+            ("run_pid", run.pid().into()),
+            ("command_pid", group.into()),
+        ],
+    );
+}
+
+/// "KEY: command exited with status S after D", or how else it ended.
+fn said_ended(run: &Run, (status, ending, took): (u8, Ending, Duration), log: &Log) {
+    let how = match ending {
+        Ending::Exited => format!("command exited with status {status}"),
+        Ending::Signalled => format!("command was killed by a signal (status {status})"),
+        Ending::Lost => "command was terminated: lock lost".into(),
+        Ending::MaxRuntime => "command was terminated: --max-runtime".into(),
+        Ending::NotStarted => format!("command did not start (status {status})"),
+    };
+    let took = Duration::from_millis(took.as_millis() as u64);
+    log.info(
+        "run_ended",
+        &format!("{}: {how} after {}", run.key, crate::duration::Span(took)),
+        &[
+            ("key", run.key.clone().into()),
+            ("instant", run.instant.into()),
+            ("attempt", run.attempt.into()),
+            ("exit_status", status.into()),
+            ("ended", ending.name().into()),
+            ("duration_ms", (took.as_millis() as u64).into()),
+        ],
+    );
+}
+
+/// A lost claim in the job's metrics file, as the losing run used to write it (skipped, and
+/// `cronlock_suspended` while KEY is suspended).
+fn report_skip(job: &CronJob, suspended: Option<u64>, log: &Log) {
+    use crate::fleet::report::{Report, RunOutcome};
+    let Ok(report) = Report::new(&job.config.reports, log) else {
+        return;
+    };
+    let outcome = RunOutcome {
+        result: Ok(Exit::Conflict(job.conflict_exit_code)),
+        locked: false,
+        run: None,
+        body: None,
+        suspended,
+    };
+    report.tell(&job.key, unix_millis(), &outcome, log);
 }
 
 /// The file's modification time (a ConfigMap's symlink swap changes it too).

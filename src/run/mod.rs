@@ -15,6 +15,7 @@ use crate::clock::Instant;
 use crate::config::RunConfig;
 use crate::duration::Span;
 use crate::exit::Exit;
+use crate::fleet::handover::Report;
 use crate::fleet::metrics;
 use crate::fleet::record::{self, Ending};
 use crate::fleet::report::RunOutcome;
@@ -35,6 +36,7 @@ use crate::watchdog::Watchdog;
 /// Told the run id once the command started (the start ping).
 type OnStart<'a> = &'a mut dyn FnMut(&str, u32);
 
+mod handed;
 mod take;
 
 use take::{acquired_line, take};
@@ -67,9 +69,16 @@ fn run_locked(
     log.set_key(&config.key);
     let (timing, redis) = (config.timing, &config.servers);
     let asked = Instant::now();
-    let (held, masters) = match take(config, log, &mut outcome.suspended)? {
-        Ok(taken) => taken,
-        Err(exit) => return Ok(exit),
+    // A replica's run is handed the lock the replica claimed; any other run takes it.
+    let (held, masters, mut channel) = match config.handover {
+        Some(fd) => {
+            let (held, masters, channel) = handed::receive(config, fd, log)?;
+            (held, masters, Some(channel))
+        }
+        None => match take(config, log, &mut outcome.suspended)? {
+            Ok((held, masters)) => (held, masters, None),
+            Err(exit) => return Ok(exit),
+        },
     };
     outcome.locked = true;
     log.set_lock(&held.holder.token, held.fence);
@@ -105,9 +114,24 @@ fn run_locked(
         max_runtime: config.max_runtime,
         look_every: timing.interval,
     };
-    let started = (on_start, &mut outcome.body);
+    // The replica that handed the lock over is told when the command started, and how it ended.
+    let mut tell_start = |rid: &str, attempt: u32| {
+        on_start(rid, attempt);
+        if let Some(c) = channel.as_mut() {
+            let pid = RUNNING_GROUP.load(Ordering::SeqCst).max(0) as u32;
+            c.send(&Report::Started { pid });
+        }
+    };
+    let started = (&mut tell_start as OnStart<'_>, &mut outcome.body);
     let ran = run_child(config, &held, (&mut watchdog, shared), limits, log, started);
     outcome.run = finish(config, watchdog, &held, ran, log);
+    if let Some(c) = channel.as_mut() {
+        c.send(&Report::Ended {
+            status: ran.0.code(),
+            ending: ran.1,
+            duration: held.sent_at.elapsed(),
+        });
+    }
     Ok(ran.0)
 }
 
@@ -363,6 +387,9 @@ fn finished(ended: &Ended, started: Instant, log: &Log) -> (Exit, Ending) {
 /// matters now. Bounded by `--connect-timeout` in all (after the watchdog's stop, which has its
 /// own: the end of a run is at most 2x `--connect-timeout`); a failed call is retried once on a
 /// new connection, but only while the lock can still be alive in Redis (before `valid_until`).
+/// A run with an instant (`--schedule`) retries a failed release until its lock would lapse, so
+/// the ledger records how the instant really ended instead of leaving it `running` (which
+/// `--retries` would later judge abandoned and run again).
 fn release(
     redis: &[Redis],
     within: Duration,
@@ -373,21 +400,28 @@ fn release(
     log: &Log,
 ) {
     let name = &held.keys.name;
-    let end = Instant::now() + within;
+    let end = if held.instant.is_some() {
+        valid_until.max(Instant::now() + within)
+    } else {
+        Instant::now() + within
+    };
     let lost = Instant::now() >= valid_until;
-    let left = || end.saturating_duration_since(Instant::now());
+    let left = || end.saturating_duration_since(Instant::now()).min(within);
     let mut masters = masters.unwrap_or_else(|| Masters::new(redis));
     let mut retried = false;
-    let result = match masters.release(left(), held, opts) {
-        // The watchdog's connection may have been dropped since its last renewal (a Redis
-        // restart, an idle timeout, a failover): one more try, if it can still matter.
-        Err(e) if e.transient() && Instant::now() < valid_until && !left().is_zero() => {
-            retried = true;
-            masters.release(left(), held, opts)
+    let mut result = masters.release(left(), held, opts);
+    // The watchdog's connection may have been dropped since its last renewal (a Redis restart,
+    // an idle timeout, a failover): again, while it can still matter.
+    while let Err(e) = &result {
+        let pause = Duration::from_millis(if retried { 200 } else { 0 });
+        if !e.transient() || Instant::now() + pause >= valid_until.min(end) {
+            break;
         }
-        r => r,
+        std::thread::sleep(pause);
+        retried = true;
+        result = masters.release(left(), held, opts);
     }
-    .map_err(|e| anyhow::anyhow!("cannot release lock '{name}': {e}"));
+    let result = result.map_err(|e| anyhow::anyhow!("cannot release lock '{name}': {e}"));
     match result {
         Ok(Released::Deleted) => log.info("released", &format!("released lock '{name}'"), &[]),
         Ok(Released::Kept) => log.info(

@@ -2,7 +2,6 @@
 //! `--schedule` and `--catch-up` choose), and the lines that step logs: busy, already ran,
 //! acquired.
 
-use std::ffi::OsString;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -12,17 +11,12 @@ use crate::config::RunConfig;
 use crate::duration::Span;
 use crate::exit::Exit;
 use crate::fleet::describe;
-use crate::host;
 use crate::log::Log;
 use crate::signals;
 use crate::store::keys::Keys;
-use crate::store::lock::{self, Held};
+use crate::store::lock::Held;
 use crate::store::quorum::Masters;
 use crate::store::wait::{self, Acquired};
-
-/// How many instants before the candidates a `--catch-up` firing sends for the ledger's
-/// `missed` (the ledger keeps 64 instants).
-const EARLIER_MAX: usize = 60;
 
 /// Ask for the lock (waiting as `--wait` says): ours, or the exit status of a run that does not
 /// start, its reason logged.
@@ -33,41 +27,18 @@ pub(super) fn take(
     suspended: &mut Option<u64>,
 ) -> Result<Result<(Held, Masters), Exit>> {
     let keys = Keys::new(&config.prefix, &config.key);
-    let command = command_line(&config.argv);
+    let command = config.command_line();
     let asked = Instant::now();
-    let slot = config.schedule.as_ref().map(|s| {
-        let now = host::unix_millis() as i64;
-        // A replica's run is for the instant it was fired for, however late it starts.
-        let candidates = match (config.fired_for, config.catch_up) {
-            (Some(at), None) => vec![at],
-            _ => s.candidates(now),
-        };
-        // With --catch-up, the instants before those inside the window: the ledger records
-        // the ones nobody ran as missed.
-        let earlier = match (config.catch_up, candidates.first()) {
-            (Some(window), Some(&first)) => {
-                s.earlier(first, now - window.as_millis() as i64, EARLIER_MAX)
-            }
-            _ => Vec::new(),
-        };
-        lock::Slot {
-            schedule: s.text.clone(),
-            candidates,
-            catch_up: config.catch_up,
-            retries: config.retries,
-            earlier,
-            ledger_ttl: config.history_ttl,
-        }
-    });
+    let slot = config.slot(None);
     let ask = wait::Ask {
         ttl: config.timing.ttl,
         wait: config.wait,
         slot,
         limit: config.limit,
     };
-    let masters = Masters::new(&config.servers);
-    let exit = match wait::acquire(masters, &keys, &command, ask, log)? {
-        Acquired::Held(held, masters) => return Ok(Ok((*held, masters))),
+    let mut masters = Masters::new(&config.servers);
+    let exit = match wait::acquire(&mut masters, &keys, &command, ask, log)? {
+        Acquired::Held(held) => return Ok(Ok((*held, masters))),
         Acquired::Busy { holder, expires_in } => {
             busy(config, &holder, expires_in, asked.elapsed(), log);
             Exit::Conflict(config.conflict_exit_code)
@@ -210,19 +181,4 @@ pub(super) fn acquired_line(config: &RunConfig, held: &Held) -> String {
         "acquired {slot}lock '{}' (fencing token {}){run}",
         config.key, held.fence
     )
-}
-
-/// `argv` as one line for people (the holder's `command` field).
-fn command_line(argv: &[OsString]) -> String {
-    argv.iter()
-        .map(|a| {
-            let a = a.to_string_lossy();
-            if a.is_empty() || a.contains(|c: char| c.is_whitespace() || "'\"\\$`".contains(c)) {
-                format!("'{}'", a.replace('\'', r"'\''"))
-            } else {
-                a.into_owned()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
 }

@@ -35,6 +35,9 @@ pub struct Redis {
     pub connect_timeout: Duration,
     /// `--min-replicas`: replicas that must acknowledge each write before it counts.
     pub min_replicas: u32,
+    /// The same for two values resolved from the same URL and options: a replica shares one
+    /// set of connections between the jobs whose servers are the same.
+    pub fingerprint: u64,
 }
 
 enum Target {
@@ -64,11 +67,18 @@ impl Redis {
             }
             _ => Target::Node(Node::parse(url, source, tls)?),
         };
+        let fingerprint = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (url, connect_timeout, min_replicas, format!("{tls:?}")).hash(&mut h);
+            h.finish()
+        };
         Ok(Redis {
             target: Arc::new(target),
             shown_url,
             connect_timeout,
             min_replicas,
+            fingerprint,
         })
     }
 

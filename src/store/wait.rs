@@ -24,8 +24,8 @@ const POLL_CAP: Duration = Duration::from_millis(500);
 
 /// The result of trying to get the lock.
 pub enum Acquired {
-    /// Ours, with the masters' links that took it (the watchdog goes on with them).
-    Held(Box<Held>, Masters),
+    /// Ours (the masters' links that took it are the caller's: the watchdog goes on with them).
+    Held(Box<Held>),
     /// Held elsewhere, and `--wait` (if any) ran out: who holds it (the raw value), and when the
     /// holder's lock expires unless renewed (None: no expiry).
     Busy {
@@ -84,7 +84,7 @@ pub struct Ask {
 /// With a `slot`, the first answer fixes the run's instant: a waiter stays with the instant it
 /// fired for, and skips when another host ran that one meanwhile.
 pub fn acquire(
-    mut masters: Masters,
+    masters: &mut Masters,
     keys: &Keys,
     command: &str,
     ask: Ask,
@@ -113,7 +113,7 @@ pub fn acquire(
         let holder = Holder::new(command);
         let (expires_in, busy_with) =
             match masters.acquire(io_timeout, keys, &holder, ttl, slot.as_ref(), limit) {
-                Ok(Attempt::Held(held)) => return Ok(Acquired::Held(held, masters)),
+                Ok(Attempt::Held(held)) => return Ok(Acquired::Held(held)),
                 Ok(Attempt::Mismatch(other)) => {
                     return Err(anyhow!(
                         "lock '{}' is held with --limit {other} by its current holders, and this \
@@ -152,7 +152,7 @@ pub fn acquire(
             });
         }
         waiter.announce();
-        if let Some(sig) = waiter.until_free(&mut masters, now, expires_in)? {
+        if let Some(sig) = waiter.until_free(masters, now, expires_in)? {
             return Ok(Acquired::Signalled(sig));
         }
     }

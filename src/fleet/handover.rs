@@ -1,0 +1,361 @@
+//! The channel between a replica (`--crontab`) and a run it started: the replica claims an
+//! instant itself, then hands the lock it won to the run, and the run tells the replica when its
+//! command started and how it ended. Nothing passes through an environment value or a log line:
+//! the job's output, verbosity and log format cannot change what the replica knows.
+//!
+//! The channel is a Unix socket pair. The run's end is inherited across the replica's `execve` of
+//! the run (named by [`FD_VAR`], which the command never sees) and made close-on-exec at once, so
+//! the command does not inherit it. Each message is one line of JSON with a version (`"v"`):
+//! the replica sends one `lock`; the run sends `started`, then `ended`. End of file without
+//! `ended` means the run died.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Result};
+use serde_json::{json, Value};
+
+use crate::clock::Instant;
+use crate::fleet::record::Ending;
+use crate::store::holder::Holder;
+use crate::store::keys::Keys;
+use crate::store::lock::Held;
+
+/// The variable that names the run's end of the channel (a descriptor number).
+pub const FD_VAR: &str = "CRONLOCK_HANDOVER_FD";
+/// The version of the messages; a run refuses any other.
+pub const VERSION: u64 = 1;
+/// The longest message (a lock value is at most a few hundred bytes).
+pub const MAX_MESSAGE: usize = 16 * 1024;
+
+/// The lock a replica won, as the run receives it.
+#[derive(Debug, Clone)]
+pub struct Handover {
+    pub key: String,
+    pub holder: Holder,
+    pub fence: i64,
+    pub slot: u32,
+    pub limit: u32,
+    pub instant: Option<i64>,
+    pub attempt: u32,
+    pub ttl: Duration,
+    /// When the claim was sent, on `CLOCK_BOOTTIME` (the same clock in every process): the lock
+    /// is valid until this + ttl at the least.
+    pub sent_at: Instant,
+}
+
+impl Handover {
+    /// What the replica won, for KEY.
+    pub fn from_held(key: &str, held: &Held) -> Handover {
+        Handover {
+            key: key.to_string(),
+            holder: held.holder.clone(),
+            fence: held.fence,
+            slot: held.slot,
+            limit: held.limit,
+            instant: held.instant,
+            attempt: held.attempt,
+            ttl: held.ttl,
+            sent_at: held.sent_at,
+        }
+    }
+
+    /// The lock as the run holds it: `keys` are the run's own for its KEY.
+    pub fn into_held(self, mut keys: Keys) -> Held {
+        if self.limit > 1 {
+            keys.lock = keys.slot(self.slot);
+        }
+        Held {
+            keys,
+            holder: self.holder,
+            fence: self.fence,
+            ttl: self.ttl,
+            sent_at: self.sent_at,
+            instant: self.instant,
+            limit: self.limit,
+            slot: self.slot,
+            attempt: self.attempt,
+        }
+    }
+
+    /// The message, one line.
+    pub fn line(&self) -> String {
+        let h = &self.holder;
+        let mut text = json!({
+            "v": VERSION, "kind": "lock", "key": self.key, "value": h.value, "token": h.token,
+            "host": h.host, "pid": h.pid, "started": h.started_ms, "command": h.command,
+            "fence": self.fence, "slot": self.slot, "limit": self.limit, "instant": self.instant,
+            "attempt": self.attempt, "ttl_ms": self.ttl.as_millis() as u64,
+            "sent_boot_ns": self.sent_at.as_duration().as_nanos() as u64,
+        })
+        .to_string();
+        text.push('\n');
+        text
+    }
+
+    /// Read a `lock` message; anything but its exact shape is refused.
+    pub fn parse(line: &str) -> Result<Handover> {
+        let v = message(line, "lock")?;
+        let text = |k: &str| -> Result<String> {
+            v[k].as_str()
+                .map(str::to_string)
+                .ok_or_else(|| anyhow!("the handover has no '{k}'"))
+        };
+        let int = |k: &str| -> Result<u64> {
+            v[k].as_u64()
+                .ok_or_else(|| anyhow!("the handover has no '{k}'"))
+        };
+        let small = |k: &str| -> Result<u32> {
+            u32::try_from(int(k)?).map_err(|_| anyhow!("the handover's '{k}' is out of range"))
+        };
+        let instant = match &v["instant"] {
+            Value::Null => None,
+            i => Some(
+                i.as_i64()
+                    .ok_or_else(|| anyhow!("the handover's 'instant' is not one"))?,
+            ),
+        };
+        let fence = v["fence"].as_i64().filter(|f| *f > 0);
+        Ok(Handover {
+            key: text("key")?,
+            holder: Holder {
+                token: text("token")?,
+                host: text("host")?,
+                pid: small("pid")?,
+                started_ms: int("started")?,
+                command: text("command")?,
+                value: text("value")?,
+            },
+            fence: fence.ok_or_else(|| anyhow!("the handover has no fencing token"))?,
+            slot: small("slot")?,
+            limit: small("limit")?.max(1),
+            instant,
+            attempt: small("attempt")?.max(1),
+            ttl: Duration::from_millis(int("ttl_ms")?),
+            sent_at: Instant::from_duration(Duration::from_nanos(int("sent_boot_ns")?)),
+        })
+    }
+}
+
+/// What a run tells its replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Report {
+    /// The command started, as process `pid`.
+    Started { pid: u32 },
+    /// The run ended (the lock released and the instant recorded): the run's exit status and
+    /// how the command ended, after `duration` from the claim.
+    Ended {
+        status: u8,
+        ending: Ending,
+        duration: Duration,
+    },
+}
+
+impl Report {
+    pub fn line(&self) -> String {
+        let mut text = match self {
+            Report::Started { pid } => json!({"v": VERSION, "kind": "started", "pid": pid}),
+            Report::Ended {
+                status,
+                ending,
+                duration,
+            } => json!({
+                "v": VERSION, "kind": "ended", "status": status, "ending": ending.name(),
+                "duration_ms": duration.as_millis() as u64,
+            }),
+        }
+        .to_string();
+        text.push('\n');
+        text
+    }
+
+    pub fn parse(line: &str) -> Result<Report> {
+        let v: Value = serde_json::from_str(line).map_err(|_| anyhow!("not a message"))?;
+        match v["kind"].as_str() {
+            Some("started") => {
+                let v = message(line, "started")?;
+                let pid = v["pid"].as_u64().and_then(|p| u32::try_from(p).ok());
+                Ok(Report::Started {
+                    pid: pid.ok_or_else(|| anyhow!("a started report has no pid"))?,
+                })
+            }
+            Some("ended") => {
+                let v = message(line, "ended")?;
+                let status = v["status"].as_u64().and_then(|s| u8::try_from(s).ok());
+                let ending = v["ending"].as_str().and_then(Ending::from_name);
+                Ok(Report::Ended {
+                    status: status.ok_or_else(|| anyhow!("an ended report has no status"))?,
+                    ending: ending.ok_or_else(|| anyhow!("an ended report has no ending"))?,
+                    duration: Duration::from_millis(v["duration_ms"].as_u64().unwrap_or(0)),
+                })
+            }
+            _ => bail!("not a report"),
+        }
+    }
+}
+
+/// A JSON message of this version and kind.
+fn message(line: &str, kind: &str) -> Result<Value> {
+    let v: Value = serde_json::from_str(line).map_err(|_| anyhow!("the message is not JSON"))?;
+    match v["v"].as_u64() {
+        Some(VERSION) => {}
+        Some(other) => bail!("message version {other}, and this cronlock speaks {VERSION}"),
+        None => bail!("the message has no version"),
+    }
+    if v["kind"].as_str() != Some(kind) {
+        bail!("expected a '{kind}' message");
+    }
+    Ok(v)
+}
+
+/// The run's end of the channel.
+pub struct RunSide {
+    stream: UnixStream,
+}
+
+impl RunSide {
+    /// Take over descriptor `fd` (named by [`FD_VAR`]), close-on-exec from now on.
+    pub fn adopt(fd: RawFd) -> Result<RunSide> {
+        let flags = nix::fcntl::fcntl(
+            // SAFETY: only borrowed for this call; fcntl on a closed number fails with EBADF.
+            unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
+            nix::fcntl::FcntlArg::F_GETFD,
+        );
+        if flags.is_err() || fd < 3 {
+            bail!("{FD_VAR}={fd} names no open channel (it is set by --crontab for its runs)");
+        }
+        // SAFETY: the descriptor is open (checked above) and nothing else in this process owns
+        // it: it was inherited for this purpose, and is adopted once, at start.
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        nix::fcntl::fcntl(
+            &owned,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )
+        .map_err(|e| anyhow!("cannot keep the channel from the command: {e}"))?;
+        Ok(RunSide {
+            stream: UnixStream::from(owned),
+        })
+    }
+
+    /// The lock the replica handed over, within `within`.
+    pub fn receive(&mut self, within: Duration) -> Result<Handover> {
+        self.stream
+            .set_read_timeout(Some(within.max(Duration::from_millis(1))))
+            .map_err(|e| anyhow!("cannot read the channel: {e}"))?;
+        let mut line = String::new();
+        let mut reader = BufReader::new((&self.stream).take(MAX_MESSAGE as u64));
+        match reader.read_line(&mut line) {
+            Ok(0) => bail!("the replica closed the channel before handing over a lock"),
+            Ok(_) if !line.ends_with('\n') => bail!("the handover is cut short or too long"),
+            Ok(_) => Handover::parse(line.trim_end()),
+            Err(e) => bail!("no lock was handed over: {}", crate::log::io_text(&e)),
+        }
+    }
+
+    /// Tell the replica; a replica that is gone is not an error (the run goes on).
+    pub fn send(&mut self, report: &Report) {
+        let _ = self.stream.set_write_timeout(Some(Duration::from_secs(1)));
+        let _ = self.stream.write_all(report.line().as_bytes());
+    }
+}
+
+/// The replica's reading of a run's reports, line by line, until end of file (`None`).
+pub struct ReplicaSide {
+    reader: BufReader<std::io::Take<UnixStream>>,
+}
+
+impl ReplicaSide {
+    pub fn new(stream: UnixStream) -> ReplicaSide {
+        // Bounded over the channel's life: a run sends two short reports.
+        ReplicaSide {
+            reader: BufReader::new(stream.take(4 * MAX_MESSAGE as u64)),
+        }
+    }
+
+    /// The next report; `None` at end of file (or a broken channel). A line that is not a report
+    /// is skipped.
+    pub fn report(&mut self) -> Option<Report> {
+        loop {
+            let mut line = String::new();
+            match self.reader.read_line(&mut line) {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {
+                    if let Ok(report) = Report::parse(line.trim_end()) {
+                        return Some(report);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Handover {
+        Handover {
+            key: "k".into(),
+            holder: Holder::new("echo hi"),
+            fence: 42,
+            slot: 0,
+            limit: 1,
+            instant: Some(1_700_000_000_000),
+            attempt: 2,
+            ttl: Duration::from_secs(30),
+            sent_at: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn a_handover_reads_back_as_written() {
+        let h = sample();
+        let back = Handover::parse(h.line().trim_end()).unwrap();
+        assert_eq!(back.holder.value, h.holder.value);
+        assert_eq!(back.fence, 42);
+        assert_eq!(back.instant, h.instant);
+        assert_eq!(back.attempt, 2);
+        assert_eq!(back.ttl, h.ttl);
+        let skew = back.sent_at.as_duration().abs_diff(h.sent_at.as_duration());
+        assert!(skew < Duration::from_micros(1), "{skew:?}");
+    }
+
+    #[test]
+    fn other_versions_and_shapes_are_refused() {
+        let line = sample().line().replace("\"v\":1", "\"v\":2");
+        let e = Handover::parse(line.trim_end()).unwrap_err().to_string();
+        assert!(e.contains("version 2"), "{e}");
+        assert!(Handover::parse("{}").is_err());
+        assert!(Handover::parse("not json").is_err());
+        let line = sample().line().replace("\"fence\":42", "\"fence\":0");
+        assert!(Handover::parse(line.trim_end()).is_err());
+    }
+
+    #[test]
+    fn reports_read_back() {
+        for r in [
+            Report::Started { pid: 7 },
+            Report::Ended {
+                status: 3,
+                ending: Ending::Exited,
+                duration: Duration::from_millis(1500),
+            },
+        ] {
+            assert_eq!(Report::parse(r.line().trim_end()).unwrap(), r);
+        }
+    }
+
+    #[test]
+    fn the_replica_reads_reports_until_the_end() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let mut run = RunSide { stream: theirs };
+        run.send(&Report::Started { pid: 9 });
+        run.stream.write_all(b"garbage\n").unwrap();
+        drop(run);
+        let mut replica = ReplicaSide::new(ours);
+        assert_eq!(replica.report(), Some(Report::Started { pid: 9 }));
+        assert_eq!(replica.report(), None);
+    }
+}

@@ -1,0 +1,146 @@
+//! The replica's claims: a due instant is claimed by the replica itself, with the same atomic
+//! acquire a run makes (`acquire.lua`: the ledger, `--catch-up`, `--retries`, suspension), on a
+//! thread of its own with long-lived connections (one set per distinct server list). The loop
+//! only sends asks and reads answers, so a hung Redis never stops it from reaping, draining,
+//! reloading or answering signals: a claim waits at most `--connect-timeout`.
+//!
+//! A claim that wins is a lock held by this replica until its run takes it over (or, when the
+//! run never starts, until the thread releases it here and records the attempt `interrupted`).
+
+use std::collections::HashMap;
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::RunConfig;
+use crate::signals;
+use crate::store::holder::Holder;
+use crate::store::keys::Keys;
+use crate::store::lock::{Attempt, Held, LedgerEnd, ReleaseOptions};
+use crate::store::quorum::{Masters, Refused};
+
+/// What the loop asks of the claim thread.
+pub enum Ask {
+    /// Claim `instant` of KEY (with `--catch-up`, Redis picks the instant due).
+    Claim {
+        key: String,
+        config: Arc<RunConfig>,
+        instant: i64,
+    },
+    /// A won claim whose run did not start: release it, the attempt recorded `interrupted`.
+    Release {
+        config: Arc<RunConfig>,
+        held: Box<Held>,
+    },
+}
+
+/// How a claim went.
+pub enum Verdict {
+    Won(Box<Held>),
+    /// Held elsewhere: the holder's value, and when its lock lapses unless renewed.
+    Busy {
+        holder: String,
+        expires_in: Option<Duration>,
+    },
+    /// The instant's run already started (elsewhere, or a later one did).
+    AlreadyRan,
+    /// KEY is suspended (`--suspend`): the record; the instant is recorded skipped.
+    Suspended(String),
+    /// Redis could not be asked, or refused: the line saying why.
+    Failed(String),
+}
+
+/// A claim's answer, for the loop.
+pub struct Answer {
+    pub key: String,
+    pub instant: i64,
+    pub verdict: Verdict,
+}
+
+/// The claim thread's inbox.
+pub struct Claims {
+    asks: Sender<Ask>,
+}
+
+impl Claims {
+    /// Start the thread; its answers go to `answers`, and each wakes the main thread.
+    pub fn start(answers: Sender<Answer>) -> std::io::Result<Claims> {
+        let (asks, inbox) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("claims".into())
+            .spawn(move || serve(inbox, answers))?;
+        Ok(Claims { asks })
+    }
+
+    pub fn send(&self, ask: Ask) {
+        let _ = self.asks.send(ask);
+    }
+}
+
+/// Answer asks until the loop is gone.
+fn serve(inbox: Receiver<Ask>, answers: Sender<Answer>) {
+    let mut links: HashMap<Vec<u64>, Masters> = HashMap::new();
+    for ask in inbox {
+        match ask {
+            Ask::Claim {
+                key,
+                config,
+                instant,
+            } => {
+                let masters = masters(&mut links, &config);
+                let verdict = claim(masters, &config, instant);
+                if answers
+                    .send(Answer {
+                        key,
+                        instant,
+                        verdict,
+                    })
+                    .is_err()
+                {
+                    return;
+                }
+                signals::wake_main();
+            }
+            Ask::Release { config, held } => {
+                let masters = masters(&mut links, &config);
+                let opts = ReleaseOptions {
+                    ledger: held.instant.map(|instant| LedgerEnd {
+                        instant,
+                        exit: crate::exit::FAILURE,
+                        interrupted: true,
+                    }),
+                    ..ReleaseOptions::default()
+                };
+                let _ = masters.release(config.connect_timeout, &held, &opts);
+            }
+        }
+    }
+}
+
+/// The links for `config`'s servers, opened on first use and kept.
+fn masters<'a>(links: &'a mut HashMap<Vec<u64>, Masters>, config: &RunConfig) -> &'a mut Masters {
+    let id: Vec<u64> = config.servers.iter().map(|r| r.fingerprint).collect();
+    links
+        .entry(id)
+        .or_insert_with(|| Masters::new(&config.servers))
+}
+
+/// One claim: the acquire the run would have made, for `instant`.
+fn claim(masters: &mut Masters, config: &RunConfig, instant: i64) -> Verdict {
+    let keys = Keys::new(&config.prefix, &config.key);
+    let holder = Holder::new(&config.command_line());
+    let slot = config.slot(Some(instant));
+    let within = config.connect_timeout;
+    let ttl = config.timing.ttl;
+    match masters.acquire(within, &keys, &holder, ttl, slot.as_ref(), config.limit) {
+        Ok(Attempt::Held(held)) => Verdict::Won(held),
+        Ok(Attempt::Busy(expires_in, holder, _)) => Verdict::Busy { holder, expires_in },
+        Ok(Attempt::AlreadyRan { .. }) => Verdict::AlreadyRan,
+        Ok(Attempt::Suspended { record, .. }) => Verdict::Suspended(record),
+        Ok(Attempt::Mismatch(other)) => Verdict::Failed(format!(
+            "lock '{}' is held with --limit {other} by its current holders",
+            config.key
+        )),
+        Err(Refused { text, .. }) => Verdict::Failed(text),
+    }
+}

@@ -1,0 +1,200 @@
+//! The runs a replica started: each is cronlock itself, the run `cronlock --schedule ... KEY -c
+//! ...` makes, tied to the replica (`PR_SET_PDEATHSIG`), handed the lock the replica claimed on a
+//! channel of its own ([`crate::fleet::handover`]). Its reports (started, ended) are read on a
+//! thread and reach the loop as typed values; its output is relayed line by line with its KEY.
+//!
+//! A run is over when its process was reaped and its channel closed (the channel stays open
+//! while the run's guard lives, so a run killed with its command still alive keeps its place
+//! until the guard has stopped that command).
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::Sender;
+use std::time::Duration;
+
+use anyhow::{anyhow, Result};
+
+use crate::config::CronJob;
+use crate::fleet::handover::{Handover, ReplicaSide, Report, FD_VAR};
+use crate::job::guard::tie_to_parent;
+use crate::log::Log;
+use crate::replica::output;
+use crate::signals;
+use crate::store::lock::Held;
+
+/// The replica's own settings and test hooks: not the run's.
+const NOT_FOR_RUNS: &[&str] = &[
+    "CRONLOCK_CRONTAB",
+    "CRONLOCK_MAX_JOBS",
+    "CRONLOCK_DRAIN",
+    HOLD_AFTER_CLAIM,
+];
+
+/// A test hook: with this variable naming a file, a replica that won a claim writes the KEY
+/// there and stops before starting the run (a test then kills it "between claim and spawn").
+pub const HOLD_AFTER_CLAIM: &str = "CRONLOCK_TEST_HOLD_AFTER_CLAIM";
+
+/// What a run's channel said, for the loop: a report, or `None` at its end.
+pub type Heard = (u32, Option<Report>);
+
+/// A run this replica supervises.
+pub struct Run {
+    pub key: String,
+    pub instant: Option<i64>,
+    pub attempt: u32,
+    pub fence: i64,
+    pub ttl: Duration,
+    child: Child,
+    /// We signalled it (the drain ran out, or a second SIGTERM).
+    pub stopped: bool,
+    /// Its command started (reported).
+    pub started: bool,
+    /// Its end was reported.
+    pub ended: bool,
+    /// Its process was reaped, with this status.
+    pub exited: Option<ExitStatus>,
+    /// Its channel reached end of file.
+    pub closed: bool,
+}
+
+impl Run {
+    /// The run's process (cronlock itself).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn over(&self) -> bool {
+        self.exited.is_some() && self.closed
+    }
+}
+
+/// Start the run of `job` that takes over `held`. A child that started is never lost: once it
+/// exists, trouble with its output is a warning and the run is returned all the same.
+pub fn spawn(
+    exe: &std::path::Path,
+    job: &CronJob,
+    held: &Held,
+    (json, heard): (bool, &Sender<Heard>),
+    log: &Log,
+) -> Result<Run> {
+    let (mut ours, theirs) = UnixStream::pair().map_err(|e| anyhow!(crate::log::io_text(&e)))?;
+    // Written before the run exists: the socket buffer holds it for the run to read.
+    ours.write_all(Handover::from_held(&job.key, held).line().as_bytes())
+        .map_err(|e| anyhow!(crate::log::io_text(&e)))?;
+    let mut cmd = Command::new(exe);
+    cmd.args(&job.args)
+        .envs(job.env.iter().map(|(k, v)| (k, v)));
+    for name in NOT_FOR_RUNS {
+        cmd.env_remove(name);
+    }
+    cmd.env(FD_VAR, theirs.as_raw_fd().to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    tie_to_parent(&mut cmd, theirs.as_raw_fd());
+    let mut child = cmd.spawn().map_err(|e| anyhow!(crate::log::io_text(&e)))?;
+    drop(theirs);
+    let pid = child.id();
+    let streams = [
+        child.stdout.take().map(|s| {
+            (
+                Box::new(s) as Box<dyn std::io::Read + Send>,
+                output::Stream::Stdout,
+            )
+        }),
+        child.stderr.take().map(|s| {
+            (
+                Box::new(s) as Box<dyn std::io::Read + Send>,
+                output::Stream::Stderr,
+            )
+        }),
+    ];
+    for (from, stream) in streams.into_iter().flatten() {
+        let key = job.key.clone();
+        let started = thread("output", move || output::relay(from, stream, &key, json));
+        if let Err(e) = started {
+            log.warn(
+                "output_lost",
+                &format!("{}: cannot relay its output: {e}", job.key),
+            );
+        }
+    }
+    let heard = heard.clone();
+    let mut side = ReplicaSide::new(ours);
+    let mut closed = false;
+    let listening = thread("reports", move || {
+        while let Some(report) = side.report() {
+            let _ = heard.send((pid, Some(report)));
+            signals::wake_main();
+        }
+        let _ = heard.send((pid, None));
+        signals::wake_main();
+    });
+    if let Err(e) = listening {
+        // Its reports are lost; its exit still ends it.
+        log.warn(
+            "reports_lost",
+            &format!("{}: cannot read its reports: {e}", job.key),
+        );
+        closed = true;
+    }
+    Ok(Run {
+        key: job.key.clone(),
+        instant: held.instant,
+        attempt: held.attempt,
+        fence: held.fence,
+        ttl: held.ttl,
+        child,
+        stopped: false,
+        started: false,
+        ended: false,
+        exited: None,
+        closed,
+    })
+}
+
+/// A small named thread.
+fn thread(name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .stack_size(128 * 1024)
+        .spawn(f)
+        .map(drop)
+}
+
+/// Note the runs whose process ended.
+pub fn reap(runs: &mut HashMap<u32, Run>) {
+    for run in runs.values_mut().filter(|r| r.exited.is_none()) {
+        match run.child.try_wait() {
+            Ok(Some(status)) => run.exited = Some(status),
+            Ok(None) => {}
+            // Not ours to wait for any more (cannot happen for a child we spawned).
+            Err(_) => run.exited = Some(std::os::unix::process::ExitStatusExt::from_raw(0)),
+        }
+    }
+}
+
+/// Send `sig` to every run's cronlock (which passes SIGTERM on to its command; SIGKILL leaves
+/// the command to the run's guard).
+pub fn stop(runs: &mut HashMap<u32, Run>, sig: libc::c_int, log: &Log) {
+    for (pid, run) in runs.iter_mut().filter(|(_, r)| r.exited.is_none()) {
+        if !run.stopped {
+            log.warn(
+                "stopping_run",
+                &format!(
+                    "{}: stopping its run ({}): the drain is over",
+                    run.key,
+                    signals::name(sig)
+                ),
+            );
+        }
+        run.stopped = true;
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid as i32),
+            nix::sys::signal::Signal::try_from(sig).ok(),
+        );
+    }
+}

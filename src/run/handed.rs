@@ -1,0 +1,63 @@
+//! The first step of a run a replica (`--crontab`) started: instead of taking the lock, receive
+//! the lock the replica claimed, over the channel it named ([`crate::fleet::handover`]), and
+//! check it against this run's own configuration. A lock that does not match is released (it is
+//! ours by handover) and the command does not run.
+
+use anyhow::{bail, Result};
+
+use crate::config::RunConfig;
+use crate::fleet::handover::{Handover, RunSide};
+use crate::log::Log;
+use crate::store::keys::Keys;
+use crate::store::lock::{Held, ReleaseOptions};
+use crate::store::quorum::Masters;
+
+/// The handed-over lock, the masters to keep it with, and the channel to report on.
+pub(super) fn receive(config: &RunConfig, fd: i32, log: &Log) -> Result<(Held, Masters, RunSide)> {
+    let mut side = RunSide::adopt(fd)?;
+    let handed = side.receive(config.connect_timeout)?;
+    let why = mismatch(config, &handed);
+    let held = handed.into_held(Keys::new(&config.prefix, &config.key));
+    let masters = Masters::new(&config.servers);
+    if let Some(why) = why {
+        let until = held.sent_at + held.ttl;
+        let opts = ReleaseOptions::default();
+        super::release(
+            &config.servers,
+            config.connect_timeout,
+            Some(masters),
+            &held,
+            until,
+            &opts,
+            log,
+        );
+        bail!(
+            "the lock the replica handed over is not this run's ({why}); not running the command"
+        );
+    }
+    Ok((held, masters, side))
+}
+
+/// How the handover differs from what this run was configured to hold, if it does.
+fn mismatch(config: &RunConfig, h: &Handover) -> Option<String> {
+    if h.key != config.key {
+        return Some(format!("KEY '{}', not '{}'", h.key, config.key));
+    }
+    if h.ttl != config.timing.ttl {
+        return Some(format!(
+            "a TTL of {} ms, not {} ms",
+            h.ttl.as_millis(),
+            config.timing.ttl.as_millis()
+        ));
+    }
+    if h.limit != config.limit {
+        return Some(format!("--limit {}, not {}", h.limit, config.limit));
+    }
+    match (h.instant, &config.schedule) {
+        (None, None) => None,
+        (Some(at), Some(s)) if s.next_after(at - 1) == Some(at) => None,
+        (Some(at), Some(_)) => Some(format!("an instant ({at}) its schedule never names")),
+        (Some(_), None) => Some("an instant, and this run has no --schedule".into()),
+        (None, Some(_)) => Some("no instant, and this run has --schedule".into()),
+    }
+}
