@@ -17,6 +17,7 @@ use crate::signals;
 use crate::store::holder::Holder;
 use crate::store::keys::Keys;
 use crate::store::lock::{Attempt, Held, LedgerEnd, ReleaseOptions};
+use crate::store::members::View;
 use crate::store::quorum::{Masters, Refused};
 
 /// What the loop asks of the claim thread.
@@ -32,6 +33,23 @@ pub enum Ask {
         config: Arc<RunConfig>,
         held: Box<Held>,
     },
+    /// This replica's heartbeat where `config`'s jobs are claimed: live for `lapse` more (zero:
+    /// leaving), full or not.
+    Beat {
+        config: Arc<RunConfig>,
+        id: String,
+        lapse: Duration,
+        full: bool,
+    },
+}
+
+/// The Redis (servers and prefix) a job's claims go to: replicas are ranked per group.
+pub type Group = (Vec<u64>, String);
+
+/// The group of `config`'s job.
+pub fn group(config: &RunConfig) -> Group {
+    let servers = config.servers.iter().map(|r| r.fingerprint).collect();
+    (servers, config.prefix.clone())
 }
 
 /// How a claim went.
@@ -50,11 +68,21 @@ pub enum Verdict {
     Failed(String),
 }
 
-/// A claim's answer, for the loop.
-pub struct Answer {
-    pub key: String,
-    pub instant: i64,
-    pub verdict: Verdict,
+/// What the thread tells the loop.
+pub enum Answer {
+    /// How a claim went.
+    Claim {
+        key: String,
+        instant: i64,
+        verdict: Verdict,
+        /// The job's configuration when the claim was sent (a reload may have removed it since).
+        config: Arc<RunConfig>,
+    },
+    /// A heartbeat's view of the group's replicas, or why there is none.
+    View {
+        group: Group,
+        view: Result<View, String>,
+    },
 }
 
 /// The claim thread's inbox.
@@ -89,17 +117,31 @@ fn serve(inbox: Receiver<Ask>, answers: Sender<Answer>) {
             } => {
                 let masters = masters(&mut links, &config);
                 let verdict = claim(masters, &config, instant);
-                if answers
-                    .send(Answer {
-                        key,
-                        instant,
-                        verdict,
-                    })
-                    .is_err()
-                {
+                let answer = Answer::Claim {
+                    key,
+                    instant,
+                    verdict,
+                    config,
+                };
+                if tell(&answers, answer).is_err() {
                     return;
                 }
-                signals::wake_main();
+            }
+            Ask::Beat {
+                config,
+                id,
+                lapse,
+                full,
+            } => {
+                let masters = masters(&mut links, &config);
+                let within = config.connect_timeout;
+                let view = masters
+                    .beat(within, &config.prefix, &id, lapse, full)
+                    .map_err(|e| e.to_string());
+                let group = group(&config);
+                if tell(&answers, Answer::View { group, view }).is_err() {
+                    return;
+                }
             }
             Ask::Release { config, held } => {
                 let masters = masters(&mut links, &config);
@@ -117,9 +159,16 @@ fn serve(inbox: Receiver<Ask>, answers: Sender<Answer>) {
     }
 }
 
+/// Send an answer and wake the loop.
+fn tell(answers: &Sender<Answer>, answer: Answer) -> Result<(), ()> {
+    answers.send(answer).map_err(drop)?;
+    signals::wake_main();
+    Ok(())
+}
+
 /// The links for `config`'s servers, opened on first use and kept.
 fn masters<'a>(links: &'a mut HashMap<Vec<u64>, Masters>, config: &RunConfig) -> &'a mut Masters {
-    let id: Vec<u64> = config.servers.iter().map(|r| r.fingerprint).collect();
+    let id = group(config).0;
     links
         .entry(id)
         .or_insert_with(|| Masters::new(&config.servers))

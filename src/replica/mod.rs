@@ -44,6 +44,13 @@ use table::Table;
 /// How often the file's modification time is looked at (a ConfigMap update, an edit).
 const FILE_CHECK: Duration = Duration::from_secs(2);
 
+/// The heartbeat's period with up to 5 replicas; 100 ms more per replica above that, so the
+/// heartbeats of a fleet cost Redis at most 10 calls a second. A replica lapses after 3 periods
+/// without one.
+const BEAT: Duration = Duration::from_millis(500);
+/// The soonest a change of "full" is told again.
+const BEAT_AGAIN: Duration = Duration::from_millis(100);
+
 /// Where the replica is in its life.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -73,6 +80,12 @@ struct Replicant<'a> {
     interrupted: bool,
     /// "At --max-jobs" was said, and no room came since.
     full_told: bool,
+    /// A failed claim was said, and none went through since.
+    trouble_told: bool,
+    /// This replica's id among the live replicas.
+    me: String,
+    /// The heartbeats: the last sent, the period, and whether it said "full".
+    beat: (Instant, Duration, bool),
     /// The test hook [`runs::HOLD_AFTER_CLAIM`]: where to say a claim was won, then stop.
     hold: Option<std::path::PathBuf>,
 }
@@ -90,8 +103,13 @@ pub fn serve(
             crate::log::io_text(&e)
         )
     })?;
-    let me = uuid::Uuid::new_v4().as_u64_pair().0;
-    let mut table = Table::new(&replica.jobs, true, me);
+    let me = format!(
+        "{}/{}",
+        crate::host::hostname(),
+        uuid::Uuid::new_v4().simple()
+    );
+    let mut table = Table::new(&replica.jobs, true, &me);
+    table.lapse = BEAT * 3;
     let (answered, answers) = mpsc::channel();
     let claims =
         Claims::start(answered).map_err(|e| anyhow!("cannot start the claims thread: {e}"))?;
@@ -107,6 +125,10 @@ pub fn serve(
         in_flight: 0,
         interrupted: false,
         full_told: false,
+        trouble_told: false,
+        me,
+        // The first heartbeat goes out at once.
+        beat: (Instant::from_duration(Duration::ZERO), BEAT, false),
         hold: std::env::var_os(runs::HOLD_AFTER_CLAIM).map(Into::into),
     };
     log.info(
@@ -146,6 +168,7 @@ pub fn serve(
         if phase == Phase::Serving {
             table.advance(log);
             r.claim(&mut table);
+            r.heartbeat(&mut table, false);
         }
         let wake = r.wake(&table, phase, checked + FILE_CHECK);
         match signals::wait(&set, wake.saturating_duration_since(Instant::now())) {
@@ -162,6 +185,8 @@ pub fn serve(
                 phase = Phase::Draining {
                     until: Instant::now() + replica.drain,
                 };
+                // Out of the ranking at once: the others take this replica's instants.
+                r.heartbeat(&mut table, true);
             }
             // A second one: stop them now.
             Some(libc::SIGTERM | libc::SIGINT) => {
@@ -222,10 +247,13 @@ impl Replicant<'_> {
     fn wake(&self, table: &Table, phase: Phase, file_check: Instant) -> Instant {
         let now = Instant::now();
         let at = match phase {
-            Phase::Serving => table.next_wake().map(|ms| {
-                let left = (ms - unix_millis() as i64).max(0) as u64;
-                now + Duration::from_millis(left)
-            }),
+            Phase::Serving => table
+                .next_wake()
+                .map(|ms| {
+                    let left = (ms - unix_millis() as i64).max(0) as u64;
+                    (now + Duration::from_millis(left)).min(self.beat.0 + self.beat.1)
+                })
+                .or(Some(self.beat.0 + self.beat.1)),
             Phase::Draining { until } => Some(until),
             Phase::Stopping { kill_at } => Some(kill_at),
             Phase::Killed => None,
@@ -235,19 +263,20 @@ impl Replicant<'_> {
 
     /// Send the claims there is room for.
     fn claim(&mut self, table: &mut Table) {
+        let max = self.replica.max_jobs as usize;
         let busy = self.runs.len() + self.in_flight;
-        let room = (self.replica.max_jobs as usize).saturating_sub(busy);
+        let room = max.saturating_sub(busy);
         let waiting = table.waiting();
-        if room > 0 || waiting == 0 {
+        if self.runs.len() < max || waiting == 0 {
             self.full_told = false;
         } else if !self.full_told {
             self.full_told = true;
             self.log.warn(
                 "at_max_jobs",
                 &format!(
-                    "{busy} runs and claims are going on (--max-jobs {}): {waiting} due instants \
-                     wait for room here; another replica may run them",
-                    self.replica.max_jobs
+                    "{} runs are going on (--max-jobs {max}): {waiting} due instants wait for \
+                     room here; another replica may run them",
+                    self.runs.len()
                 ),
             );
         }
@@ -262,33 +291,79 @@ impl Replicant<'_> {
         }
     }
 
-    /// Act on the claims' answers: start a won run, note a lost one.
+    /// Send this replica's heartbeat to each group its jobs claim in: when the period is over,
+    /// when "full" changed (at most every [`BEAT_AGAIN`]), or, `leaving`, to leave the ranking.
+    fn heartbeat(&mut self, table: &mut Table, leaving: bool) {
+        let busy = self.runs.len() + self.in_flight;
+        let full = busy >= self.replica.max_jobs as usize;
+        let (sent, every, said_full) = self.beat;
+        let since = sent.elapsed();
+        if !leaving && since < every && (full == said_full || since < BEAT_AGAIN) {
+            return;
+        }
+        let lapse = if leaving { Duration::ZERO } else { every * 3 };
+        for config in table.groups() {
+            self.claims.send(Ask::Beat {
+                config,
+                id: self.me.clone(),
+                lapse,
+                full,
+            });
+        }
+        self.beat = (Instant::now(), every, full);
+        table.lapse = every * 3;
+    }
+
+    /// Act on the claims thread's answers: start a won run, note a lost one, take a new view.
     fn answers(&mut self, table: &mut Table, phase: Phase) {
-        while let Ok(Answer {
-            key,
-            instant,
-            verdict,
-        }) = self.answers.try_recv()
-        {
+        while let Ok(answer) = self.answers.try_recv() {
+            let (key, instant, verdict, config) = match answer {
+                Answer::Claim {
+                    key,
+                    instant,
+                    verdict,
+                    config,
+                } => (key, instant, verdict, config),
+                Answer::View { group, view } => {
+                    match view {
+                        Ok(view) => {
+                            // 100 ms more per replica above 5: a fleet's heartbeats stay at about
+                            // 10 calls a second.
+                            let n = view.live.len().max(5) as u32;
+                            self.beat.1 = BEAT * n / 5;
+                            table.set_view(group, view);
+                        }
+                        Err(text) => self.log.event(
+                            Level::Debug,
+                            "heartbeat_failed",
+                            &format!("cannot send this replica's heartbeat: {text}"),
+                            &[],
+                        ),
+                    }
+                    continue;
+                }
+            };
             self.in_flight = self.in_flight.saturating_sub(1);
             let failed = matches!(verdict, Verdict::Failed(_));
-            let first_news = table.answered(&key, !failed, self.log);
+            table.answered(&key, !failed, self.log);
+            let first_news = failed && !std::mem::replace(&mut self.trouble_told, failed);
             let Some(job) = table.job(&key).map(|j| j.cron.clone()) else {
                 // Removed by a reload meanwhile: a won claim is given back.
                 if let Verdict::Won(held) = verdict {
-                    self.give_back(&key, held, None);
+                    self.claims.send(Ask::Release { config, held });
                 }
                 continue;
             };
             match verdict {
                 Verdict::Won(held) if phase != Phase::Serving => {
-                    self.give_back(&key, held, Some(job.config.clone()));
+                    self.claims.send(Ask::Release { config, held });
                 }
                 Verdict::Won(held) => self.start(&job, held),
                 Verdict::Failed(text) if first_news => self.log.warn(
                     "claim_failed",
                     &format!(
-                        "{key}: cannot claim the {} instant: {text}; trying again",
+                        "{key}: cannot claim the {} instant: {text}; trying again every second \
+                         (said once until a claim goes through)",
                         rfc3339(instant.max(0) as u64)
                     ),
                 ),
@@ -319,26 +394,10 @@ impl Replicant<'_> {
                         job.key
                     ),
                 );
-                self.give_back(&job.key, held, Some(job.config.clone()));
+                let config = job.config.clone();
+                self.claims.send(Ask::Release { config, held });
             }
         }
-    }
-
-    /// A won claim that will not run: released, the attempt recorded interrupted.
-    fn give_back(
-        &mut self,
-        key: &str,
-        held: Box<crate::store::lock::Held>,
-        config: Option<std::sync::Arc<crate::config::RunConfig>>,
-    ) {
-        let Some(config) = config else {
-            self.log.warn(
-                "claim_dropped",
-                &format!("{key}: left its won claim to lapse: the job was removed meanwhile"),
-            );
-            return;
-        };
-        self.claims.send(Ask::Release { config, held });
     }
 
     /// A claim another replica's run (or a suspension) answered: said under `-v`, reported in the

@@ -8,9 +8,13 @@
 //! the instant), so replicas that are all due at once mostly claim different jobs first.
 
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
+use std::time::Duration;
 
 use anyhow::Result;
+
+use crate::clock::Instant;
+use crate::replica::claim::{group, Group};
+use crate::store::members::View;
 
 use crate::config::CronJob;
 use crate::host::{rfc3339, unix_millis};
@@ -24,29 +28,48 @@ pub struct Job {
     pub cron: CronJob,
     /// The next instant (Unix ms) to come due.
     next: Option<i64>,
-    /// An instant that came due and waits to be claimed, and until when it can still start.
-    due: Option<(i64, i64)>,
+    /// An instant that came due and waits to be claimed.
+    due: Option<Due>,
+    /// The latest instant that came due.
+    last: Option<i64>,
+    /// Where its claims go (replicas are ranked per group).
+    group: Group,
     /// A claim of it is in flight.
     claiming: bool,
     /// An instant that came due while a claim was in flight: it waits next.
-    queued: Option<i64>,
+    queued: Option<(i64, bool)>,
     /// No claim before this (after a failed one).
     not_before: i64,
-    /// A failed claim was said (once, until one goes through).
-    trouble_told: bool,
 }
 
-/// The jobs, by KEY too.
+/// An instant waiting to be claimed.
+#[derive(Clone, Copy)]
+struct Due {
+    at: i64,
+    /// Until when it can still start.
+    until: i64,
+    /// Claimed by this replica whatever the rank (fired at start, or looked at again).
+    anyone: bool,
+}
+
+/// The jobs, by KEY too, and who serves them.
 pub struct Table {
     pub jobs: Vec<Job>,
     index: HashMap<String, usize>,
-    /// This replica's identity, for its order of claims.
-    me: u64,
+    /// This replica's identity (its id in the live set), for the ranking.
+    me: String,
+    /// The last view of each group's replicas, and when it came.
+    views: HashMap<Group, (View, Instant)>,
+    /// How long a view counts (a replica lapses after this without a heartbeat).
+    pub lapse: Duration,
+    /// When the table was made: until a first view comes (or a lapse passes without one), an
+    /// instant waits for it rather than being claimed by every replica.
+    made: Instant,
 }
 
 impl Table {
     /// `first`: jobs with `--catch-up` are due at once (a replica that starts late catches up).
-    pub fn new(jobs: &[CronJob], first: bool, me: u64) -> Table {
+    pub fn new(jobs: &[CronJob], first: bool, me: &str) -> Table {
         let now = unix_millis() as i64;
         let jobs: Vec<Job> = jobs
             .iter()
@@ -57,10 +80,11 @@ impl Table {
                     c.schedule.next_after(now)
                 },
                 due: None,
+                last: None,
+                group: group(&c.config),
                 claiming: false,
                 queued: None,
                 not_before: 0,
-                trouble_told: false,
                 cron: c.clone(),
             })
             .collect();
@@ -69,14 +93,75 @@ impl Table {
             .enumerate()
             .map(|(i, j)| (j.cron.key.clone(), i))
             .collect();
-        Table { jobs, index, me }
+        Table {
+            jobs,
+            index,
+            me: me.to_string(),
+            views: HashMap::new(),
+            lapse: Duration::from_secs(2),
+            made: Instant::now(),
+        }
+    }
+
+    /// The groups the jobs claim in, each with a job's configuration to reach it.
+    pub fn groups(&self) -> Vec<std::sync::Arc<crate::config::RunConfig>> {
+        let mut seen: Vec<&Group> = Vec::new();
+        let mut out = Vec::new();
+        for job in &self.jobs {
+            if !seen.contains(&&job.group) {
+                seen.push(&job.group);
+                out.push(job.cron.config.clone());
+            }
+        }
+        out
+    }
+
+    /// A heartbeat's view of `group`. With `--retries`, a job whose latest instant belonged to a
+    /// replica that left and is now this one's is looked at again at once: its attempt may have
+    /// been abandoned.
+    pub fn set_view(&mut self, group: Group, view: View) {
+        let now = Instant::now();
+        let before = self.fresh(&group).cloned();
+        if let Some(old) = &before {
+            let gone: Vec<&String> = old.live.iter().filter(|m| !view.live.contains(m)).collect();
+            if !gone.is_empty() {
+                let at = unix_millis() as i64;
+                for job in self.jobs.iter_mut().filter(|j| j.group == group) {
+                    let Some(last) = job.last.filter(|_| job.cron.retries > 0) else {
+                        continue;
+                    };
+                    let was = owner(old, &self.me, &job.cron.key, last);
+                    if gone.contains(&&was)
+                        && owner(&view, &self.me, &job.cron.key, last) == self.me
+                    {
+                        job.next = Some(job.next.map_or(at, |n| n.min(at)));
+                    }
+                }
+            }
+        }
+        self.views.insert(group, (view, now));
+    }
+
+    /// The group's view, if it is recent enough to trust.
+    fn fresh(&self, group: &Group) -> Option<&View> {
+        let (view, when) = self.views.get(group)?;
+        (when.elapsed() < self.lapse).then_some(view)
+    }
+
+    /// This replica claims instant `at` of `job`: it is first in rank, or has no view.
+    fn mine(&self, job: &Job, at: i64) -> bool {
+        match self.fresh(&job.group) {
+            // A stale view (heartbeats failing): claim as if alone. None yet: wait for the first.
+            None => self.views.contains_key(&job.group) || self.made.elapsed() >= self.lapse,
+            Some(view) => owner(view, &self.me, &job.cron.key, at) == self.me,
+        }
     }
 
     /// How many instants wait for a claim.
     pub fn waiting(&self) -> usize {
         self.jobs
             .iter()
-            .filter(|j| j.due.is_some() && !j.claiming)
+            .filter(|j| !j.claiming && j.due.is_some_and(|d| self.mine(j, d.at)))
             .count()
     }
 
@@ -94,7 +179,7 @@ impl Table {
                 let waiting = j.due.filter(|_| !j.claiming);
                 [
                     j.next,
-                    waiting.map(|(_, until)| until),
+                    waiting.map(|d| d.until),
                     waiting.map(|_| j.not_before),
                 ]
             })
@@ -106,23 +191,38 @@ impl Table {
     /// no longer start is given up, with one line.
     pub fn advance(&mut self, log: &Log) {
         let now = unix_millis() as i64;
-        for job in &mut self.jobs {
-            if let Some((at, _)) = job.due.filter(|(_, until)| *until <= now && !job.claiming) {
-                missed(job, at, log);
-                job.due = None;
+        for i in 0..self.jobs.len() {
+            let job = &self.jobs[i];
+            if let Some(d) = job.due.filter(|d| d.until <= now && !job.claiming) {
+                if d.anyone || self.mine(job, d.at) {
+                    missed(job, d.at, log);
+                }
+                self.jobs[i].due = None;
             }
+            let job = &mut self.jobs[i];
             let Some(at) = job.next.filter(|n| *n <= now) else {
                 continue;
             };
             job.next = job.cron.schedule.next_after(at.max(now));
-            // The instant this one replaces can no longer start on time.
-            if let Some((old, _)) = job.due.filter(|_| !job.claiming) {
-                missed(job, old, log);
-            }
+            // Fired at start or looked at again: not an instant of the schedule's (Redis picks the
+            // instant due), and this replica claims it whatever the rank.
+            let anyone = job.cron.schedule.next_after(at - 1) != Some(at);
+            job.last = Some(at);
             if job.claiming {
-                job.queued = Some(at);
-            } else {
-                job.due = Some((at, deadline(job, at)));
+                job.queued = Some((at, anyone));
+                continue;
+            }
+            let old = job.due.replace(Due {
+                at,
+                until: deadline(job, at),
+                anyone,
+            });
+            // The instant this one replaces can no longer start on time.
+            if let Some(old) = old {
+                let job = &self.jobs[i];
+                if old.anyone || self.mine(job, old.at) {
+                    missed(job, old.at, log);
+                }
             }
         }
     }
@@ -134,44 +234,42 @@ impl Table {
             return Vec::new();
         }
         let now = unix_millis() as i64;
-        let mut ready: Vec<(u64, usize, i64)> = self
+        // Oldest first; at one instant, in an order of this replica's own.
+        let mut ready: Vec<(i64, u64, usize)> = self
             .jobs
             .iter()
             .enumerate()
             .filter(|(_, j)| !j.claiming && j.not_before <= now)
-            .filter_map(|(i, j)| {
-                j.due
-                    .map(|(at, _)| (order(self.me, &j.cron.key, at), i, at))
-            })
+            .filter_map(|(i, j)| j.due.map(|d| (i, j, d)))
+            .filter(|(_, j, d)| d.anyone || self.mine(j, d.at))
+            .map(|(i, j, d)| (d.at, rank(&self.me, &j.cron.key, d.at), i))
             .collect();
         ready.sort_unstable();
         ready.truncate(room);
-        for (_, i, _) in &ready {
+        for (_, _, i) in &ready {
             self.jobs[*i].claiming = true;
         }
-        ready.into_iter().map(|(_, i, at)| (i, at)).collect()
+        ready.into_iter().map(|(at, _, i)| (i, at)).collect()
     }
 
     /// A claim of KEY came back: `done` unless it failed (Redis could not be asked), in which case
     /// the instant waits again, for a while.
-    pub fn answered(&mut self, key: &str, done: bool, log: &Log) -> bool {
+    pub fn answered(&mut self, key: &str, done: bool, log: &Log) {
         let Some(job) = self.job(key) else {
-            return false;
+            return;
         };
         job.claiming = false;
-        if let Some(at) = job.queued.take() {
-            if let Some((old, _)) = job.due.filter(|_| !done) {
-                missed(job, old, log);
+        if let Some((at, anyone)) = job.queued.take() {
+            if let Some(old) = job.due.filter(|_| !done) {
+                missed(job, old.at, log);
             }
-            job.due = Some((at, deadline(job, at)));
+            let until = deadline(job, at);
+            job.due = Some(Due { at, until, anyone });
         } else if done {
             job.due = None;
         }
-        if done {
-            std::mem::take(&mut job.trouble_told)
-        } else {
+        if !done {
             job.not_before = unix_millis() as i64 + RETRY_MS;
-            !std::mem::replace(&mut job.trouble_told, true)
         }
     }
 
@@ -188,7 +286,10 @@ impl Table {
     pub fn reload(&mut self, reload: &dyn Fn() -> Result<Vec<CronJob>>, log: &Log) {
         match reload() {
             Ok(jobs) => {
-                let mut next = Table::new(&jobs, false, self.me);
+                let mut next = Table::new(&jobs, false, &self.me);
+                next.views = std::mem::take(&mut self.views);
+                next.lapse = self.lapse;
+                next.made = self.made;
                 // A job that stays keeps its next instant and its waiting one (a reload does not
                 // fire it again).
                 for job in &mut next.jobs {
@@ -196,6 +297,7 @@ impl Table {
                         if old.cron.args == job.cron.args && old.cron.env == job.cron.env {
                             job.next = old.next;
                             job.due = old.due;
+                            job.last = old.last;
                             job.claiming = old.claiming;
                         }
                     }
@@ -253,9 +355,83 @@ fn missed(job: &Job, at: i64, log: &Log) {
     );
 }
 
-/// This replica's place for claiming (KEY, instant): a hash, different on every replica.
-fn order(me: u64, key: &str, at: i64) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    (me, key, at).hash(&mut h);
-    h.finish()
+/// The replica that claims `at` of KEY in `view`: the highest rank among the live replicas not
+/// at `--max-jobs` (among all live ones when all are; `me` when none is live).
+fn owner(view: &View, me: &str, key: &str, at: i64) -> String {
+    let open: Vec<&String> = view
+        .live
+        .iter()
+        .filter(|m| !view.full.contains(m))
+        .collect();
+    let pool: Vec<&String> = if open.is_empty() {
+        view.live.iter().collect()
+    } else {
+        open
+    };
+    pool.into_iter()
+        .max_by_key(|m| (rank(m, key, at), m.as_str()))
+        .map_or_else(|| me.to_string(), |m| m.to_string())
+}
+
+/// A replica's rank for (KEY, instant): a hash every replica computes alike, whatever its
+/// version (FNV-1a, then a finalizer that spreads the bits).
+fn rank(member: &str, key: &str, at: i64) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let bytes = member
+        .bytes()
+        .chain([0])
+        .chain(key.bytes())
+        .chain([0])
+        .chain(at.to_le_bytes());
+    for b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(live: &[&str], full: &[&str]) -> View {
+        View {
+            live: live.iter().map(|s| s.to_string()).collect(),
+            full: full.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn every_replica_names_the_same_owner_and_owners_spread() {
+        let v = view(&["a", "b", "c"], &[]);
+        let mut count: HashMap<String, usize> = HashMap::new();
+        for i in 0..3000 {
+            let key = format!("job{}", i % 100);
+            let o = owner(&v, "a", &key, i64::from(i / 100) * 1000);
+            assert_eq!(o, owner(&v, "c", &key, i64::from(i / 100) * 1000));
+            *count.entry(o).or_default() += 1;
+        }
+        for n in count.values() {
+            assert!((800..1200).contains(n), "{count:?}");
+        }
+    }
+
+    #[test]
+    fn a_full_or_gone_owner_passes_to_the_next() {
+        let v = view(&["a", "b", "c"], &[]);
+        let o = owner(&v, "a", "k", 5);
+        let rest: Vec<&str> = ["a", "b", "c"].into_iter().filter(|m| *m != o).collect();
+        let without = owner(&view(&rest, &[]), "a", "k", 5);
+        assert_eq!(owner(&view(&["a", "b", "c"], &[&o]), "a", "k", 5), without);
+        // Everyone full: the first of all, as before.
+        assert_eq!(
+            owner(&view(&["a", "b", "c"], &["a", "b", "c"]), "a", "k", 5),
+            o
+        );
+        assert_eq!(owner(&view(&[], &[]), "me", "k", 5), "me");
+    }
 }

@@ -16,6 +16,7 @@ pub mod holder;
 pub mod inspect;
 pub mod keys;
 pub mod lock;
+pub mod members;
 pub mod quorum;
 pub mod resp;
 pub mod round;

@@ -25,6 +25,7 @@ use crate::store::acquire;
 use crate::store::inspect::{self, Snapshot};
 use crate::store::keys::Keys;
 use crate::store::lock::{self, Attempt, Held, Holder, ReleaseOptions, Released, Slot};
+use crate::store::members;
 use crate::store::round::{failed_alone, refused, Answer, Lost};
 pub use crate::store::round::{Outcome, Refused};
 use crate::store::topology::{Failure, Link, Redis};
@@ -370,6 +371,20 @@ impl Masters {
             )));
         }
         Ok(found)
+    }
+
+    /// A replica's heartbeat (see [`crate::store::members`]), on the first master: the ranking
+    /// it serves needs one view, not a majority (a wrong view costs a duplicate claim, which the
+    /// acquire refuses, or a delay).
+    pub fn beat(
+        &mut self,
+        within: Duration,
+        prefix: &str,
+        id: &str,
+        lapse: Duration,
+        full: bool,
+    ) -> Result<members::View, Failure> {
+        members::beat(&mut self.links[0], within, prefix, id, lapse, full)
     }
 
     /// With one master, block on the KEY's notify list for up to `block` (a release wakes us);

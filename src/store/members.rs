@@ -1,0 +1,86 @@
+//! The replicas (`--crontab`) serving from one Redis, for ranking who claims which instant: each
+//! replica's heartbeat (`members.lua`) renews it in a sorted set scored by when it lapses (by
+//! Redis's clock), drops the lapsed, and answers who is live and who is at `--max-jobs`.
+//!
+//! The keys, under the prefix `cronlock:`: `cronlock:~{~replicas}:live` and
+//! `cronlock:~{~replicas}:full`. They share a hash tag of their own, and a KEY's keys (which
+//! start `cronlock:{`) can never have it; `--list` does not see them.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::{Script, Value};
+
+use crate::store::lock::{eval, ms};
+use crate::store::topology::{Failure, Link};
+
+const MEMBERS_LUA: &str = include_str!("lua/members.lua");
+static MEMBERS: LazyLock<Script> = LazyLock::new(|| Script::new(MEMBERS_LUA));
+
+/// The most replicas a view lists (a bound on the reply).
+pub const MAX_MEMBERS: usize = 256;
+
+/// Who serves from this Redis, as one heartbeat saw it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct View {
+    /// The live replicas' ids.
+    pub live: Vec<String>,
+    /// Those of them at `--max-jobs`.
+    pub full: Vec<String>,
+}
+
+/// One heartbeat of replica `id` under `prefix`: live for `lapse` more (zero: leaving now), and
+/// whether it is full. Returns the view after it.
+pub fn beat(
+    link: &mut Link,
+    within: Duration,
+    prefix: &str,
+    id: &str,
+    lapse: Duration,
+    full: bool,
+) -> Result<View, Failure> {
+    let live = format!("{prefix}~{{~replicas}}:live");
+    let fulls = format!("{prefix}~{{~replicas}}:full");
+    let lapse_ms = if lapse.is_zero() { 0 } else { ms(lapse) };
+    let args = [
+        id.to_string(),
+        lapse_ms.to_string(),
+        u8::from(full).to_string(),
+    ];
+    eval(
+        link,
+        within,
+        &MEMBERS,
+        MEMBERS_LUA,
+        &[&live, &fulls],
+        &args,
+        read_view,
+    )
+}
+
+/// `{live ids, full ids}`; anything else is a failure.
+fn read_view(reply: &Value) -> Result<View, Failure> {
+    const SHAPE: &str = "a heartbeat reply that is not {live ids, full ids}";
+    let ids = |v: &Value| -> Result<Vec<String>, Failure> {
+        let Value::Array(items) = v else {
+            return Err(Failure::shape(SHAPE));
+        };
+        if items.len() > MAX_MEMBERS {
+            return Err(Failure::shape(SHAPE));
+        }
+        items
+            .iter()
+            .map(|i| match i {
+                Value::BulkString(b) => Ok(String::from_utf8_lossy(b).into_owned()),
+                _ => Err(Failure::shape(SHAPE)),
+            })
+            .collect()
+    };
+    match reply {
+        Value::Array(parts) if parts.len() == 2 => Ok(View {
+            live: ids(&parts[0])?,
+            full: ids(&parts[1])?,
+        }),
+        _ => Err(Failure::shape(SHAPE)),
+    }
+}
