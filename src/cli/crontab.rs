@@ -48,6 +48,9 @@ pub fn load(path: &Path) -> Result<Vec<CronJob>> {
     let mut env: Vec<(String, String)> = Vec::new();
     let mut zone: Option<String> = None;
     let mut lines_of: HashMap<String, usize> = HashMap::new();
+    // Built once: clap's definition is tens of KiB, and building it per line made a file of
+    // 20,000 lines take seconds to read.
+    let mut command = Cli::command();
     for (i, raw) in text.lines().enumerate() {
         let line = raw.trim();
         let n = i + 1;
@@ -69,7 +72,8 @@ pub fn load(path: &Path) -> Result<Vec<CronJob>> {
             }
             continue;
         }
-        let job = job(line, zone.as_deref(), &env, n).map_err(|e| anyhow!("{shown}:{n}: {e:#}"))?;
+        let job = job(line, (zone.as_deref(), &env), n, &mut command)
+            .map_err(|e| anyhow!("{shown}:{n}: {e:#}"))?;
         if let Some(first) = lines_of.insert(job.key.clone(), n) {
             bail!(
                 "{shown}:{n}: KEY '{}' is already the KEY of line {first}: each job needs its own",
@@ -150,7 +154,12 @@ fn cron_field(word: &str) -> bool {
 }
 
 /// One job line.
-fn job(line: &str, zone: Option<&str>, env: &[(String, String)], n: usize) -> Result<CronJob> {
+fn job(
+    line: &str,
+    (zone, env): (Option<&str>, &[(String, String)]),
+    n: usize,
+    command: &mut clap::Command,
+) -> Result<CronJob> {
     let all = words(line);
     let fields = if all[0].1.starts_with('@') {
         1
@@ -169,7 +178,6 @@ fn job(line: &str, zone: Option<&str>, env: &[(String, String)], n: usize) -> Re
     };
     let schedule = Schedule::parse(&text).map_err(|e| anyhow!("bad schedule '{expr}': {e}"))?;
     // The options, up to KEY: an option that takes a value takes the next word too.
-    let command = Cli::command();
     let mut args: Vec<String> = vec!["--schedule".into(), text];
     let mut rest = all[fields..].iter();
     let mut key = None;
@@ -183,7 +191,7 @@ fn job(line: &str, zone: Option<&str>, env: &[(String, String)], n: usize) -> Re
             bail!("{name} is not an option of one job");
         }
         args.push(word.to_string());
-        if !word.contains('=') && takes_value(&command, name) {
+        if !word.contains('=') && takes_value(command, name) {
             match rest.next() {
                 Some((_, value)) => args.push(value.to_string()),
                 None => bail!("{name} needs a value"),
@@ -202,7 +210,7 @@ fn job(line: &str, zone: Option<&str>, env: &[(String, String)], n: usize) -> Re
     let mut argv = vec!["cronlock".to_string()];
     argv.extend(args.iter().cloned());
     let matches = command
-        .try_get_matches_from(&argv)
+        .try_get_matches_from_mut(&argv)
         .map_err(|e| anyhow!(one_line(&e)))?;
     let mut cli = from_matches(&matches).map_err(|e| anyhow!(one_line(&e)))?;
     // The replica's own settings (from its environment) are not the job's.
@@ -239,6 +247,10 @@ fn takes_value(command: &clap::Command, name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn job(line: &str, zone: Option<&str>, env: &[(String, String)], n: usize) -> Result<CronJob> {
+        super::job(line, (zone, env), n, &mut Cli::command())
+    }
 
     #[test]
     fn lines_split_into_schedule_options_key_and_command() {

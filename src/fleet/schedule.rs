@@ -21,12 +21,60 @@ use croner::Cron;
 pub struct Schedule {
     /// As the user wrote it (stored with the run, shown by `--status`).
     pub text: String,
-    cron: Cron,
+    /// Shared between schedules of the same expression (see [`parsed`]).
+    cron: std::sync::Arc<Cron>,
     zone: Zone,
+}
+
+/// The most distinct expressions kept for sharing.
+const SHARED_MAX: usize = 4096;
+
+/// `expr` parsed, shared with every other schedule of the same expression: croner keeps about 6
+/// KiB per expression (a byte per possible year among them), and a replica's thousand jobs
+/// mostly share a few expressions (many jobs at `0 0 * * *`).
+fn parsed(parser: &CronParser, expr: &str) -> Result<std::sync::Arc<Cron>, String> {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    static SHARED: Mutex<Option<HashMap<String, Arc<Cron>>>> = Mutex::new(None);
+    let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    let map = shared.get_or_insert_with(HashMap::new);
+    if let Some(cron) = map.get(expr) {
+        return Ok(cron.clone());
+    }
+    let cron = Arc::new(parser.parse(expr).map_err(|e| explain(parser, expr, &e))?);
+    if map.len() < SHARED_MAX {
+        map.insert(expr.to_string(), cron.clone());
+    }
+    Ok(cron)
 }
 
 /// How many instants on each side of the local clock go to the acquire script.
 const AROUND: usize = 2;
+
+/// The zone `name` read from its file in the tz database (`TZDIR`, else
+/// `/usr/share/zoneinfo`), when the name is a plain path there. Looking a name up in jiff's
+/// database first lists every zone in the directory tree (about a hundred directory reads, a
+/// millisecond or more), which every scheduled run and every replica would pay at start.
+fn zone_file(name: &str) -> Option<jiff::tz::TimeZone> {
+    if name == "UTC" || name == "Etc/UTC" {
+        return Some(jiff::tz::TimeZone::UTC);
+    }
+    let plain = !name.is_empty()
+        && !name.starts_with('/')
+        && name
+            .split('/')
+            .all(|part| !part.is_empty() && part != "." && part != "..");
+    if !plain {
+        return None;
+    }
+    let dir = std::env::var_os("TZDIR").unwrap_or_else(|| "/usr/share/zoneinfo".into());
+    let path = std::path::Path::new(&dir).join(name);
+    // A zone file is a few KiB; anything larger is not one.
+    let file = std::fs::File::open(path).ok()?;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::Read::take(file, 1 << 20), &mut bytes).ok()?;
+    jiff::tz::TimeZone::tzif(name, &bytes).ok()
+}
 
 const FIELDS_5: [&str; 5] = ["minute", "hour", "day-of-month", "month", "day-of-week"];
 
@@ -37,7 +85,8 @@ impl Schedule {
         let (zone, expr) = match trimmed.split_once(char::is_whitespace) {
             Some((first, rest)) if first.starts_with("CRON_TZ=") || first.starts_with("TZ=") => {
                 let name = first.split_once('=').map_or("", |(_, n)| n);
-                let tz = jiff::tz::TimeZone::get(name).map_err(|_| {
+                let tz = zone_file(name).map_or_else(|| jiff::tz::TimeZone::get(name), Ok);
+                let tz = tz.map_err(|_| {
                     format!("unknown time zone '{name}' (not in the system's tz database)")
                 })?;
                 (Zone(tz), rest.trim())
@@ -45,7 +94,7 @@ impl Schedule {
             _ => (Zone(jiff::tz::TimeZone::system()), trimmed),
         };
         let parser = CronParser::builder().build();
-        let cron = parser.parse(expr).map_err(|e| explain(&parser, expr, &e))?;
+        let cron = parsed(&parser, expr)?;
         let schedule = Schedule {
             text: trimmed.to_string(),
             cron,

@@ -11,6 +11,11 @@ use super::*;
 /// A replica serving `file`, tied to the test; its stdout and stderr go to files beside the
 /// crontab (`N.out`, `N.err`), so a full pipe never stalls it.
 pub fn replica(url: &str, file: &Path, extra: &[&str]) -> Child {
+    replica_with(url, file, extra, &[])
+}
+
+/// [`replica`], with more variables in its environment.
+pub fn replica_with(url: &str, file: &Path, extra: &[&str], env: &[(&str, &str)]) -> Child {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let dir = file.parent().unwrap();
@@ -20,6 +25,7 @@ pub fn replica(url: &str, file: &Path, extra: &[&str]) -> Child {
     cmd.stdout(std::fs::File::create(dir.join(format!("{n}.out"))).unwrap())
         .stderr(std::fs::File::create(dir.join(format!("{n}.err"))).unwrap())
         .env("CRONLOCK_TEST_REPLICA", n.to_string())
+        .envs(env.iter().copied())
         .spawn()
         .unwrap()
 }

@@ -1,0 +1,395 @@
+//! A replica claims each due instant itself and hands the won lock to the run it starts: every
+//! due job runs while the fleet has room, a run reports to its replica on a channel whatever its
+//! output, and no fault between the claim and the run (a replica SIGKILLed around an instant, or
+//! between claim and spawn; a paused Redis) loses an instant, runs one twice or lets two
+//! attempts overlap.
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::Child;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::replicas::{crontab, instants, replica, replica_err, replica_with, stop};
+use common::*;
+
+/// `KEY INSTANT` lines a job writes, as (KEY, INSTANT) counts.
+fn runs_of(file: &Path) -> BTreeMap<(String, String), usize> {
+    let mut out = BTreeMap::new();
+    for line in instants(file) {
+        if let Some((k, i)) = line.split_once(' ') {
+            *out.entry((k.to_string(), i.to_string())).or_default() += 1;
+        }
+    }
+    out
+}
+
+/// The instants at which every one of `keys` ran.
+fn complete_instants(runs: &BTreeMap<(String, String), usize>, keys: usize) -> Vec<String> {
+    let mut per: BTreeMap<&str, usize> = BTreeMap::new();
+    for (k, _) in runs.keys().map(|(k, i)| (i.as_str(), k)) {
+        *per.entry(k).or_default() += 1;
+    }
+    per.into_iter()
+        .filter(|(_, n)| *n == keys)
+        .map(|(i, _)| i.to_string())
+        .collect()
+}
+
+/// 40 jobs due at the same instant on 3 replicas with the default --max-jobs (16): each runs once
+/// per instant (one replica alone could not hold them all).
+#[test]
+fn forty_jobs_due_at_once_each_run_once_per_instant() {
+    let r = Redis::start();
+    let dir = scratch("forty");
+    let log = dir.join("log");
+    let mut text = String::from("CRON_TZ=UTC\n");
+    for j in 0..40 {
+        text += &format!(
+            "*/4 * * * * * f{j} echo f{j} $CRONLOCK_INSTANT >> {}; sleep 2\n",
+            log.display()
+        );
+    }
+    let file = crontab(&dir, &text);
+    let replicas: Vec<Child> = (0..3).map(|_| replica(&r.url(), &file, &[])).collect();
+    // Two whole instants after the first (which may have come while replicas were starting).
+    assert!(
+        wait_for(Duration::from_secs(30), || complete_instants(
+            &runs_of(&log),
+            40
+        )
+        .len()
+            >= 2),
+        "{:?}\n{}",
+        runs_of(&log).len(),
+        replica_err(&file)
+    );
+    for c in replicas {
+        assert_eq!(stop(c), Some(0), "{}", replica_err(&file));
+    }
+    let twice: Vec<_> = runs_of(&log).into_iter().filter(|(_, n)| *n > 1).collect();
+    assert!(twice.is_empty(), "ran twice: {twice:?}");
+}
+
+/// 20 jobs of 1 s due at once on 3 replicas with --max-jobs 4 (12 at a time): all 20 run for that
+/// instant, the ones without room waiting for it instead of being skipped.
+#[test]
+fn jobs_beyond_the_fleets_room_wait_for_it() {
+    let r = Redis::start();
+    let dir = scratch("room");
+    let log = dir.join("log");
+    let mut text = String::from("CRON_TZ=UTC\n");
+    for j in 0..20 {
+        text += &format!(
+            "*/10 * * * * * w{j} echo w{j} $CRONLOCK_INSTANT >> {}; sleep 1\n",
+            log.display()
+        );
+    }
+    let file = crontab(&dir, &text);
+    let replicas: Vec<Child> = (0..3)
+        .map(|_| replica(&r.url(), &file, &["--max-jobs", "4"]))
+        .collect();
+    // The first instant each replica sees whole: replicas start within a second, so the
+    // instant after the first one that came is fully theirs.
+    assert!(
+        wait_for(Duration::from_secs(35), || complete_instants(
+            &runs_of(&log),
+            20
+        )
+        .len()
+            >= 1),
+        "{:?}\n{}",
+        runs_of(&log),
+        replica_err(&file)
+    );
+    for c in replicas {
+        assert_eq!(stop(c), Some(0), "{}", replica_err(&file));
+    }
+    assert!(
+        runs_of(&log).values().all(|n| *n == 1),
+        "{:?}",
+        runs_of(&log)
+    );
+}
+
+/// What a run did reaches its replica on the channel, whatever the job prints or how verbose it
+/// is: a -q job that exits 3 gets its end line with status 3, a command that leaves a partial line
+/// on stderr does not swallow its end line, and the command's environment has no internal
+/// variable.
+#[test]
+fn the_replica_knows_what_runs_did_whatever_their_output() {
+    let r = Redis::start();
+    let dir = scratch("channel");
+    let env = dir.join("env");
+    let file = crontab(
+        &dir,
+        &format!(
+            "* * * * * * -q quiet exit 3\n\
+             * * * * * * --log-format text partial printf 'no newline' >&2; exit 4\n\
+             * * * * * * -v environ env > {}\n",
+            env.display()
+        ),
+    );
+    let c = replica(&r.url(), &file, &[]);
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            let err = replica_err(&file);
+            err.contains("quiet: command exited with status 3")
+                && err.contains("partial: command exited with status 4")
+                && err.contains("environ: command exited with status 0")
+        }),
+        "{}",
+        replica_err(&file)
+    );
+    assert_eq!(stop(c), Some(0));
+    let err = replica_err(&file);
+    assert!(err.contains("[partial] no newline"), "{err}");
+    assert!(err.contains("quiet: started for the "), "{err}");
+    let seen = std::fs::read_to_string(&env).unwrap();
+    for internal in [
+        "CRONLOCK_HANDOVER_FD",
+        "CRONLOCK_FIRED_FOR",
+        "CRONLOCK_LOG_FORMAT",
+        "CRONLOCK_TEST_HOLD_AFTER_CLAIM",
+    ] {
+        assert!(
+            !seen.contains(internal),
+            "{internal} reached the command:\n{seen}"
+        );
+    }
+    assert!(seen.contains("CRONLOCK_INSTANT="), "{seen}");
+    // The channel is closed on exec: the command has only its stdio open (and what sh opens).
+    assert!(err.contains("environ: started"), "{err}");
+}
+
+/// The millisecond of the current second (wall clock).
+fn ms_into_second() -> u64 {
+    (SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        % 1000) as u64
+}
+
+/// A job that runs 0.3 s and records each attempt's start and success, and any attempt of it
+/// still alive when another starts.
+fn careful_job(dir: &Path, key: &str, every: u32) -> String {
+    let d = dir.display();
+    format!(
+        "*/{every} * * * * * --ttl 1s --catch-up 30s --retries 3 {key} \
+         for p in $(cat {d}/pids 2>/dev/null); do kill -0 $p 2>/dev/null && echo OVERLAP >> {d}/log; done; \
+         echo $$ >> {d}/pids; echo start $CRONLOCK_INSTANT $CRONLOCK_ATTEMPT >> {d}/log; \
+         sleep 0.3; echo done $CRONLOCK_INSTANT >> {d}/log\n"
+    )
+}
+
+/// The log's verdict: no overlap, no instant done twice; the instants done.
+fn done_once(log: &Path) -> BTreeSet<String> {
+    let lines = instants(log);
+    assert!(!lines.iter().any(|l| l == "OVERLAP"), "{lines:#?}");
+    let mut done = BTreeMap::new();
+    for l in lines.iter().filter_map(|l| l.strip_prefix("done ")) {
+        *done.entry(l.to_string()).or_insert(0) += 1;
+    }
+    let twice: Vec<_> = done.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "done twice: {twice:?}\n{lines:#?}");
+    done.into_keys().collect()
+}
+
+/// Every instant from the first to the last done was done (consecutive by `every` seconds).
+fn none_missing(done: &BTreeSet<String>, every: u64, log: &Path, file: &Path) {
+    let secs: Vec<u64> = done
+        .iter()
+        .map(|t| {
+            humantime::parse_rfc3339(t)
+                .unwrap()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_secs()
+        })
+        .collect();
+    for pair in secs.windows(2) {
+        assert_eq!(
+            pair[1] - pair[0],
+            every,
+            "an instant was lost: {done:?}\n{:#?}\n{}",
+            instants(log),
+            replica_err(file)
+        );
+    }
+}
+
+/// Replicas SIGKILLed (with their runs) at random moments within 40 ms after an instant, and a
+/// new one started each time: no instant succeeds twice, no two attempts overlap, and every
+/// instant runs, by a retry on another replica where needed.
+#[test]
+fn replicas_killed_around_instants_lose_nothing() {
+    let r = Redis::start();
+    let dir = scratch("killed");
+    let log = dir.join("log");
+    let file = crontab(&dir, &careful_job(&dir, "careful", 5));
+    let mut replicas: Vec<Child> = (0..3).map(|_| replica(&r.url(), &file, &[])).collect();
+    let rounds = 4;
+    let mut seed = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64;
+    for round in 0..rounds {
+        // Just after an instant of the job (every 5 s): the next one comes within 5 s.
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let next = (now / 5 + 1) * 5;
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let after = (seed >> 33) % 40;
+        assert!(wait_for(Duration::from_secs(7), || {
+            let t = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+            t.as_secs() > next || (t.as_secs() == next && ms_into_second() >= after)
+        }));
+        let victim = replicas.remove((seed >> 40) as usize % replicas.len());
+        kill_hard(victim);
+        replicas.push(replica(&r.url(), &file, &[]));
+        let _ = round;
+    }
+    // The last instant's retry has time to run (TTL 1 s, a replica lapses within 2 s).
+    let last = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        / 5
+        * 5;
+    assert!(wait_for(Duration::from_secs(12), || {
+        instants(&log)
+            .iter()
+            .any(|l| l.starts_with("done ") && time_of(&l[5..]) > last)
+    }));
+    for c in replicas {
+        kill_hard(c);
+    }
+    let done = done_once(&log);
+    eprintln!("{:#?}", instants(&log));
+    assert!(done.len() >= rounds, "{done:?}");
+    none_missing(&done, 5, &log, &file);
+}
+
+/// SIGKILL, and the reaping.
+fn kill_hard(mut c: Child) {
+    signal(c.id() as i32, libc::SIGKILL);
+    c.wait().unwrap();
+}
+
+/// An instant's Unix seconds.
+fn time_of(t: &str) -> u64 {
+    humantime::parse_rfc3339(t.trim())
+        .map(|t| t.duration_since(UNIX_EPOCH).unwrap().as_secs())
+        .unwrap_or(0)
+}
+
+/// A replica SIGKILLed after it won a claim and before it started the run (held there by a test
+/// hook): the instant, recorded abandoned, runs again on another replica.
+#[test]
+fn a_replica_killed_between_claim_and_spawn_loses_nothing() {
+    let r = Redis::start();
+    let dir = scratch("between");
+    let held = dir.join("held");
+    let mut text = String::new();
+    for j in 0..6 {
+        let sub = dir.join(format!("j{j}"));
+        std::fs::create_dir(&sub).unwrap();
+        text += &careful_job(&sub, &format!("between{j}"), 5);
+    }
+    let file = crontab(&dir, &text);
+    let hook = held.to_str().unwrap();
+    let mut holder = replica_with(
+        &r.url(),
+        &file,
+        &[],
+        &[("CRONLOCK_TEST_HOLD_AFTER_CLAIM", hook)],
+    );
+    let others: Vec<Child> = (0..2).map(|_| replica(&r.url(), &file, &[])).collect();
+    assert!(
+        wait_for(Duration::from_secs(20), || held.exists()),
+        "{}",
+        replica_err(&file)
+    );
+    let key = std::fs::read_to_string(&held).unwrap();
+    signal(holder.id() as i32, libc::SIGKILL);
+    holder.wait().unwrap();
+    let killed = Instant::now();
+    let j: usize = key.trim_start_matches("between").parse().unwrap();
+    let log = dir.join(format!("j{j}")).join("log");
+    // The attempt the dead replica claimed is abandoned when its lock lapses (1 s), and the
+    // replica that ranks next runs attempt 2 once the dead one has left the view (within 2 s).
+    assert!(
+        wait_for(Duration::from_secs(5), || instants(&log)
+            .iter()
+            .any(|l| l.starts_with("start ") && l.ends_with(" 2"))),
+        "{key}: {:?}\n{}",
+        instants(&log),
+        replica_err(&file)
+    );
+    assert!(killed.elapsed() < Duration::from_secs(5));
+    let retried = instants(&log)
+        .into_iter()
+        .find(|l| l.ends_with(" 2"))
+        .unwrap();
+    let instant = retried.split_whitespace().nth(1).unwrap().to_string();
+    let s = run(cronlock_at(&r.url()).args(["--status", "--json", &key]));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&s)).unwrap();
+    let entry = v["ledger"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["instant_time"] == instant.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(entry["attempts"][0]["state"], "abandoned", "{entry}");
+    assert!(wait_for(Duration::from_secs(5), || instants(&log)
+        .iter()
+        .any(|l| *l == format!("done {instant}"))));
+    for c in others {
+        kill_hard(c);
+    }
+    done_once(&log);
+}
+
+/// A claim sent to a paused Redis (hung, not refusing) does not hold the replica: SIGTERM drains
+/// and exits within --drain, though the claim's own deadline is far away.
+#[test]
+fn a_claim_on_a_paused_redis_does_not_stop_the_drain() {
+    let r = Redis::start();
+    let dir = scratch("paused");
+    let file = crontab(&dir, "* * * * * * paused true\n");
+    let c = replica(
+        &r.url(),
+        &file,
+        &["--connect-timeout", "30s", "--drain", "1s"],
+    );
+    assert!(wait_for(Duration::from_secs(10), || replica_err(&file)
+        .contains("paused: command exited with status 0")));
+    r.pause();
+    // An instant passes: its claim waits on the paused server.
+    let paused = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(wait_for(Duration::from_secs(3), || {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        now > paused && ms_into_second() >= 200
+    }));
+    let asked = Instant::now();
+    let status = stop(c);
+    let took = asked.elapsed();
+    r.resume();
+    assert_eq!(status, Some(0), "{}", replica_err(&file));
+    assert!(
+        took < Duration::from_millis(2500),
+        "the drain took {took:?}"
+    );
+}
