@@ -396,6 +396,33 @@ fn the_readme_acl_is_enough_for_everything() {
         let out = as_user(mode);
         assert_eq!(code(&out), 0, "{mode:?}: {}", stderr(&out));
     }
+    // A --crontab replica: its claims, its heartbeats (members.lua) and its runs' releases.
+    let ran = dir.join("ran");
+    let file = dir.join("crontab");
+    std::fs::write(
+        &file,
+        format!("* * * * * * aclcron touch {}\n", ran.display()),
+    )
+    .unwrap();
+    let err_file = dir.join("replica.err");
+    let replica = cronlock(&r)
+        .env("CRONLOCK_REDIS_URL", &url)
+        .args(["--log-format", "json", "--crontab"])
+        .arg(&file)
+        .stderr(std::fs::File::create(&err_file).unwrap())
+        .spawn()
+        .unwrap();
+    let err = || std::fs::read_to_string(&err_file).unwrap_or_default();
+    assert!(
+        wait_for(Duration::from_secs(10), || ran.exists()
+            && err().contains(r#""event":"run_ended""#)),
+        "{}",
+        err()
+    );
+    signal(replica.id() as i32, libc::SIGTERM);
+    assert_eq!(exit_codes(vec![replica]), vec![0]);
+    assert!(!err().contains("heartbeat_failed"), "{}", err());
+    assert!(!err().contains("NOPERM"), "{}", err());
     // Keys outside the prefix are out of reach.
     let out = as_user(&["--prefix", "other:", "k", "true"]);
     assert_eq!(code(&out), 125);

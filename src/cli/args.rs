@@ -340,8 +340,9 @@ pub struct Cli {
           value_hint = clap::ValueHint::FilePath)]
     pub crontab: Option<std::path::PathBuf>,
 
-    /// With --crontab: runs this replica supervises at once; at the limit it claims nothing, and
-    /// another replica runs the job
+    /// With --crontab: runs this replica supervises at once (and claims in flight); a due job
+    /// waits for room here or on another replica, and is given up only when it can no longer
+    /// start
     #[arg(long, env = "CRONLOCK_MAX_JOBS", value_name = "N", default_value_t = 16,
           value_parser = clap::value_parser!(u32).range(1..=1024), requires = "crontab")]
     pub max_jobs: u32,

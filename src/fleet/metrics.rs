@@ -27,15 +27,18 @@ pub enum Outcome {
     FailedToStart,
     /// cronlock failed before running anything (125), or a signal ended the wait.
     Error,
+    /// A `--crontab` instant no replica had room to start in time (recorded `missed`).
+    Missed,
 }
 
-pub const OUTCOMES: [Outcome; 6] = [
+pub const OUTCOMES: [Outcome; 7] = [
     Outcome::Ran,
     Outcome::Skipped,
     Outcome::Lost,
     Outcome::MaxRuntime,
     Outcome::FailedToStart,
     Outcome::Error,
+    Outcome::Missed,
 ];
 
 impl Outcome {
@@ -47,6 +50,7 @@ impl Outcome {
             Outcome::MaxRuntime => "max_runtime",
             Outcome::FailedToStart => "failed_to_start",
             Outcome::Error => "error",
+            Outcome::Missed => "missed",
         }
     }
 }

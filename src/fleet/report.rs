@@ -104,6 +104,23 @@ impl Report {
     }
 }
 
+impl Report {
+    /// A `--crontab` instant no replica had room to start in time (`at_ms`): the metrics file
+    /// says `missed`.
+    pub fn missed(&self, key: &str, at_ms: u64, log: &Log) {
+        if let Some(dir) = &self.metrics_dir {
+            let attempt = metrics::Attempt {
+                outcome: metrics::Outcome::Missed,
+                at_ms,
+                run: None,
+                suspended: None,
+            };
+            let written = metrics::write(dir, key, &host::hostname(), &attempt);
+            metrics_failed(dir, written, log);
+        }
+    }
+}
+
 /// A metrics file that could not be written: a warning, never the run's failure.
 fn metrics_failed(dir: &std::path::Path, written: std::io::Result<()>, log: &Log) {
     if let Err(e) = written {

@@ -33,6 +33,12 @@ pub enum Ask {
         config: Arc<RunConfig>,
         held: Box<Held>,
     },
+    /// Record an instant this replica gave up (no room in time) missed, unless it ran.
+    Missed {
+        key: String,
+        config: Arc<RunConfig>,
+        instant: i64,
+    },
     /// This replica's heartbeat where `config`'s jobs are claimed: live for `lapse` more (zero:
     /// leaving), full or not.
     Beat {
@@ -78,6 +84,13 @@ pub enum Answer {
         /// The job's configuration when the claim was sent (a reload may have removed it since).
         config: Arc<RunConfig>,
     },
+    /// Whether a given-up instant was recorded missed (false: the ledger had it), or why not.
+    Missed {
+        key: String,
+        config: Arc<RunConfig>,
+        instant: i64,
+        recorded: Result<bool, String>,
+    },
     /// A heartbeat's view of the group's replicas, or why there is none.
     View {
         group: Group,
@@ -122,6 +135,26 @@ fn serve(inbox: Receiver<Ask>, answers: Sender<Answer>) {
                     instant,
                     verdict,
                     config,
+                };
+                if tell(&answers, answer).is_err() {
+                    return;
+                }
+            }
+            Ask::Missed {
+                key,
+                config,
+                instant,
+            } => {
+                let masters = masters(&mut links, &config);
+                let keys = Keys::new(&config.prefix, &config.key);
+                let recorded = masters
+                    .record_missed(config.connect_timeout, &keys, instant)
+                    .map_err(|e| e.to_string());
+                let answer = Answer::Missed {
+                    key,
+                    config,
+                    instant,
+                    recorded,
                 };
                 if tell(&answers, answer).is_err() {
                     return;

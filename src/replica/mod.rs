@@ -167,6 +167,7 @@ pub fn serve(
         phase = r.advance_phase(phase, now);
         if phase == Phase::Serving {
             table.advance(log);
+            r.give_up(&mut table);
             r.claim(&mut table);
             r.heartbeat(&mut table, false);
         }
@@ -324,6 +325,15 @@ impl Replicant<'_> {
                     verdict,
                     config,
                 } => (key, instant, verdict, config),
+                Answer::Missed {
+                    key,
+                    config,
+                    instant,
+                    recorded,
+                } => {
+                    self.missed(&key, &config, instant, recorded);
+                    continue;
+                }
                 Answer::View { group, view } => {
                     match view {
                         Ok(view) => {
@@ -370,6 +380,52 @@ impl Replicant<'_> {
                 Verdict::Failed(_) => {}
                 lost => self.lost(table, &job, instant, lost),
             }
+        }
+    }
+
+    /// Ask for the instants this replica gave up to be recorded missed (unless they ran).
+    fn give_up(&mut self, table: &mut Table) {
+        for (key, instant) in std::mem::take(&mut table.gave_up) {
+            if let Some(job) = table.job(&key) {
+                let config = job.cron.config.clone();
+                self.claims.send(Ask::Missed {
+                    key,
+                    config,
+                    instant,
+                });
+            }
+        }
+    }
+
+    /// An instant recorded missed: one line, and the job's metrics file says so.
+    fn missed(
+        &mut self,
+        key: &str,
+        config: &crate::config::RunConfig,
+        instant: i64,
+        recorded: Result<bool, String>,
+    ) {
+        let at = rfc3339(instant.max(0) as u64);
+        match recorded {
+            Ok(true) => {
+                self.log.warn(
+                    "missed",
+                    &format!(
+                        "{key}: the {at} instant was missed: no replica had room to start it \
+                         in time (--max-jobs); recorded missed"
+                    ),
+                );
+                if let Ok(report) = crate::fleet::report::Report::new(&config.reports, self.log) {
+                    report.missed(key, instant.max(0) as u64, self.log);
+                }
+            }
+            Ok(false) => {}
+            Err(text) => self.log.event(
+                Level::Debug,
+                "missed_unrecorded",
+                &format!("{key}: cannot record the {at} instant missed: {text}"),
+                &[],
+            ),
         }
     }
 
@@ -479,18 +535,44 @@ impl Replicant<'_> {
                     "run_stopped",
                     &format!("{}: its run was stopped ({status})", run.key),
                 );
-            } else if !run.ended {
+            }
+            if run.ended {
+                continue;
+            }
+            // A run that exited by itself without starting its command (it reports the start
+            // right after the spawn) left no command behind: its lock is given back at once
+            // (compare-and-delete), the attempt recorded interrupted. After a start, or a death
+            // by a signal, the guard may have been killed with it and the command's children
+            // live on: the lock is left to lapse (abandoned), as when the replica dies.
+            let by_itself = run.exited.is_some_and(|s| s.code().is_some());
+            let release = !run.started && by_itself;
+            if !run.stopped {
+                let then = if release {
+                    "its lock is released"
+                } else {
+                    "its lock is left to lapse"
+                };
                 self.log.warn(
                     "run_died",
                     &format!(
-                        "{}: its run ended ({status}) without reporting an end",
+                        "{}: its run ended ({status}) without reporting an end; {then}",
                         run.key
                     ),
                 );
-                if table.job(&run.key).is_some_and(|j| j.cron.retries > 0) {
-                    let at = unix_millis() as i64 + run.ttl.as_millis() as i64 + 250;
-                    table.look_again(&run.key, at);
-                }
+            }
+            if release {
+                self.claims.send(Ask::Release {
+                    config: run.config.clone(),
+                    held: run.held.clone(),
+                });
+            }
+            if table.job(&run.key).is_some_and(|j| j.cron.retries > 0) {
+                let wait = if release {
+                    1000
+                } else {
+                    run.ttl.as_millis() as i64 + 250
+                };
+                table.look_again(&run.key, unix_millis() as i64 + wait);
             }
         }
     }

@@ -47,6 +47,10 @@ pub struct Run {
     pub attempt: u32,
     pub fence: i64,
     pub ttl: Duration,
+    /// The lock it was handed, and its job's configuration: released by the replica when the run
+    /// and its guard are gone without having reported an end.
+    pub held: Box<Held>,
+    pub config: std::sync::Arc<crate::config::RunConfig>,
     child: Child,
     /// We signalled it (the drain ran out, or a second SIGTERM).
     pub stopped: bool,
@@ -147,6 +151,8 @@ pub fn spawn(
         attempt: held.attempt,
         fence: held.fence,
         ttl: held.ttl,
+        held: Box::new(held.clone()),
+        config: job.config.clone(),
         child,
         stopped: false,
         started: false,

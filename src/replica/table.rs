@@ -62,6 +62,8 @@ pub struct Table {
     views: HashMap<Group, (View, Instant)>,
     /// How long a view counts (a replica lapses after this without a heartbeat).
     pub lapse: Duration,
+    /// Instants this replica gave up (first in rank, no room in time): to record missed.
+    pub gave_up: Vec<(String, i64)>,
     /// When the table was made: until a first view comes (or a lapse passes without one), an
     /// instant waits for it rather than being claimed by every replica.
     made: Instant,
@@ -100,6 +102,7 @@ impl Table {
             views: HashMap::new(),
             lapse: Duration::from_secs(2),
             made: Instant::now(),
+            gave_up: Vec::new(),
         }
     }
 
@@ -196,6 +199,7 @@ impl Table {
             if let Some(d) = job.due.filter(|d| d.until <= now && !job.claiming) {
                 if d.anyone || self.mine(job, d.at) {
                     missed(job, d.at, log);
+                    self.gave_up.push((job.cron.key.clone(), d.at));
                 }
                 self.jobs[i].due = None;
             }
@@ -222,6 +226,7 @@ impl Table {
                 let job = &self.jobs[i];
                 if old.anyone || self.mine(job, old.at) {
                     missed(job, old.at, log);
+                    self.gave_up.push((job.cron.key.clone(), old.at));
                 }
             }
         }
@@ -259,9 +264,11 @@ impl Table {
             return;
         };
         job.claiming = false;
+        let mut superseded = None;
         if let Some((at, anyone)) = job.queued.take() {
             if let Some(old) = job.due.filter(|_| !done) {
                 missed(job, old.at, log);
+                superseded = Some((job.cron.key.clone(), old.at));
             }
             let until = deadline(job, at);
             job.due = Some(Due { at, until, anyone });
@@ -271,6 +278,7 @@ impl Table {
         if !done {
             job.not_before = unix_millis() as i64 + RETRY_MS;
         }
+        self.gave_up.extend(superseded);
     }
 
     /// Look at KEY again at `at` (Unix ms): a run of it failed, or the lock of the run that holds

@@ -247,6 +247,34 @@ pub fn renew(link: &mut Link, within: Duration, held: &Held) -> Result<bool, Fai
     }
 }
 
+const MISSED_LUA: &str = include_str!("lua/missed.lua");
+static MISSED: LazyLock<Script> = LazyLock::new(|| Script::new(MISSED_LUA));
+
+/// Record instant `at` of `keys`'s KEY as missed in its ledger, unless the ledger has it already;
+/// whether it wrote.
+pub fn record_missed(
+    link: &mut Link,
+    within: Duration,
+    keys: &Keys,
+    at: i64,
+) -> Result<bool, Failure> {
+    let read = |v: &Value| match int(v, "a missed reply that is not 0 or 1")? {
+        1 => Ok(true),
+        0 => Ok(false),
+        _ => Err(Failure::shape("a missed reply that is not 0 or 1")),
+    };
+    let keys = [keys.ledger.as_str(), keys.suspend.as_str()];
+    eval(
+        link,
+        within,
+        &MISSED,
+        MISSED_LUA,
+        &keys,
+        &[at.to_string()],
+        read,
+    )
+}
+
 /// Several masters: raise the fencing counter to `held.fence` while the lock is ours there
 /// (`Ok(false)`: not ours).
 pub fn raise(link: &mut Link, within: Duration, held: &Held) -> Result<bool, Failure> {

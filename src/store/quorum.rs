@@ -373,6 +373,21 @@ impl Masters {
         Ok(found)
     }
 
+    /// Record instant `at` of KEY as missed on every master (see [`lock::record_missed`]): whether
+    /// any wrote it.
+    pub fn record_missed(
+        &mut self,
+        within: Duration,
+        keys: &Keys,
+        at: i64,
+    ) -> Result<bool, Failure> {
+        let mut answers = self.each(|_, link| lock::record_missed(link, within, keys, at));
+        if answers.iter().any(|a| matches!(a, Ok(true))) {
+            return Ok(true);
+        }
+        answers.remove(0)
+    }
+
     /// A replica's heartbeat (see [`crate::store::members`]), on the first master: the ranking
     /// it serves needs one view, not a majority (a wrong view costs a duplicate claim, which the
     /// acquire refuses, or a delay).
