@@ -448,3 +448,87 @@ fn an_instant_without_room_is_recorded_missed() {
         assert!(text.contains(r#"outcome="missed"} 1"#), "{text}");
     }
 }
+
+/// What a losing claim used to tell through its run's metrics file, the replica tells now: a
+/// suspended KEY's job shows `cronlock_suspended 1` (the shipped alert's series), and nothing runs.
+#[test]
+fn a_suspended_jobs_metrics_come_from_the_replica() {
+    let r = Redis::start();
+    let dir = scratch("suspended");
+    let metrics = dir.join("metrics");
+    std::fs::create_dir(&metrics).unwrap();
+    let ran = dir.join("ran");
+    let out = run(cronlock_at(&r.url()).args(["--suspend", "--reason", "test", "held"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let file = crontab(
+        &dir,
+        &format!(
+            "* * * * * * --metrics-dir {} held touch {}\n",
+            metrics.display(),
+            ran.display()
+        ),
+    );
+    let c = replica(&r.url(), &file, &[]);
+    let text = || -> String {
+        std::fs::read_dir(&metrics)
+            .unwrap()
+            .flatten()
+            .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+            .collect()
+    };
+    assert!(
+        wait_for(Duration::from_secs(10), || text().lines().any(|l| l
+            .starts_with("cronlock_suspended{")
+            && l.ends_with(" 1"))),
+        "{}\n{}",
+        text(),
+        replica_err(&file)
+    );
+    assert_eq!(stop(c), Some(0));
+    assert!(!ran.exists(), "a suspended job ran");
+}
+
+/// The CPU a process used itself (user and system clock ticks, /proc/PID/stat).
+fn own_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = stat.rsplit_once(") ").unwrap().1;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// Replicas that are not first in rank for an instant keep it waiting without spinning: three
+/// replicas serving jobs every second use a few clock ticks each, not a core.
+#[test]
+fn replicas_waiting_on_others_do_not_spin() {
+    let r = Redis::start();
+    let dir = scratch("spin");
+    let log = dir.join("log");
+    let mut text = String::from("CRON_TZ=UTC\n");
+    for j in 0..4 {
+        text += &format!(
+            "* * * * * * s{j} echo s{j} $CRONLOCK_INSTANT >> {}\n",
+            log.display()
+        );
+    }
+    let file = crontab(&dir, &text);
+    let replicas: Vec<Child> = (0..3).map(|_| replica(&r.url(), &file, &[])).collect();
+    assert!(wait_for(Duration::from_secs(10), || instants(&log).len() >= 4));
+    let before: Vec<u64> = replicas.iter().map(|c| own_ticks(c.id())).collect();
+    let from = instants(&log).len();
+    // Four more seconds of instants.
+    assert!(wait_for(Duration::from_secs(10), || instants(&log).len()
+        >= from + 16));
+    let used: Vec<u64> = replicas
+        .iter()
+        .zip(&before)
+        .map(|(c, b)| own_ticks(c.id()) - b)
+        .collect();
+    for c in replicas {
+        assert_eq!(stop(c), Some(0), "{}", replica_err(&file));
+    }
+    // Spinning would be about 100 ticks a second; a replica that sleeps uses a few.
+    assert!(
+        used.iter().all(|t| *t < 80),
+        "clock ticks per replica: {used:?}"
+    );
+}

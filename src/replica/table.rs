@@ -175,16 +175,19 @@ impl Table {
 
     /// When something next needs the loop: an instant comes due, a waiting one can be tried
     /// again or gives up.
+    ///
+    /// Never a time already past for a waiting instant: one that waits for room (or for another
+    /// replica) is looked at again when room comes (a run's end wakes the loop) or a view comes,
+    /// and once when it can no longer start; one whose claim failed, when it may be tried again.
+    /// (A past time here made the loop spin until the instant's deadline.)
     pub fn next_wake(&self) -> Option<i64> {
+        let now = unix_millis() as i64;
         self.jobs
             .iter()
             .flat_map(|j| {
                 let waiting = j.due.filter(|_| !j.claiming);
-                [
-                    j.next,
-                    waiting.map(|d| d.until),
-                    waiting.map(|_| j.not_before),
-                ]
+                let retry = waiting.map(|_| j.not_before).filter(|t| *t > now);
+                [j.next, waiting.map(|d| d.until), retry]
             })
             .flatten()
             .min()
