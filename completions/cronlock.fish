@@ -1,5 +1,5 @@
 complete -c cronlock -s u -l redis-url -d 'Redis URL: redis://[user][:password@]host[:port][/db], rediss://... (TLS), redis+unix:///path, redis+sentinel://[user][:password@]host[:port][,host...]/SERVICE[/db] or redis+cluster://[user][:password@]host:port[,host:port...]; repeat it (or separate URLs with spaces in the variable) for a quorum of independent masters' -r
-complete -c cronlock -l redis-url-file -d 'Read the Redis URL(s) from this file instead (surrounding whitespace trimmed; several URLs separated by whitespace), so no password shows in any command line or environment: a Docker or Kubernetes secret mounted as a file. A flag wins over a variable (-u over CRONLOCK_REDIS_URL_FILE, --redis-url-file over CRONLOCK_REDIS_URL); both flags, or both variables, are refused' -r -F
+complete -c cronlock -l redis-url-file -d 'Read the Redis URL(s) from this file instead (surrounding whitespace trimmed; several URLs separated by whitespace), so no password shows in any command line or environment: a Docker or Kubernetes secret mounted as a file, owned by this user or root and writable by nobody else (as a crontab). A flag wins over a variable (-u over CRONLOCK_REDIS_URL_FILE, --redis-url-file over CRONLOCK_REDIS_URL); both flags, or both variables, are refused' -r -F
 complete -c cronlock -l tls-ca-cert -d 'For rediss://: trust the CA certificates in this PEM file instead of the system\'s store' -r -F
 complete -c cronlock -l tls-cert -d 'For rediss://: client certificate (PEM) for servers that require mutual TLS; needs --tls-key' -r -F
 complete -c cronlock -l tls-key -d 'For rediss://: the private key (PEM) of --tls-cert' -r -F
@@ -21,14 +21,14 @@ complete -c cronlock -l history -d 'How many past run records to keep per KEY (0
 complete -c cronlock -l history-ttl -d 'Expire the last-run record and history this long after the last run [default: never]' -r
 complete -c cronlock -l metrics-dir -d 'After every attempt, write KEY\'s metrics to DIR/cronlock_KEY.prom (Prometheus text format, for node_exporter\'s textfile collector): outcome, last run, last success' -r -f -a "(__fish_complete_directories)"
 complete -c cronlock -l ping -d 'Healthchecks-style pings: URL/start when the command starts, URL on exit 0, URL/N on status N; nothing when another host runs the job. Never printed; never changes the exit status' -r -f
-complete -c cronlock -l ping-url-file -d 'Read the --ping URL from this file instead (surrounding whitespace trimmed), so it shows in no command line or environment' -r -F
+complete -c cronlock -l ping-url-file -d 'Read the --ping URL from this file instead (surrounding whitespace trimmed), so it shows in no command line or environment; owned by this user or root, writable by nobody else' -r -F
 complete -c cronlock -l log-format -d 'Format of cronlock\'s own messages on stderr' -r -f -a "text\t'`cronlock: ...` lines'
 json\t'one JSON object per line'"
 complete -c cronlock -l max-age -d 'With --check: how old the last run may be (with --schedule: how long after an instant its run may take to start)' -r
 complete -c cronlock -l reason -d 'With --suspend: why, for whoever reads --status, --check or a skipped firing\'s -v line' -r
 complete -c cronlock -l token -d 'With --force-release: release only the holder with this token (its CRONLOCK_TOKEN, shown by --status)' -r
 complete -c cronlock -l crontab -d 'Run the jobs of this crontab as one of any number of equal replicas: each instant of each job runs once across them; a line is `SCHEDULE [OPTIONS] KEY COMMAND-LINE`' -r -F
-complete -c cronlock -l max-jobs -d 'With --crontab: runs this replica supervises at once; at the limit it claims nothing, and another replica runs the job' -r
+complete -c cronlock -l max-jobs -d 'With --crontab: runs this replica supervises at once (and claims in flight); a due job waits for room here or on another replica, and is given up only when it can no longer start' -r
 complete -c cronlock -l drain -d 'With --crontab: how long running jobs may go on after SIGTERM or SIGINT before they are stopped (SIGTERM, --grace, SIGKILL)' -r
 complete -c cronlock -s n -l nonblock -d 'Do not wait for a busy lock, like flock -n (same as --wait 0)'
 complete -c cronlock -s q -l quiet -d 'Print only errors'

@@ -8,6 +8,7 @@ pub mod clock;
 pub mod config;
 pub mod duration;
 pub mod exit;
+pub mod files;
 pub mod fleet;
 pub mod host;
 pub mod job;

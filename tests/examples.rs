@@ -74,6 +74,8 @@ fn the_kubernetes_deployment_serves_its_configmap() {
     serves(&r, "k8s", &literal_block(&yaml, "crontab"), 3);
     assert!(yaml.contains("\"--crontab\", \"/etc/cronlock/crontab\""));
     assert!(yaml.contains("mountPath: /etc/cronlock,"));
+    // Mounted so that only its owner (root) can change it, or the replicas refuse it.
+    assert!(yaml.contains("configMap: { name: cronlock-crontab, defaultMode: 0644 }"));
     assert!(yaml.contains("replicas: 3"));
     assert!(seconds(value_of(&yaml, "terminationGracePeriodSeconds:")) >= STOP_NEEDS);
 }

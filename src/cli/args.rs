@@ -59,7 +59,8 @@ pub struct Cli {
 
     /// Read the Redis URL(s) from this file instead (surrounding whitespace trimmed; several URLs
     /// separated by whitespace), so no password shows in any command line or environment: a
-    /// Docker or Kubernetes secret mounted as a file. A flag wins over a variable (-u over
+    /// Docker or Kubernetes secret mounted as a file, owned by this user or root and writable by
+    /// nobody else (as a crontab). A flag wins over a variable (-u over
     /// CRONLOCK_REDIS_URL_FILE, --redis-url-file over CRONLOCK_REDIS_URL); both flags, or both
     /// variables, are refused
     #[arg(long, env = "CRONLOCK_REDIS_URL_FILE", value_name = "PATH",
@@ -253,7 +254,7 @@ pub struct Cli {
     pub ping_url: Option<String>,
 
     /// Read the --ping URL from this file instead (surrounding whitespace trimmed), so it shows in
-    /// no command line or environment
+    /// no command line or environment; owned by this user or root, writable by nobody else
     #[arg(long, env = "CRONLOCK_PING_URL_FILE", value_name = "PATH",
           value_hint = clap::ValueHint::FilePath, conflicts_with = "ping_url")]
     pub ping_url_file: Option<std::path::PathBuf>,
@@ -335,7 +336,9 @@ pub struct Cli {
     /// job runs once across them; a line is `SCHEDULE [OPTIONS] KEY COMMAND-LINE`
     ///
     /// SIGTERM or SIGINT: claim nothing more, let running jobs end within --drain, then stop them.
-    /// SIGHUP, or a change of the file, reads it again.
+    /// SIGHUP, or a change of the file, reads it again. As cron demands, the file (after
+    /// symlinks) must be owned by this user or root and writable by nobody else (chmod go-w):
+    /// otherwise it is refused, at start and on reload.
     #[arg(long, env = "CRONLOCK_CRONTAB", value_name = "FILE",
           value_hint = clap::ValueHint::FilePath)]
     pub crontab: Option<std::path::PathBuf>,

@@ -95,6 +95,11 @@ fn read(path: &Path) -> Result<String> {
     if !meta.is_file() {
         bail!("not a regular file");
     }
+    // The file decides what runs, as this replica's user: its owner and nobody else may change it.
+    let harm = "run commands as this replica's user";
+    if let Some(why) = crate::files::untrusted(path, &meta, harm) {
+        bail!("{why}");
+    }
     let mut bytes = Vec::new();
     file.take(MAX_FILE + 1)
         .read_to_end(&mut bytes)

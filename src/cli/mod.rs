@@ -277,14 +277,27 @@ fn source_of(flag: &'static str, var: &'static str) -> &'static str {
 
 /// A secret read from a file: trimmed, never shown. A missing, unreadable or empty file is an
 /// error naming `source` (the option or variable) and the path, not the content.
+///
+/// The file decides where cronlock connects (or what it reports to): like a crontab, it must be
+/// owned by this user or root and writable by nobody else ([`crate::files::untrusted`]).
 fn read_secret(path: &std::path::Path, source: &str) -> Result<String> {
-    let text = std::fs::read(path).map_err(|e| {
+    use std::io::Read;
+    let cannot = |e: std::io::Error| {
         anyhow::anyhow!(
             "cannot read {source} '{}': {}",
             path.display(),
             crate::log::io_text(&e)
         )
-    })?;
+    };
+    let file = std::fs::File::open(path).map_err(cannot)?;
+    let meta = file.metadata().map_err(cannot)?;
+    let harm = "point cronlock at a server of theirs, or read what it sends";
+    if let Some(why) = crate::files::untrusted(path, &meta, harm) {
+        bail!("{source} '{}': {why}", path.display());
+    }
+    let mut text = Vec::new();
+    // A URL is short; a secret file of megabytes is a mistake, not a URL.
+    file.take(1 << 20).read_to_end(&mut text).map_err(cannot)?;
     let text = String::from_utf8(text)
         .map_err(|_| anyhow::anyhow!("{source} '{}' is not UTF-8 text", path.display()))?;
     let text = text.trim();
