@@ -532,3 +532,47 @@ fn replicas_waiting_on_others_do_not_spin() {
         "clock ticks per replica: {used:?}"
     );
 }
+
+/// Replicas of different crontabs sharing one Redis (and prefix) are different fleets: each
+/// ranks only the replicas serving its own jobs, so no instant is left to a replica that does not
+/// have the job.
+#[test]
+fn fleets_of_different_crontabs_share_a_redis_without_losing_instants() {
+    let r = Redis::start();
+    let mut fleets = Vec::new();
+    for name in ["left", "right"] {
+        let dir = scratch(name);
+        let log = dir.join("log");
+        let mut text = String::from("CRON_TZ=UTC\n");
+        for j in 0..3 {
+            text += &format!(
+                "* * * * * * {name}{j} echo {name}{j} $CRONLOCK_INSTANT >> {}\n",
+                log.display()
+            );
+        }
+        let file = crontab(&dir, &text);
+        let replicas: Vec<Child> = (0..2).map(|_| replica(&r.url(), &file, &[])).collect();
+        fleets.push((dir, log, file, replicas));
+    }
+    // Six whole seconds of every job of both fleets.
+    assert!(wait_for(Duration::from_secs(20), || fleets.iter().all(
+        |(_, log, _, _)| complete_instants(&runs_of(log), 3).len() >= 6
+    )));
+    for (_, log, file, replicas) in fleets {
+        for c in replicas {
+            assert_eq!(stop(c), Some(0), "{}", replica_err(&file));
+        }
+        let runs = runs_of(&log);
+        assert!(runs.values().all(|n| *n == 1), "{runs:?}");
+        // Every second between the first and the last whole one, for every job.
+        let whole = complete_instants(&runs, 3);
+        let first = time_of(&whole[0]);
+        let last = time_of(whole.last().unwrap());
+        assert_eq!(
+            whole.len() as u64,
+            last - first + 1,
+            "an instant was lost: {whole:?}\n{}",
+            replica_err(&file)
+        );
+    }
+}

@@ -43,19 +43,31 @@ pub enum Ask {
     /// leaving), full or not.
     Beat {
         config: Arc<RunConfig>,
+        group: Group,
         id: String,
         lapse: Duration,
         full: bool,
     },
 }
 
-/// The Redis (servers and prefix) a job's claims go to: replicas are ranked per group.
-pub type Group = (Vec<u64>, String);
+/// Where a job's claims go (its servers and prefix) and which fleet ranks them: the replicas
+/// serving the same jobs there. Replicas of different crontabs sharing a Redis never rank each
+/// other (one would leave the other's instants to a replica that does not have the job).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Group {
+    pub servers: Vec<u64>,
+    pub prefix: String,
+    /// A hash of the jobs this replica serves there (see `table.rs`); 0 until the table sets it.
+    pub fleet: u64,
+}
 
-/// The group of `config`'s job.
+/// The group of `config`'s job, its fleet not yet known.
 pub fn group(config: &RunConfig) -> Group {
-    let servers = config.servers.iter().map(|r| r.fingerprint).collect();
-    (servers, config.prefix.clone())
+    Group {
+        servers: config.servers.iter().map(|r| r.fingerprint).collect(),
+        prefix: config.prefix.clone(),
+        fleet: 0,
+    }
 }
 
 /// How a claim went.
@@ -162,16 +174,17 @@ fn serve(inbox: Receiver<Ask>, answers: Sender<Answer>) {
             }
             Ask::Beat {
                 config,
+                group,
                 id,
                 lapse,
                 full,
             } => {
                 let masters = masters(&mut links, &config);
                 let within = config.connect_timeout;
+                let fleet = format!("{:016x}", group.fleet);
                 let view = masters
-                    .beat(within, &config.prefix, &id, lapse, full)
+                    .beat(within, (&config.prefix, &fleet), &id, lapse, full)
                     .map_err(|e| e.to_string());
-                let group = group(&config);
                 if tell(&answers, Answer::View { group, view }).is_err() {
                     return;
                 }
@@ -201,7 +214,7 @@ fn tell(answers: &Sender<Answer>, answer: Answer) -> Result<(), ()> {
 
 /// The links for `config`'s servers, opened on first use and kept.
 fn masters<'a>(links: &'a mut HashMap<Vec<u64>, Masters>, config: &RunConfig) -> &'a mut Masters {
-    let id = group(config).0;
+    let id = group(config).servers;
     links
         .entry(id)
         .or_insert_with(|| Masters::new(&config.servers))

@@ -303,9 +303,10 @@ impl Replicant<'_> {
             return;
         }
         let lapse = if leaving { Duration::ZERO } else { every * 3 };
-        for config in table.groups() {
+        for (group, config) in table.groups() {
             self.claims.send(Ask::Beat {
                 config,
+                group,
                 id: self.me.clone(),
                 lapse,
                 full,
@@ -383,8 +384,18 @@ impl Replicant<'_> {
         }
     }
 
-    /// Ask for the instants this replica gave up to be recorded missed (unless they ran).
+    /// Ask for the instants this replica gave up to be recorded missed (unless they ran), and
+    /// leave the fleets a reload left.
     fn give_up(&mut self, table: &mut Table) {
+        for (group, config) in std::mem::take(&mut table.left) {
+            self.claims.send(Ask::Beat {
+                config,
+                group,
+                id: self.me.clone(),
+                lapse: Duration::ZERO,
+                full: false,
+            });
+        }
         for (key, instant) in std::mem::take(&mut table.gave_up) {
             if let Some(job) = table.job(&key) {
                 let config = job.cron.config.clone();

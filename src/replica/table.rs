@@ -64,6 +64,8 @@ pub struct Table {
     pub lapse: Duration,
     /// Instants this replica gave up (first in rank, no room in time): to record missed.
     pub gave_up: Vec<(String, i64)>,
+    /// Fleets a reload left (their jobs changed): to say so in a heartbeat.
+    pub left: Vec<(Group, std::sync::Arc<crate::config::RunConfig>)>,
     /// When the table was made: until a first view comes (or a lapse passes without one), an
     /// instant waits for it rather than being claimed by every replica.
     made: Instant,
@@ -90,6 +92,8 @@ impl Table {
                 cron: c.clone(),
             })
             .collect();
+        let mut jobs = jobs;
+        name_fleets(&mut jobs);
         let index = jobs
             .iter()
             .enumerate()
@@ -103,17 +107,16 @@ impl Table {
             lapse: Duration::from_secs(2),
             made: Instant::now(),
             gave_up: Vec::new(),
+            left: Vec::new(),
         }
     }
 
     /// The groups the jobs claim in, each with a job's configuration to reach it.
-    pub fn groups(&self) -> Vec<std::sync::Arc<crate::config::RunConfig>> {
-        let mut seen: Vec<&Group> = Vec::new();
-        let mut out = Vec::new();
+    pub fn groups(&self) -> Vec<(Group, std::sync::Arc<crate::config::RunConfig>)> {
+        let mut out: Vec<(Group, std::sync::Arc<crate::config::RunConfig>)> = Vec::new();
         for job in &self.jobs {
-            if !seen.contains(&&job.group) {
-                seen.push(&job.group);
-                out.push(job.cron.config.clone());
+            if !out.iter().any(|(g, _)| *g == job.group) {
+                out.push((job.group.clone(), job.cron.config.clone()));
             }
         }
         out
@@ -298,6 +301,15 @@ impl Table {
         match reload() {
             Ok(jobs) => {
                 let mut next = Table::new(&jobs, false, &self.me);
+                // A fleet this replica no longer serves (its jobs changed) is left at once, so
+                // its other replicas do not wait for this one to lapse.
+                let now = next.groups();
+                self.left = self
+                    .groups()
+                    .into_iter()
+                    .filter(|(g, _)| !now.iter().any(|(n, _)| n == g))
+                    .collect();
+                next.left = std::mem::take(&mut self.left);
                 next.views = std::mem::take(&mut self.views);
                 next.lapse = self.lapse;
                 next.made = self.made;
@@ -364,6 +376,41 @@ fn missed(job: &Job, at: i64, log: &Log) {
         ),
         &[("key", job.cron.key.clone().into()), ("instant", at.into())],
     );
+}
+
+/// Name each group's fleet: a hash of the jobs this replica serves in it (KEY, arguments,
+/// environment, in KEY order), the same on every replica of the same crontab, whatever its
+/// version of cronlock, so only replicas serving the same jobs rank each other.
+fn name_fleets(jobs: &mut [Job]) {
+    let mut by: HashMap<Group, Vec<usize>> = HashMap::new();
+    for (i, j) in jobs.iter().enumerate() {
+        by.entry(j.group.clone()).or_default().push(i);
+    }
+    for members in by.values() {
+        let mut lines: Vec<String> = members
+            .iter()
+            .map(|&i| {
+                let c = &jobs[i].cron;
+                let env: Vec<String> = c.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                format!("{}\0{}\0{}", c.key, c.args.join("\0"), env.join("\0"))
+            })
+            .collect();
+        lines.sort();
+        let fleet = fnv(lines.join("\n").as_bytes());
+        for &i in members {
+            jobs[i].group.fleet = fleet;
+        }
+    }
+}
+
+/// FNV-1a, 64 bits.
+fn fnv(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
 }
 
 /// The replica that claims `at` of KEY in `view`: the highest rank among the live replicas not

@@ -2,9 +2,11 @@
 //! replica's heartbeat (`members.lua`) renews it in a sorted set scored by when it lapses (by
 //! Redis's clock), drops the lapsed, and answers who is live and who is at `--max-jobs`.
 //!
-//! The keys, under the prefix `cronlock:`: `cronlock:~{~replicas}:live` and
-//! `cronlock:~{~replicas}:full`. They share a hash tag of their own, and a KEY's keys (which
-//! start `cronlock:{`) can never have it; `--list` does not see them.
+//! A fleet is the replicas serving the same jobs (the caller names it by a hash of them, FLEET):
+//! replicas of different crontabs sharing a Redis are different fleets and never rank each
+//! other. The keys, under the prefix `cronlock:`: `cronlock:~{~replicas:FLEET}:live` and
+//! `cronlock:~{~replicas:FLEET}:full`. They share a hash tag of their own, and a KEY's keys
+//! (which start `cronlock:{`) can never have it; `--list` does not see them.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -29,18 +31,17 @@ pub struct View {
     pub full: Vec<String>,
 }
 
-/// One heartbeat of replica `id` under `prefix`: live for `lapse` more (zero: leaving now), and
-/// whether it is full. Returns the view after it.
+/// One heartbeat of replica `id` of `fleet` under `prefix`: live for `lapse` more (zero: leaving
+/// now), and whether it is full. Returns the view after it.
 pub fn beat(
     link: &mut Link,
     within: Duration,
-    prefix: &str,
+    (prefix, fleet): (&str, &str),
     id: &str,
-    lapse: Duration,
-    full: bool,
+    (lapse, full): (Duration, bool),
 ) -> Result<View, Failure> {
-    let live = format!("{prefix}~{{~replicas}}:live");
-    let fulls = format!("{prefix}~{{~replicas}}:full");
+    let live = format!("{prefix}~{{~replicas:{fleet}}}:live");
+    let fulls = format!("{prefix}~{{~replicas:{fleet}}}:full");
     let lapse_ms = if lapse.is_zero() { 0 } else { ms(lapse) };
     let args = [
         id.to_string(),

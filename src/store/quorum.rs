@@ -394,12 +394,18 @@ impl Masters {
     pub fn beat(
         &mut self,
         within: Duration,
-        prefix: &str,
+        (prefix, fleet): (&str, &str),
         id: &str,
         lapse: Duration,
         full: bool,
     ) -> Result<members::View, Failure> {
-        members::beat(&mut self.links[0], within, prefix, id, lapse, full)
+        members::beat(
+            &mut self.links[0],
+            within,
+            (prefix, fleet),
+            id,
+            (lapse, full),
+        )
     }
 
     /// With one master, block on the KEY's notify list for up to `block` (a release wakes us);

@@ -93,7 +93,9 @@ pub fn each_instant_once(url: &str, name: &str, secs: u64) {
              * * * * * * {name}-c sh -c 'echo $CRONLOCK_INSTANT >> {d}/c; sleep 0.3'\n"
         ),
     );
-    let replicas: Vec<Child> = (0..3).map(|_| replica(url, &file, &[])).collect();
+    let replicas: Vec<Child> = (0..3)
+        .map(|_| replica(url, &file, &["--log-format", "json"]))
+        .collect();
     let started = Instant::now();
     assert!(wait_for(Duration::from_secs(secs + 10), || started
         .elapsed()
@@ -124,7 +126,8 @@ pub fn each_instant_once(url: &str, name: &str, secs: u64) {
             assert_eq!(
                 pair[1] - pair[0],
                 1,
-                "job {job} missed an instant: {seen:?}"
+                "job {job} missed an instant: {seen:?}\n{}",
+                replica_err(&file)
             );
         }
         assert!(
