@@ -20,6 +20,9 @@ command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
 command -v unshare >/dev/null 2>&1 || need+=(util-linux)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
+# The daylight-saving tests read real zones (Europe/Berlin, America/New_York,
+# Australia/Lord_Howe) and make private ones with zic (libc-bin).
+[ -e /usr/share/zoneinfo/Australia/Lord_Howe ] || need+=(tzdata)
 # The newcomer test checks that man finds the page the quick start installs.
 command -v man >/dev/null 2>&1 || need+=(man-db)
 # The metrics tests parse .prom files with the Prometheus project's own parser.

@@ -44,6 +44,9 @@ pub struct Replica {
     pub grace: Duration,
 }
 
+/// A crontab's `NAME=value` lines in force for a job, shared between the jobs below them.
+pub type Env = std::sync::Arc<Vec<(String, String)>>;
+
 /// One job line of a crontab, resolved: the run `cronlock --schedule SCHEDULE [OPTIONS] KEY -c
 /// COMMAND-LINE` would make, and what the replica needs to fire it.
 #[derive(Clone)]
@@ -61,8 +64,8 @@ pub struct CronJob {
     pub retries: u32,
     /// The run's arguments after the program name.
     pub args: Vec<String>,
-    /// The `NAME=value` lines above it.
-    pub env: Vec<(String, String)>,
+    /// The `NAME=value` lines above it (shared with the jobs that have the same).
+    pub env: Env,
     /// The run it makes, resolved: what the replica claims with, and what the run checks the
     /// lock it is handed against.
     pub config: std::sync::Arc<RunConfig>,

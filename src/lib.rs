@@ -114,6 +114,12 @@ fn run_parsed() -> Exit {
     let log = Log::new(quiet, verbose || cli.crontab.is_some(), json);
     let exit = match execute(&cli, &log) {
         Ok(exit) => exit,
+        // Asked to end while reading a crontab: the signal's status, as for any stop.
+        Err(e) if e.downcast_ref::<signals::Interrupted>().is_some() => {
+            let sig = e.downcast_ref::<signals::Interrupted>().map_or(0, |i| i.0);
+            log.info("signal", &format!("{e:#}"), &[("signal", sig.into())]);
+            Exit::Signal(sig)
+        }
         Err(e) if cli.check => unknown(&format!("{e:#}")),
         Err(e) => {
             log.error("error", &format!("{e:#}"));
@@ -156,7 +162,7 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
         Request::Crontab(replica) => {
             let file = replica.file.clone();
             let json = cli.log_format == LogFormat::Json;
-            replica::serve(&replica, &|| cli::crontab::load(&file), json, log)
+            replica::serve(&replica, &|| cli::crontab::load_answering(&file), json, log)
         }
     }
 }

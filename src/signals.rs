@@ -143,6 +143,19 @@ pub fn asked_to_end() -> bool {
     ASKED_TO_END.load(std::sync::atomic::Ordering::SeqCst)
 }
 
+/// A signal that asked cronlock to end while it was busy with something that then stopped
+/// (reading a crontab): an error of its own kind, so the exit status is 128 + N, not 125.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interrupted(pub libc::c_int);
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "stopped by {}", name(self.0))
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
 /// Wake the main thread (from the watchdog).
 pub fn wake_main() {
     // SAFETY: sending a blocked signal to our own process is harmless; sigtimedwait collects it.

@@ -12,13 +12,15 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
 use clap::CommandFactory;
 
 use crate::cli::{from_matches, one_line, Cli, ADMIN_MODES};
-use crate::config::{CronJob, Request};
+use crate::config::{CronJob, Env, Request};
 use crate::fleet::schedule::Schedule;
+use crate::signals;
 
 /// The largest crontab read: a table, not data.
 const MAX_FILE: u64 = 1 << 20;
@@ -40,12 +42,42 @@ const NOT_PER_JOB: [&str; 12] = [
     "-V",
 ];
 
+/// [`load`] on a thread of its own, while this (the main) thread answers SIGTERM and SIGINT: a
+/// file that reads slowly (a hung network filesystem, a huge file) never keeps a replica from
+/// ending, at start or on reload. A signal is the error [`signals::Interrupted`].
+pub fn load_answering(path: &Path) -> Result<Vec<CronJob>> {
+    let (done, read) = std::sync::mpsc::channel();
+    let owned = path.to_path_buf();
+    std::thread::Builder::new()
+        .name("crontab".into())
+        .spawn(move || {
+            let _ = done.send(load(&owned));
+            signals::wake_main();
+        })
+        .map_err(|e| anyhow!("cannot start reading {}: {e}", path.display()))?;
+    let set = signals::SigSet::of(&[libc::SIGTERM, libc::SIGINT, signals::WAKEUP]);
+    loop {
+        if let Ok(jobs) = read.try_recv() {
+            return jobs;
+        }
+        // Bounded: the reader's end wakes this wait, and nothing else is waited for.
+        if let Some(sig @ (libc::SIGTERM | libc::SIGINT)) =
+            signals::wait(&set, std::time::Duration::from_millis(200))
+        {
+            return Err(signals::Interrupted(sig).into());
+        }
+    }
+}
+
 /// Read and check `path`: every job, or the first line at fault as `FILE:LINE: message`.
 pub fn load(path: &Path) -> Result<Vec<CronJob>> {
     let shown = path.display();
-    let text = read(path).map_err(|e| anyhow!("{shown}: {e}"))?;
+    let text = read(path).map_err(|e| anyhow!("{shown}{e}"))?;
     let mut jobs: Vec<CronJob> = Vec::new();
-    let mut env: Vec<(String, String)> = Vec::new();
+    // The environment so far, shared by the jobs below it until the next `NAME=value` line
+    // (copied then, once), with each name's place: reading is linear in the file's size.
+    let mut env: Env = Arc::default();
+    let mut place: HashMap<String, usize> = HashMap::new();
     let mut zone: Option<String> = None;
     let mut lines_of: HashMap<String, usize> = HashMap::new();
     // Built once: clap's definition is tens of KiB, and building it per line made a file of
@@ -67,8 +99,14 @@ pub fn load(path: &Path) -> Result<Vec<CronJob>> {
             if name == "CRON_TZ" {
                 zone = Some(value);
             } else {
-                env.retain(|(k, _)| *k != name);
-                env.push((name, value));
+                let vars = Arc::make_mut(&mut env);
+                match place.get(&name) {
+                    Some(&i) => vars[i].1 = value,
+                    None => {
+                        place.insert(name.clone(), vars.len());
+                        vars.push((name, value));
+                    }
+                }
             }
             continue;
         }
@@ -85,29 +123,58 @@ pub fn load(path: &Path) -> Result<Vec<CronJob>> {
     Ok(jobs)
 }
 
-/// The file's text: a regular file, at most [`MAX_FILE`] bytes, UTF-8.
+/// The file's text: a regular file, at most [`MAX_FILE`] bytes, UTF-8. An error reads after
+/// the file's name: `: reason`, or `:LINE: reason` for a byte that is not UTF-8.
 fn read(path: &Path) -> Result<String> {
     use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|e| anyhow!(crate::log::io_text(&e)))?;
+    use std::os::unix::fs::OpenOptionsExt;
+    // Non-blocking, so a FIFO nobody writes is refused at once instead of hanging the open.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| anyhow!(": {}", crate::log::io_text(&e)))?;
     let meta = file
         .metadata()
-        .map_err(|e| anyhow!(crate::log::io_text(&e)))?;
+        .map_err(|e| anyhow!(": {}", crate::log::io_text(&e)))?;
     if !meta.is_file() {
-        bail!("not a regular file");
+        let what = kind(&meta);
+        bail!(": not a regular file ({what}): a crontab is read from a file");
     }
     // The file decides what runs, as this replica's user: its owner and nobody else may change it.
     let harm = "run commands as this replica's user";
     if let Some(why) = crate::files::untrusted(path, &meta, harm) {
-        bail!("{why}");
+        bail!(": {why}");
     }
     let mut bytes = Vec::new();
     file.take(MAX_FILE + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| anyhow!(crate::log::io_text(&e)))?;
+        .map_err(|e| anyhow!(": {}", crate::log::io_text(&e)))?;
     if bytes.len() as u64 > MAX_FILE {
-        bail!("larger than {} KiB", MAX_FILE / 1024);
+        bail!(": larger than {} KiB", MAX_FILE / 1024);
     }
-    String::from_utf8(bytes).map_err(|_| anyhow!("not UTF-8 text"))
+    String::from_utf8(bytes).map_err(|e| {
+        let good = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+        let line = good.iter().filter(|b| **b == b'\n').count() + 1;
+        anyhow!(":{line}: not UTF-8 text (a byte that is not, on this line)")
+    })
+}
+
+/// What a file that is not a regular one is, for people.
+fn kind(meta: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device"
+    } else {
+        "not a file"
+    }
 }
 
 /// `NAME=value` (the value unquoted), when the line is one.
@@ -161,7 +228,7 @@ fn cron_field(word: &str) -> bool {
 /// One job line.
 fn job(
     line: &str,
-    (zone, env): (Option<&str>, &[(String, String)]),
+    (zone, env): (Option<&str>, &Env),
     n: usize,
     command: &mut clap::Command,
 ) -> Result<CronJob> {
@@ -231,7 +298,7 @@ fn job(
         conflict_exit_code: config.conflict_exit_code,
         retries: config.retries,
         args,
-        env: env.to_vec(),
+        env: env.clone(),
         config: std::sync::Arc::new(*config),
     })
 }
@@ -254,7 +321,12 @@ mod tests {
     use super::*;
 
     fn job(line: &str, zone: Option<&str>, env: &[(String, String)], n: usize) -> Result<CronJob> {
-        super::job(line, (zone, env), n, &mut Cli::command())
+        super::job(
+            line,
+            (zone, &Arc::new(env.to_vec())),
+            n,
+            &mut Cli::command(),
+        )
     }
 
     #[test]

@@ -19,7 +19,7 @@ impl Cli {
         let mode = self.mode()?;
         if let Mode::Crontab(file) = mode {
             return Ok(Request::Crontab(Box::new(Replica {
-                jobs: super::crontab::load(&file)?,
+                jobs: super::crontab::load_answering(&file)?,
                 file,
                 max_jobs: self.max_jobs,
                 drain: self.drain.0,

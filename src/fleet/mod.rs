@@ -16,6 +16,7 @@ pub mod admin;
 pub mod check;
 pub mod describe;
 pub mod handover;
+pub mod instants;
 pub mod ledger;
 pub mod metrics;
 pub mod ping;

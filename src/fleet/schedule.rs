@@ -12,9 +12,11 @@
 //! `TZ=` prefix, else the `TZ` variable, else the system's (`/etc/localtime`), all from the
 //! system's tz database through `jiff`, as cron itself does.
 
-use chrono::{FixedOffset, MappedLocalTime, NaiveDate, NaiveDateTime};
 use croner::parser::CronParser;
 use croner::Cron;
+use jiff::tz::TimeZone;
+
+use crate::fleet::instants;
 
 /// A parsed `--schedule`.
 #[derive(Clone, Debug)]
@@ -23,7 +25,10 @@ pub struct Schedule {
     pub text: String,
     /// Shared between schedules of the same expression (see [`parsed`]).
     cron: std::sync::Arc<Cron>,
-    zone: Zone,
+    zone: TimeZone,
+    /// The hour field names hours: the job runs at a local time, once a day across a
+    /// daylight-saving change; otherwise (`*`, a step) on elapsed time ([`instants`]).
+    fixed: bool,
 }
 
 /// The most distinct expressions kept for sharing.
@@ -89,16 +94,19 @@ impl Schedule {
                 let tz = tz.map_err(|_| {
                     format!("unknown time zone '{name}' (not in the system's tz database)")
                 })?;
-                (Zone(tz), rest.trim())
+                (tz, rest.trim())
             }
-            _ => (Zone(jiff::tz::TimeZone::system()), trimmed),
+            _ => (TimeZone::system(), trimmed),
         };
         let parser = CronParser::builder().build();
         let cron = parsed(&parser, expr)?;
+        let hours = &cron.pattern.hours;
+        let fixed = !(hours.from_wildcard || hours.step > 1);
         let schedule = Schedule {
             text: trimmed.to_string(),
             cron,
             zone,
+            fixed,
         };
         if schedule
             .next_after(crate::host::unix_millis() as i64)
@@ -109,24 +117,17 @@ impl Schedule {
         Ok(schedule)
     }
 
-    /// `ms` in the schedule's zone, in whole seconds (croner keeps fractions in its results).
-    fn at(&self, ms: i64) -> Option<chrono::DateTime<Zone>> {
-        chrono::DateTime::from_timestamp(ms.div_euclid(1000), 0)
-            .map(|t| t.with_timezone(&self.zone))
-    }
-
-    /// The first instant strictly after `ms`.
+    /// The first instant strictly after `ms` (never in the past, whatever moment of a
+    /// daylight-saving change it is asked at).
     pub fn next_after(&self, ms: i64) -> Option<i64> {
-        let t = self.at(ms)?;
-        let next = self.cron.find_next_occurrence(&t, false).ok()?;
-        Some(next.timestamp_millis())
+        instants::next_after(&self.cron, &self.zone, ms.div_euclid(1000), self.fixed)
+            .map(|s| s * 1000)
     }
 
     /// The last instant at or before `ms`.
     pub fn at_or_before(&self, ms: i64) -> Option<i64> {
-        let t = self.at(ms)?;
-        let prev = self.cron.find_previous_occurrence(&t, true).ok()?;
-        Some(prev.timestamp_millis())
+        instants::at_or_before(&self.cron, &self.zone, ms.div_euclid(1000), self.fixed)
+            .map(|s| s * 1000)
     }
 
     /// At most `max` instants before `before_ms`, down to `since_ms`, newest first.
@@ -187,8 +188,8 @@ impl Schedule {
         ) else {
             return ms.to_string();
         };
-        let z = ts.to_zoned(self.zone.0.clone());
-        let today = now.to_zoned(self.zone.0.clone()).date();
+        let z = ts.to_zoned(self.zone.clone());
+        let today = now.to_zoned(self.zone.clone()).date();
         let time = if z.second() == 0 {
             z.strftime("%H:%M").to_string()
         } else {
@@ -227,80 +228,6 @@ fn explain(parser: &CronParser, expr: &str, err: &croner::errors::CronError) -> 
         }
     }
     format!("{err}")
-}
-
-/// A `jiff` time zone (the system's tz database, `TZ`, `/etc/localtime`) as a `chrono` one,
-/// which is what croner evaluates in.
-#[derive(Clone, Debug)]
-pub struct Zone(jiff::tz::TimeZone);
-
-/// The offset of a [`Zone`] at some instant; it keeps the zone so chrono can get it back.
-#[derive(Clone, Debug)]
-pub struct ZoneOffset {
-    zone: jiff::tz::TimeZone,
-    fixed: FixedOffset,
-}
-
-impl chrono::Offset for ZoneOffset {
-    fn fix(&self) -> FixedOffset {
-        self.fixed
-    }
-}
-
-impl Zone {
-    fn offset(&self, o: jiff::tz::Offset) -> ZoneOffset {
-        ZoneOffset {
-            zone: self.0.clone(),
-            fixed: FixedOffset::east_opt(o.seconds()).unwrap_or(FixedOffset::east_opt(0).unwrap()),
-        }
-    }
-}
-
-impl chrono::TimeZone for Zone {
-    type Offset = ZoneOffset;
-
-    fn from_offset(offset: &ZoneOffset) -> Zone {
-        Zone(offset.zone.clone())
-    }
-
-    fn offset_from_local_date(&self, local: &NaiveDate) -> MappedLocalTime<ZoneOffset> {
-        self.offset_from_local_datetime(&local.and_time(chrono::NaiveTime::MIN))
-    }
-
-    fn offset_from_local_datetime(&self, local: &NaiveDateTime) -> MappedLocalTime<ZoneOffset> {
-        use chrono::{Datelike, Timelike};
-        let Ok(civil) = jiff::civil::DateTime::new(
-            local.year() as i16,
-            local.month() as i8,
-            local.day() as i8,
-            local.hour() as i8,
-            local.minute() as i8,
-            local.second() as i8,
-            0,
-        ) else {
-            return MappedLocalTime::None;
-        };
-        match self.0.to_ambiguous_timestamp(civil).offset() {
-            jiff::tz::AmbiguousOffset::Unambiguous { offset } => {
-                MappedLocalTime::Single(self.offset(offset))
-            }
-            // A time skipped by a change to summer time does not exist.
-            jiff::tz::AmbiguousOffset::Gap { .. } => MappedLocalTime::None,
-            jiff::tz::AmbiguousOffset::Fold { before, after } => {
-                MappedLocalTime::Ambiguous(self.offset(before), self.offset(after))
-            }
-        }
-    }
-
-    fn offset_from_utc_date(&self, utc: &NaiveDate) -> ZoneOffset {
-        self.offset_from_utc_datetime(&utc.and_time(chrono::NaiveTime::MIN))
-    }
-
-    fn offset_from_utc_datetime(&self, utc: &NaiveDateTime) -> ZoneOffset {
-        let ts = jiff::Timestamp::from_second(utc.and_utc().timestamp())
-            .unwrap_or(jiff::Timestamp::UNIX_EPOCH);
-        self.offset(self.0.to_offset(ts))
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,215 @@
+//! What the replica does with the claims thread's answers: start a won run (or give the claim
+//! back), note a lost claim (its line under `-v`, the job's metrics file, a look again for
+//! `--retries`), take a heartbeat's view, and record an instant given up as missed.
+
+use std::time::Duration;
+
+use crate::config::CronJob;
+use crate::exit::Exit;
+use crate::host::{rfc3339, unix_millis};
+use crate::log::{Level, Log};
+
+use super::claim::{Answer, Ask, Verdict};
+use super::table::Table;
+use super::{runs, Phase, Replicant, BEAT};
+
+impl Replicant<'_> {
+    /// Act on the claims thread's answers: start a won run, note a lost one, take a new view.
+    pub(super) fn answers(&mut self, table: &mut Table, phase: Phase) {
+        while let Ok(answer) = self.answers.try_recv() {
+            let (key, instant, verdict, config) = match answer {
+                Answer::Claim {
+                    key,
+                    instant,
+                    verdict,
+                    config,
+                } => (key, instant, verdict, config),
+                Answer::Missed {
+                    key,
+                    config,
+                    instant,
+                    recorded,
+                } => {
+                    self.missed(&key, &config, instant, recorded);
+                    continue;
+                }
+                Answer::View { group, view } => {
+                    match view {
+                        Ok(view) => {
+                            // 100 ms more per replica above 5: a fleet's heartbeats stay at about
+                            // 10 calls a second.
+                            let n = view.live.len().max(5) as u32;
+                            self.beat.1 = BEAT * n / 5;
+                            table.set_view(group, view);
+                        }
+                        Err(text) => self.log.event(
+                            Level::Debug,
+                            "heartbeat_failed",
+                            &format!("cannot send this replica's heartbeat: {text}"),
+                            &[],
+                        ),
+                    }
+                    continue;
+                }
+            };
+            self.in_flight = self.in_flight.saturating_sub(1);
+            let failed = matches!(verdict, Verdict::Failed(_));
+            table.answered(&key, !failed, self.log);
+            let first_news = failed && !std::mem::replace(&mut self.trouble_told, failed);
+            let Some(job) = table.job(&key).map(|j| j.cron.clone()) else {
+                // Removed by a reload meanwhile: a won claim is given back.
+                if let Verdict::Won(held) = verdict {
+                    self.claims.send(Ask::Release { config, held });
+                }
+                continue;
+            };
+            match verdict {
+                Verdict::Won(held) if phase != Phase::Serving => {
+                    self.claims.send(Ask::Release { config, held });
+                }
+                Verdict::Won(held) => self.start(&job, held),
+                Verdict::Failed(text) if first_news => self.log.warn(
+                    "claim_failed",
+                    &format!(
+                        "{key}: cannot claim the {} instant: {text}; trying again every second \
+                         (said once until a claim goes through)",
+                        rfc3339(instant.max(0) as u64)
+                    ),
+                ),
+                Verdict::Failed(_) => {}
+                lost => self.lost(table, &job, instant, lost),
+            }
+        }
+    }
+
+    /// Ask for the instants this replica gave up to be recorded missed (unless they ran), and
+    /// leave the fleets a reload left.
+    pub(super) fn give_up(&mut self, table: &mut Table) {
+        for (group, config) in std::mem::take(&mut table.left) {
+            self.claims.send(Ask::Beat {
+                config,
+                group,
+                id: self.me.clone(),
+                lapse: Duration::ZERO,
+                full: false,
+            });
+        }
+        for (key, instant) in std::mem::take(&mut table.gave_up) {
+            if let Some(job) = table.job(&key) {
+                let config = job.cron.config.clone();
+                self.claims.send(Ask::Missed {
+                    key,
+                    config,
+                    instant,
+                });
+            }
+        }
+    }
+
+    /// An instant recorded missed: one line, and the job's metrics file says so.
+    fn missed(
+        &mut self,
+        key: &str,
+        config: &crate::config::RunConfig,
+        instant: i64,
+        recorded: Result<bool, String>,
+    ) {
+        let at = rfc3339(instant.max(0) as u64);
+        match recorded {
+            Ok(true) => {
+                self.log.warn(
+                    "missed",
+                    &format!(
+                        "{key}: the {at} instant was missed: no replica had room to start it \
+                         in time (--max-jobs); recorded missed"
+                    ),
+                );
+                if let Ok(report) = crate::fleet::report::Report::new(&config.reports, self.log) {
+                    report.missed(key, instant.max(0) as u64, self.log);
+                }
+            }
+            Ok(false) => {}
+            Err(text) => self.log.event(
+                Level::Debug,
+                "missed_unrecorded",
+                &format!("{key}: cannot record the {at} instant missed: {text}"),
+                &[],
+            ),
+        }
+    }
+
+    /// Start the run of a won claim; a run that cannot start gives its claim back.
+    fn start(&mut self, job: &CronJob, held: Box<crate::store::lock::Held>) {
+        if let Some(path) = &self.hold {
+            let _ = std::fs::write(path, &job.key);
+            loop {
+                std::thread::park();
+            }
+        }
+        let heard = &self.heard.0;
+        match runs::spawn(&self.exe, job, &held, (self.json, heard), self.log) {
+            Ok(run) => {
+                self.runs.insert(run.pid(), run);
+            }
+            Err(e) => {
+                self.log.error(
+                    "spawn_failed",
+                    &format!(
+                        "{}: cannot start its run: {e:#}; released the claim",
+                        job.key
+                    ),
+                );
+                let config = job.config.clone();
+                self.claims.send(Ask::Release { config, held });
+            }
+        }
+    }
+
+    /// A claim another replica's run (or a suspension) answered: said under `-v`, reported in the
+    /// job's metrics file, and, with `--retries`, looked at again when the holder's lock would
+    /// lapse.
+    fn lost(&mut self, table: &mut Table, job: &CronJob, instant: i64, verdict: Verdict) {
+        let key = &job.key;
+        let at = rfc3339(instant.max(0) as u64);
+        let mut suspended = None;
+        let text = match &verdict {
+            Verdict::Busy { holder, expires_in } => {
+                if let (true, Some(left)) = (job.retries > 0, expires_in) {
+                    let at = unix_millis() as i64 + left.as_millis() as i64 + 250;
+                    table.look_again(key, at);
+                }
+                let by = crate::fleet::describe::describe_holder(holder);
+                format!("{key}: the {at} instant is held by {by}")
+            }
+            Verdict::AlreadyRan => format!("{key}: the {at} instant already ran or is not due"),
+            Verdict::Suspended(record) => {
+                suspended = Some(crate::fleet::describe::suspended_since(record).unwrap_or(0));
+                let how = crate::fleet::describe::describe_suspension(record);
+                format!("{key}: suspended {how}; the {at} instant is recorded skipped")
+            }
+            Verdict::Won(_) | Verdict::Failed(_) => return,
+        };
+        let fields = [("key", key.clone().into()), ("instant", instant.into())];
+        self.log.event(Level::Debug, "claim_lost", &text, &fields);
+        if job.config.reports.metrics_dir.is_some() {
+            report_skip(job, suspended, self.log);
+        }
+    }
+}
+
+/// A lost claim in the job's metrics file, as the losing run used to write it (skipped, and
+/// `cronlock_suspended` while KEY is suspended).
+fn report_skip(job: &CronJob, suspended: Option<u64>, log: &Log) {
+    use crate::fleet::report::{Report, RunOutcome};
+    let Ok(report) = Report::new(&job.config.reports, log) else {
+        return;
+    };
+    let outcome = RunOutcome {
+        result: Ok(Exit::Conflict(job.conflict_exit_code)),
+        locked: false,
+        run: None,
+        body: None,
+        suspended,
+    };
+    report.tell(&job.key, unix_millis(), &outcome, log);
+}

@@ -1,0 +1,153 @@
+//! What the replica does with its runs' reports and ends: the start and end lines (from the
+//! typed reports on each run's channel, never from its output), and a run that ended without
+//! reporting its end (its lock given back when no command can be left, else left to lapse).
+
+use std::time::Duration;
+
+use crate::fleet::handover::Report;
+use crate::fleet::record::Ending;
+use crate::host::{rfc3339, unix_millis};
+use crate::log::Log;
+
+use super::claim::Ask;
+use super::runs::Run;
+use super::table::Table;
+use super::Replicant;
+
+impl Replicant<'_> {
+    /// Read what the runs reported.
+    pub(super) fn reports(&mut self, table: &mut Table) {
+        while let Ok((pid, heard)) = self.heard.1.try_recv() {
+            let Some(run) = self.runs.get_mut(&pid) else {
+                continue;
+            };
+            match heard {
+                None => run.closed = true,
+                Some(Report::Started { pid: group }) => {
+                    run.started = true;
+                    said_started(run, group, self.log);
+                }
+                Some(Report::Ended {
+                    status,
+                    ending,
+                    duration,
+                }) => {
+                    run.ended = true;
+                    said_ended(run, (status, ending, duration), self.log);
+                    let retries = table.job(&run.key).is_some_and(|j| j.cron.retries > 0);
+                    if status != 0 && retries {
+                        table.look_again(&run.key, unix_millis() as i64 + 1000);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Forget the runs that are over; one that died without reporting its end is said, and looked
+    /// at again (with `--retries`) once its lock has lapsed.
+    pub(super) fn forget_ended(&mut self, table: &mut Table) {
+        let over: Vec<u32> = self
+            .runs
+            .iter()
+            .filter(|(_, r)| r.over())
+            .map(|(p, _)| *p)
+            .collect();
+        for pid in over {
+            let Some(run) = self.runs.remove(&pid) else {
+                continue;
+            };
+            let status = run.exited.map(|s| s.to_string()).unwrap_or_default();
+            if run.stopped {
+                self.interrupted = true;
+                self.log.warn(
+                    "run_stopped",
+                    &format!("{}: its run was stopped ({status})", run.key),
+                );
+            }
+            if run.ended {
+                continue;
+            }
+            // A run that exited by itself without starting its command (it reports the start
+            // right after the spawn) left no command behind: its lock is given back at once
+            // (compare-and-delete), the attempt recorded interrupted. After a start, or a death
+            // by a signal, the guard may have been killed with it and the command's children
+            // live on: the lock is left to lapse (abandoned), as when the replica dies.
+            let by_itself = run.exited.is_some_and(|s| s.code().is_some());
+            let release = !run.started && by_itself;
+            if !run.stopped {
+                let then = if release {
+                    "its lock is released"
+                } else {
+                    "its lock is left to lapse"
+                };
+                self.log.warn(
+                    "run_died",
+                    &format!(
+                        "{}: its run ended ({status}) without reporting an end; {then}",
+                        run.key
+                    ),
+                );
+            }
+            if release {
+                self.claims.send(Ask::Release {
+                    config: run.config.clone(),
+                    held: run.held.clone(),
+                });
+            }
+            if table.job(&run.key).is_some_and(|j| j.cron.retries > 0) {
+                let wait = if release {
+                    1000
+                } else {
+                    run.ttl.as_millis() as i64 + 250
+                };
+                table.look_again(&run.key, unix_millis() as i64 + wait);
+            }
+        }
+    }
+}
+
+/// "KEY: started for the INSTANT instant, attempt N (fencing token F)".
+fn said_started(run: &Run, group: u32, log: &Log) {
+    let at = run.instant.map_or(String::new(), |ms| {
+        format!(" for the {} instant", rfc3339(ms.max(0) as u64))
+    });
+    log.info(
+        "run_started",
+        &format!(
+            "{}: started{at}, attempt {} (fencing token {})",
+            run.key, run.attempt, run.fence
+        ),
+        &[
+            ("key", run.key.clone().into()),
+            ("instant", run.instant.into()),
+            ("attempt", run.attempt.into()),
+            ("fencing_token", run.fence.into()),
+            ("run_pid", run.pid().into()),
+            ("command_pid", group.into()),
+        ],
+    );
+}
+
+/// "KEY: command exited with status S after D", or how else it ended.
+fn said_ended(run: &Run, (status, ending, took): (u8, Ending, Duration), log: &Log) {
+    let how = match ending {
+        Ending::Exited => format!("command exited with status {status}"),
+        Ending::Signalled => format!("command was killed by a signal (status {status})"),
+        Ending::Lost => "command was terminated: lock lost".into(),
+        Ending::MaxRuntime => "command was terminated: --max-runtime".into(),
+        Ending::NotStarted => format!("command did not start (status {status})"),
+    };
+    let took = Duration::from_millis(took.as_millis() as u64);
+    log.info(
+        "run_ended",
+        &format!("{}: {how} after {}", run.key, crate::duration::Span(took)),
+        &[
+            ("key", run.key.clone().into()),
+            ("instant", run.instant.into()),
+            ("attempt", run.attempt.into()),
+            ("exit_status", status.into()),
+            ("ended", ending.name().into()),
+            ("duration_ms", (took.as_millis() as u64).into()),
+        ],
+    );
+}
