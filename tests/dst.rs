@@ -277,3 +277,115 @@ fn sigterm_while_a_file_is_read_ends_the_replica_at_once() {
     assert!(status.code() == Some(143) || by_term, "{status:?}: {err}");
     assert!(took < Duration::from_millis(1500), "{took:?}");
 }
+
+/// The rules at the level of the instant function, against cron's expectations (see
+/// `src/fleet/instants.rs`): helpers for the table below.
+mod rules {
+    use cronlock::fleet::instants::{at_or_before, next_after};
+    use jiff::tz::TimeZone;
+    use jiff::Timestamp;
+
+    fn cron(expr: &str) -> croner::Cron {
+        croner::parser::CronParser::builder()
+            .build()
+            .parse(expr)
+            .unwrap()
+    }
+
+    fn at(text: &str) -> i64 {
+        text.parse::<Timestamp>().unwrap().as_second()
+    }
+
+    fn show(t: i64) -> String {
+        Timestamp::from_second(t).unwrap().to_string()
+    }
+
+    /// The rules, zone by zone, around both 2026 changes: every minute and every 15 minutes count
+    /// elapsed minutes (in a repeated hour too, none in a skipped one), hourly likewise, and fixed
+    /// times inside, before and after the changed hour run once (the first occurrence; the gap's
+    /// end).
+    #[test]
+    fn every_rule_in_three_zones_across_both_changes() {
+        // (zone, the change as UTC, the local hour it changes at, minutes it moves by).
+        let changes = [
+            ("Europe/Berlin", "2026-03-29T01:00:00Z", 2, 60_i32),
+            ("Europe/Berlin", "2026-10-25T01:00:00Z", 3, -60),
+            ("America/New_York", "2026-03-08T07:00:00Z", 2, 60),
+            ("America/New_York", "2026-11-01T06:00:00Z", 2, -60),
+            ("Australia/Lord_Howe", "2026-10-03T15:30:00Z", 2, 30),
+            ("Australia/Lord_Howe", "2026-04-04T15:00:00Z", 2, -30),
+        ];
+        for (zone, change, _hour, moved) in changes {
+            let c = at(change);
+            let (from, to) = (c - 3 * 3600, c + 3 * 3600);
+            let span = |expr: &str, fixed: bool| -> Vec<i64> {
+                let (cr, tz) = (cron(expr), TimeZone::get(zone).unwrap());
+                let mut out = Vec::new();
+                let mut t = from;
+                while let Some(n) = next_after(&cr, &tz, t, fixed) {
+                    if n > to {
+                        break;
+                    }
+                    assert_eq!(at_or_before(&cr, &tz, n, fixed), Some(n), "{zone} {expr}");
+                    out.push(n);
+                    t = n;
+                }
+                out
+            };
+            // Elapsed rhythm: every minute and every 15 minutes never pause or double up.
+            for (expr, step) in [("* * * * *", 60), ("*/15 * * * *", 900)] {
+                let got = span(expr, false);
+                for pair in got.windows(2) {
+                    assert_eq!(pair[1] - pair[0], step, "{zone} {change} {expr}");
+                }
+                assert!(
+                    got.len() as i64 >= 6 * 3600 / step - 1,
+                    "{zone} {expr}: {}",
+                    got.len()
+                );
+            }
+            // Hourly: whole local hours; across a change of a whole hour, still an hour apart.
+            let hourly = span("0 * * * *", false);
+            if moved.abs() == 60 {
+                for pair in hourly.windows(2) {
+                    assert_eq!(pair[1] - pair[0], 3600, "{zone} {change} hourly");
+                }
+            }
+            // Fixed times: each local time of the change's day within the six hours runs
+            // exactly once: a skipped one at the change (the gap's end), a repeated one at its
+            // first occurrence (before the change), any other at itself.
+            let tz = TimeZone::get(zone).unwrap();
+            let local = |t: i64| Timestamp::from_second(t).unwrap().to_zoned(tz.clone());
+            let (lo, hi) = (local(from).datetime(), local(to).datetime());
+            let (after, before) = (local(c).datetime(), local(c - 1).datetime());
+            let day = local(c).date();
+            let mut seen_times = 0;
+            for minutes in (0..24 * 60).step_by(15) {
+                let (h, m) = ((minutes / 60) as i8, (minutes % 60) as i8);
+                let civil = day.at(h, m, 0, 0);
+                if civil <= lo || civil > hi {
+                    continue;
+                }
+                seen_times += 1;
+                let expr = format!("{m} {h} * * *");
+                let got = span(&expr, true);
+                let shown: Vec<String> = got.iter().map(|t| show(*t)).collect();
+                assert_eq!(got.len(), 1, "{zone} {change} {expr}: {shown:?}");
+                let skipped = moved > 0 && civil > before && civil < after;
+                let repeated = moved < 0 && civil >= after && civil <= before;
+                if skipped {
+                    assert_eq!(got[0], c, "{zone} {expr}: not the gap's end");
+                } else {
+                    assert_eq!(local(got[0]).datetime(), civil, "{zone} {expr}");
+                    if repeated {
+                        assert!(got[0] < c, "{zone} {expr}: not the first occurrence");
+                    }
+                }
+            }
+            assert!(
+                seen_times >= 12,
+                "{zone} {change}: {seen_times} fixed times checked"
+            );
+        }
+    }
+}
