@@ -200,9 +200,22 @@ fn test_user() -> (u32, u32) {
 fn an_unprivileged_replica_trusts_its_own_files_and_roots() {
     let (uid, gid) = test_user();
     let r = Redis::start_tcp();
-    for (owner, serves) in [(uid, true), (0, true), (NOBODY, false)] {
-        let dir = scratch("unprivileged");
-        chown(&*dir, Some(uid), Some(gid)).unwrap();
+    // Under /tmp, with a copy of the binary: the checkout may sit in a directory the user
+    // cannot enter (a CI clone in a 0700 directory).
+    let base = std::env::temp_dir().join(format!("cronlock-owner-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir(&base).unwrap();
+    set_mode(&base, 0o755);
+    let exe = base.join("cronlock");
+    std::fs::copy(bin(), &exe).unwrap();
+    set_mode(&exe, 0o755);
+    for (i, (owner, serves)) in [(uid, true), (0, true), (NOBODY, false)]
+        .into_iter()
+        .enumerate()
+    {
+        let dir = base.join(format!("case{i}"));
+        std::fs::create_dir(&dir).unwrap();
+        chown(&dir, Some(uid), Some(gid)).unwrap();
         let ran = dir.join("ran");
         let file = crontab(
             &dir,
@@ -211,7 +224,7 @@ fn an_unprivileged_replica_trusts_its_own_files_and_roots() {
         set_mode(&file, 0o644);
         chown(&file, Some(owner), None).unwrap();
         let err_file = dir.join("replica.err");
-        let c = Command::new(bin())
+        let c = Command::new(&exe)
             .env("CRONLOCK_REDIS_URL", r.tcp_url())
             .arg("--crontab")
             .arg(&file)
@@ -251,6 +264,7 @@ fn an_unprivileged_replica_trusts_its_own_files_and_roots() {
             assert!(!ran.exists());
         }
     }
+    let _ = std::fs::remove_dir_all(&base);
 }
 
 /// A file holding the Redis URL (or the ping URL) follows the same rule, in the same words.
