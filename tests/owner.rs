@@ -310,3 +310,23 @@ fn url_files_others_can_change_are_refused() {
         stderr(&out)
     );
 }
+
+/// A TLS certificate or key file decides which server cronlock trusts: the same rule.
+#[test]
+fn tls_files_others_can_change_are_refused() {
+    let dir = scratch("tlsfile");
+    let ca = dir.join("ca.pem");
+    std::fs::write(&ca, "not read that far\n").unwrap();
+    set_mode(&ca, 0o664);
+    let out = run(Command::new(bin())
+        .args(["-u", "rediss://127.0.0.1:1", "--tls-ca-cert"])
+        .arg(&ca)
+        .args(["k", "true"]));
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
+    let line = one_line(&out);
+    assert!(line.contains("--tls-ca-cert"), "{line}");
+    assert!(
+        line.contains("mode 0664") && line.contains("chmod go-w"),
+        "{line}"
+    );
+}

@@ -96,11 +96,24 @@ impl TlsOptions {
     }
 }
 
+/// A certificate or key file: like every file that decides where cronlock connects, owned by
+/// this user or root and writable by nobody else ([`crate::files::untrusted`]).
 fn read(path: &Path, flag: &str) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| {
+    use std::io::Read;
+    let cannot = |e: std::io::Error| {
         let text = crate::log::io_text(&e);
         anyhow!("cannot read {flag} '{}': {text}", path.display())
-    })
+    };
+    let file = std::fs::File::open(path).map_err(cannot)?;
+    let meta = file.metadata().map_err(cannot)?;
+    let harm = "make cronlock trust a server of theirs";
+    if let Some(why) = crate::files::untrusted(path, &meta, harm) {
+        anyhow::bail!("{flag} '{}': {why}", path.display());
+    }
+    let mut bytes = Vec::new();
+    // A certificate chain is kilobytes; a bound keeps a wrong path from filling memory.
+    file.take(4 << 20).read_to_end(&mut bytes).map_err(cannot)?;
+    Ok(bytes)
 }
 
 /// The key must belong to the certificate: otherwise the server's refusal would say nothing.
