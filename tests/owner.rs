@@ -224,16 +224,26 @@ fn an_unprivileged_replica_trusts_its_own_files_and_roots() {
         set_mode(&file, 0o644);
         chown(&file, Some(owner), None).unwrap();
         let err_file = dir.join("replica.err");
-        let c = Command::new(&exe)
-            .env("CRONLOCK_REDIS_URL", r.tcp_url())
+        let mut cmd = Command::new(&exe);
+        cmd.env("CRONLOCK_REDIS_URL", r.tcp_url())
             .arg("--crontab")
             .arg(&file)
             .uid(uid)
             .gid(gid)
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&err_file).unwrap())
-            .spawn()
-            .unwrap();
+            .stderr(std::fs::File::create(&err_file).unwrap());
+        // The copy was just written: a process another test forks meanwhile may hold it open
+        // for a moment (ETXTBSY), so the spawn is tried again for a while.
+        let mut spawned = None;
+        assert!(wait_for(Duration::from_secs(10), || match cmd.spawn() {
+            Ok(c) => {
+                spawned = Some(c);
+                true
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => false,
+            Err(e) => panic!("cannot start the replica: {e}"),
+        }));
+        let c = spawned.unwrap();
         let err = || std::fs::read_to_string(&err_file).unwrap_or_default();
         if serves {
             assert!(
