@@ -232,6 +232,8 @@ fn an_unprivileged_replica_trusts_its_own_files_and_roots() {
             .gid(gid)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&err_file).unwrap());
+        // It dies with the test, even one that fails.
+        tie(&mut cmd);
         // The copy was just written: a process another test forks meanwhile may hold it open
         // for a moment (ETXTBSY), so the spawn is tried again for a while.
         let mut spawned = None;
