@@ -63,6 +63,15 @@ impl Report {
         })
     }
 
+    /// The metrics file alone, for what a replica tells of a job it did not run (a lost claim,
+    /// a missed instant): no `--ping` is sent then, so no HTTP client is made.
+    pub fn metrics_only(reports: &Reports) -> Report {
+        Report {
+            pinger: None,
+            metrics_dir: reports.metrics_dir.clone(),
+        }
+    }
+
     /// KEY's command started as `run_id`, the `attempt`-th at its instant: the start ping, and
     /// `cronlock_running` 1 in the metrics file.
     pub fn started(&mut self, key: &str, run_id: &str, attempt: u32, log: &Log) {

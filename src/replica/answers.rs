@@ -124,9 +124,8 @@ impl Replicant<'_> {
                          in time (--max-jobs); recorded missed"
                     ),
                 );
-                if let Ok(report) = crate::fleet::report::Report::new(&config.reports, self.log) {
-                    report.missed(key, instant.max(0) as u64, self.log);
-                }
+                let report = crate::fleet::report::Report::metrics_only(&config.reports);
+                report.missed(key, instant.max(0) as u64, self.log);
             }
             Ok(false) => {}
             Err(text) => self.log.event(
@@ -201,9 +200,7 @@ impl Replicant<'_> {
 /// `cronlock_suspended` while KEY is suspended).
 fn report_skip(job: &CronJob, suspended: Option<u64>, log: &Log) {
     use crate::fleet::report::{Report, RunOutcome};
-    let Ok(report) = Report::new(&job.config.reports, log) else {
-        return;
-    };
+    let report = Report::metrics_only(&job.config.reports);
     let outcome = RunOutcome {
         result: Ok(Exit::Conflict(job.conflict_exit_code)),
         locked: false,

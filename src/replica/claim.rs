@@ -134,73 +134,76 @@ impl Claims {
 fn serve(inbox: Receiver<Ask>, answers: Sender<Answer>) {
     let mut links: HashMap<Vec<u64>, Masters> = HashMap::new();
     for ask in inbox {
-        match ask {
-            Ask::Claim {
+        if let Some(answer) = carry_out(&mut links, ask) {
+            if tell(&answers, answer).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Do what `ask` says on its servers' links; what to tell the loop (nothing for a release).
+fn carry_out(links: &mut HashMap<Vec<u64>, Masters>, ask: Ask) -> Option<Answer> {
+    match ask {
+        Ask::Claim {
+            key,
+            config,
+            instant,
+        } => {
+            let verdict = claim(masters(links, &config), &config, instant);
+            Some(Answer::Claim {
+                key,
+                instant,
+                verdict,
+                config,
+            })
+        }
+        Ask::Missed {
+            key,
+            config,
+            instant,
+        } => {
+            let keys = Keys::new(&config.prefix, &config.key);
+            let recorded = masters(links, &config)
+                .record_missed(config.connect_timeout, &keys, instant)
+                .map_err(|e| e.to_string());
+            Some(Answer::Missed {
                 key,
                 config,
                 instant,
-            } => {
-                let masters = masters(&mut links, &config);
-                let verdict = claim(masters, &config, instant);
-                let answer = Answer::Claim {
-                    key,
+                recorded,
+            })
+        }
+        Ask::Beat {
+            config,
+            group,
+            id,
+            lapse,
+            full,
+        } => {
+            let fleet = format!("{:016x}", group.fleet);
+            let view = masters(links, &config)
+                .beat(
+                    config.connect_timeout,
+                    (&config.prefix, &fleet),
+                    &id,
+                    lapse,
+                    full,
+                )
+                .map_err(|e| e.to_string());
+            Some(Answer::View { group, view })
+        }
+        Ask::Release { config, held } => {
+            let opts = ReleaseOptions {
+                ledger: held.instant.map(|instant| LedgerEnd {
                     instant,
-                    verdict,
-                    config,
-                };
-                if tell(&answers, answer).is_err() {
-                    return;
-                }
-            }
-            Ask::Missed {
-                key,
-                config,
-                instant,
-            } => {
-                let masters = masters(&mut links, &config);
-                let keys = Keys::new(&config.prefix, &config.key);
-                let recorded = masters
-                    .record_missed(config.connect_timeout, &keys, instant)
-                    .map_err(|e| e.to_string());
-                let answer = Answer::Missed {
-                    key,
-                    config,
-                    instant,
-                    recorded,
-                };
-                if tell(&answers, answer).is_err() {
-                    return;
-                }
-            }
-            Ask::Beat {
-                config,
-                group,
-                id,
-                lapse,
-                full,
-            } => {
-                let masters = masters(&mut links, &config);
-                let within = config.connect_timeout;
-                let fleet = format!("{:016x}", group.fleet);
-                let view = masters
-                    .beat(within, (&config.prefix, &fleet), &id, lapse, full)
-                    .map_err(|e| e.to_string());
-                if tell(&answers, Answer::View { group, view }).is_err() {
-                    return;
-                }
-            }
-            Ask::Release { config, held } => {
-                let masters = masters(&mut links, &config);
-                let opts = ReleaseOptions {
-                    ledger: held.instant.map(|instant| LedgerEnd {
-                        instant,
-                        exit: crate::exit::FAILURE,
-                        interrupted: true,
-                    }),
-                    ..ReleaseOptions::default()
-                };
-                let _ = masters.release(config.connect_timeout, &held, &opts);
-            }
+                    exit: crate::exit::FAILURE,
+                    interrupted: true,
+                }),
+                ..ReleaseOptions::default()
+            };
+            let _ = masters(links, &config).release(config.connect_timeout, &held, &opts);
+            None
         }
     }
 }
