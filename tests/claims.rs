@@ -302,13 +302,30 @@ fn a_replica_killed_between_claim_and_spawn_loses_nothing() {
     }
     let file = crontab(&dir, &text);
     let hook = held.to_str().unwrap();
+    let others: Vec<Child> = (0..2).map(|_| replica(&r.url(), &file, &[])).collect();
+    // The holding replica starts 1.5 s after an instant the others ran: its own catch-up at
+    // start then finds every instant done, and the claim it holds is a scheduled instant's, at
+    // that instant (a start-up claim of an older instant, moments before the next one, would be
+    // superseded by that next one rather than retried: --catch-up runs the latest).
+    assert!(
+        wait_for(Duration::from_secs(15), || (0..6).any(|j| {
+            instants(&dir.join(format!("j{j}")).join("log"))
+                .iter()
+                .any(|l| l.starts_with("done "))
+        })),
+        "{}",
+        replica_err(&file)
+    );
+    assert!(wait_for(Duration::from_secs(6), || {
+        let t = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+        t.as_secs() % 5 == 1 && ms_into_second() >= 500
+    }));
     let mut holder = replica_with(
         &r.url(),
         &file,
         &[],
         &[("CRONLOCK_TEST_HOLD_AFTER_CLAIM", hook)],
     );
-    let others: Vec<Child> = (0..2).map(|_| replica(&r.url(), &file, &[])).collect();
     assert!(
         wait_for(Duration::from_secs(20), || held.exists()),
         "{}",
