@@ -154,22 +154,13 @@ fn a_firing_with_nothing_due_is_one_round_trip() {
     let out = fire(&r.url(), "quiet", &[], 0);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     r.query::<()>(redis::cmd("CONFIG").arg("RESETSTAT"));
-    let before: String = r.query(redis::cmd("INFO").arg("stats"));
+    let before = r.connections_received();
     let out = fire(&r.url(), "quiet", &[], 0);
     assert_eq!(code(&out), 75, "{}", stderr(&out));
     assert_eq!(stdout(&out), "");
     assert_eq!(stderr(&out), "");
-    let after: String = r.query(redis::cmd("INFO").arg("stats"));
-    let connections = |info: &str| -> u64 {
-        info.lines()
-            .find_map(|l| l.strip_prefix("total_connections_received:"))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap()
-    };
     // The harness's own connection is reused; the firing opened one.
-    assert_eq!(connections(&after) - connections(&before), 1);
+    assert_eq!(r.connections_received() - before, 1);
     let stats: String = r.query(redis::cmd("INFO").arg("commandstats"));
     let calls: std::collections::BTreeMap<String, u64> = stats
         .lines()
@@ -194,6 +185,7 @@ fn a_firing_with_nothing_due_is_one_round_trip() {
                 "exists",
                 "get",
                 "hget",
+                "hmget",
                 "time",
                 "config|resetstat",
                 "info"
@@ -202,4 +194,39 @@ fn a_firing_with_nothing_due_is_one_round_trip() {
             "{name} was called {n} times: {calls:?}"
         );
     }
+}
+
+/// The ledger keeps the 64 newest instants: a claim trims it in batches (once it holds more than
+/// 80, back to 64), and `--status` shows the 64 newest whatever it holds.
+#[test]
+fn the_ledger_keeps_the_newest_64_instants() {
+    let r = Redis::start();
+    let old = |n: i64| 1_580_000_000_000 + n * 1000;
+    let fill = |from: i64, to: i64| {
+        for n in from..to {
+            r.query::<()>(
+                redis::cmd("HSET")
+                    .arg("cronlock:{trim}:ledger")
+                    .arg(old(n).to_string())
+                    .arg(r#"{"state":"succeeded","attempts":[]}"#),
+            );
+        }
+    };
+    let held = || -> i64 { r.query(redis::cmd("HLEN").arg("cronlock:{trim}:ledger")) };
+    // 70 held, 64 shown: the newest.
+    fill(0, 70);
+    let shown = ledger(&r.url(), "trim");
+    assert_eq!(shown.len(), 64);
+    assert_eq!(shown[0].0, old(6));
+    // More than 80 once a firing adds its instants (the latest and those missed in the window):
+    // trimmed back to the 64 newest, the firing's own kept.
+    fill(70, 80);
+    let out = fire(&r.url(), "trim", &[], 0);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(held(), 64);
+    let shown = ledger(&r.url(), "trim");
+    assert_eq!(shown.len(), 64);
+    let (_, newest) = shown.last().unwrap();
+    assert_eq!(newest["state"], "succeeded");
+    assert!(shown[0].0 > old(15), "{}", shown[0].0);
 }

@@ -6,8 +6,14 @@
 //! The channel is a Unix socket pair. The run's end is inherited across the replica's `execve` of
 //! the run (named by [`FD_VAR`], which the command never sees) and made close-on-exec at once, so
 //! the command does not inherit it. Each message is one line of JSON with a version (`"v"`):
-//! the replica sends one `lock`; the run sends `started`, then `ended`. End of file without
-//! `ended` means the run died.
+//! the replica sends one `lock`; the run sends `started`, then `release` (what to record) and
+//! waits for the replica's `released`, then `ended`. End of file without `ended` means the run
+//! died.
+//!
+//! The release goes through the replica so that a run costs Redis no connection of its own: the
+//! replica releases on its long-lived one, with the holder value it claimed with (the run only
+//! says what to record). A run that hears no `released` in time (the replica died or hangs)
+//! releases by itself, as any run does.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
@@ -21,12 +27,12 @@ use crate::clock::Instant;
 use crate::fleet::record::Ending;
 use crate::store::holder::Holder;
 use crate::store::keys::Keys;
-use crate::store::lock::Held;
+use crate::store::lock::{Held, LedgerEnd, ReleaseOptions, Released};
 
 /// The variable that names the run's end of the channel (a descriptor number).
 pub const FD_VAR: &str = "CRONLOCK_HANDOVER_FD";
 /// The version of the messages; a run refuses any other.
-pub const VERSION: u64 = 1;
+pub const VERSION: u64 = 2;
 /// The longest message (a lock value is at most a few hundred bytes).
 pub const MAX_MESSAGE: usize = 16 * 1024;
 
@@ -144,6 +150,8 @@ impl Handover {
 pub enum Report {
     /// The command started, as process `pid`.
     Started { pid: u32 },
+    /// Release the lock for the run, recording this; the run waits for [`Answer`].
+    Release(Box<ReleaseOptions>),
     /// The run ended (the lock released and the instant recorded): the run's exit status and
     /// how the command ended, after `duration` from the claim.
     Ended {
@@ -157,6 +165,7 @@ impl Report {
     pub fn line(&self) -> String {
         let mut text = match self {
             Report::Started { pid } => json!({"v": VERSION, "kind": "started", "pid": pid}),
+            Report::Release(opts) => release_message(opts),
             Report::Ended {
                 status,
                 ending,
@@ -181,6 +190,7 @@ impl Report {
                     pid: pid.ok_or_else(|| anyhow!("a started report has no pid"))?,
                 })
             }
+            Some("release") => parse_release(&message(line, "release")?),
             Some("ended") => {
                 let v = message(line, "ended")?;
                 let status = v["status"].as_u64().and_then(|s| u8::try_from(s).ok());
@@ -193,6 +203,91 @@ impl Report {
             }
             _ => bail!("not a report"),
         }
+    }
+}
+
+/// The replica's answer to a `release`: how the release went, or the line saying why it failed
+/// (then the run releases by itself).
+pub type ReleaseAnswer = Result<Released, String>;
+
+/// A `release` message: what the run asks to be recorded.
+fn release_message(opts: &ReleaseOptions) -> Value {
+    let ledger = opts
+        .ledger
+        .map(|l| json!({"instant": l.instant, "exit": l.exit, "interrupted": l.interrupted}));
+    json!({
+        "v": VERSION, "kind": "release", "hold_ms": opts.hold.as_millis() as u64,
+        "record": opts.record, "history": opts.history,
+        "record_ttl_ms": opts.record_ttl.map(|t| t.as_millis() as u64), "ledger": ledger,
+    })
+}
+
+/// Read a `release` message; anything but its exact shape is refused.
+fn parse_release(v: &Value) -> Result<Report> {
+    let bad = |what: &str| anyhow!("a release report with no valid '{what}'");
+    let ms = |k: &str| {
+        v[k].as_u64()
+            .map(Duration::from_millis)
+            .ok_or_else(|| bad(k))
+    };
+    let record = match &v["record"] {
+        Value::Null => None,
+        r => Some(r.as_str().ok_or_else(|| bad("record"))?.to_string()),
+    };
+    let record_ttl = match &v["record_ttl_ms"] {
+        Value::Null => None,
+        _ => Some(ms("record_ttl_ms")?),
+    };
+    let ledger = match &v["ledger"] {
+        Value::Null => None,
+        l => Some(LedgerEnd {
+            instant: l["instant"].as_i64().ok_or_else(|| bad("ledger"))?,
+            exit: l["exit"]
+                .as_u64()
+                .and_then(|e| u8::try_from(e).ok())
+                .ok_or_else(|| bad("ledger"))?,
+            interrupted: l["interrupted"].as_bool().ok_or_else(|| bad("ledger"))?,
+        }),
+    };
+    let history = v["history"].as_u64().and_then(|h| u32::try_from(h).ok());
+    Ok(Report::Release(Box::new(ReleaseOptions {
+        hold: ms("hold_ms")?,
+        record,
+        history: history.ok_or_else(|| bad("history"))?,
+        record_ttl,
+        ledger,
+    })))
+}
+
+/// The replica's `released` message, one line.
+pub fn released_line(answer: &ReleaseAnswer) -> String {
+    let mut text = match answer {
+        Ok(r) => {
+            let outcome = match r {
+                Released::Deleted => "deleted",
+                Released::Kept => "kept",
+                Released::NotOurs => "not_ours",
+            };
+            json!({"v": VERSION, "kind": "released", "outcome": outcome})
+        }
+        Err(e) => json!({"v": VERSION, "kind": "released", "error": e}),
+    }
+    .to_string();
+    text.push('\n');
+    text
+}
+
+/// Read a `released` message.
+fn parse_released(line: &str) -> Result<ReleaseAnswer> {
+    let v = message(line, "released")?;
+    if let Some(e) = v["error"].as_str() {
+        return Ok(Err(e.to_string()));
+    }
+    match v["outcome"].as_str() {
+        Some("deleted") => Ok(Ok(Released::Deleted)),
+        Some("kept") => Ok(Ok(Released::Kept)),
+        Some("not_ours") => Ok(Ok(Released::NotOurs)),
+        _ => bail!("a released message with no outcome"),
     }
 }
 
@@ -254,6 +349,25 @@ impl RunSide {
         }
     }
 
+    /// Ask the replica to release the lock, recording `opts`, and wait at most `within` for its
+    /// answer. `None`: no answer (the replica is gone, hangs, or answered out of shape): the run
+    /// releases by itself.
+    pub fn release_by_replica(
+        &mut self,
+        opts: &ReleaseOptions,
+        within: Duration,
+    ) -> Option<ReleaseAnswer> {
+        self.send(&Report::Release(Box::new(opts.clone())));
+        let wait = within.max(Duration::from_millis(1));
+        self.stream.set_read_timeout(Some(wait)).ok()?;
+        let mut line = String::new();
+        let mut reader = BufReader::new((&self.stream).take(MAX_MESSAGE as u64));
+        match reader.read_line(&mut line) {
+            Ok(_) if line.ends_with('\n') => parse_released(line.trim_end()).ok(),
+            _ => None,
+        }
+    }
+
     /// Tell the replica; a replica that is gone is not an error (the run goes on).
     pub fn send(&mut self, report: &Report) {
         let _ = self.stream.set_write_timeout(Some(Duration::from_secs(1)));
@@ -268,7 +382,7 @@ pub struct ReplicaSide {
 
 impl ReplicaSide {
     pub fn new(stream: UnixStream) -> ReplicaSide {
-        // Bounded over the channel's life: a run sends two short reports.
+        // Bounded over the channel's life: a run sends three short reports.
         ReplicaSide {
             reader: BufReader::new(stream.take(4 * MAX_MESSAGE as u64)),
         }
@@ -292,70 +406,4 @@ impl ReplicaSide {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn sample() -> Handover {
-        Handover {
-            key: "k".into(),
-            holder: Holder::new("echo hi"),
-            fence: 42,
-            slot: 0,
-            limit: 1,
-            instant: Some(1_700_000_000_000),
-            attempt: 2,
-            ttl: Duration::from_secs(30),
-            sent_at: Instant::now(),
-        }
-    }
-
-    #[test]
-    fn a_handover_reads_back_as_written() {
-        let h = sample();
-        let back = Handover::parse(h.line().trim_end()).unwrap();
-        assert_eq!(back.holder.value, h.holder.value);
-        assert_eq!(back.fence, 42);
-        assert_eq!(back.instant, h.instant);
-        assert_eq!(back.attempt, 2);
-        assert_eq!(back.ttl, h.ttl);
-        let skew = back.sent_at.as_duration().abs_diff(h.sent_at.as_duration());
-        assert!(skew < Duration::from_micros(1), "{skew:?}");
-    }
-
-    #[test]
-    fn other_versions_and_shapes_are_refused() {
-        let line = sample().line().replace("\"v\":1", "\"v\":2");
-        let e = Handover::parse(line.trim_end()).unwrap_err().to_string();
-        assert!(e.contains("version 2"), "{e}");
-        assert!(Handover::parse("{}").is_err());
-        assert!(Handover::parse("not json").is_err());
-        let line = sample().line().replace("\"fence\":42", "\"fence\":0");
-        assert!(Handover::parse(line.trim_end()).is_err());
-    }
-
-    #[test]
-    fn reports_read_back() {
-        for r in [
-            Report::Started { pid: 7 },
-            Report::Ended {
-                status: 3,
-                ending: Ending::Exited,
-                duration: Duration::from_millis(1500),
-            },
-        ] {
-            assert_eq!(Report::parse(r.line().trim_end()).unwrap(), r);
-        }
-    }
-
-    #[test]
-    fn the_replica_reads_reports_until_the_end() {
-        let (ours, theirs) = UnixStream::pair().unwrap();
-        let mut run = RunSide { stream: theirs };
-        run.send(&Report::Started { pid: 9 });
-        run.stream.write_all(b"garbage\n").unwrap();
-        drop(run);
-        let mut replica = ReplicaSide::new(ours);
-        assert_eq!(replica.report(), Some(Report::Started { pid: 9 }));
-        assert_eq!(replica.report(), None);
-    }
-}
+mod tests;

@@ -9,9 +9,10 @@ use crate::exit::Exit;
 use crate::host::{rfc3339, unix_millis};
 use crate::log::{Level, Log};
 
+use super::beat::BEAT;
 use super::claim::{Answer, Ask, Verdict};
 use super::table::Table;
-use super::{runs, Phase, Replicant, BEAT};
+use super::{runs, Phase, Replicant};
 
 impl Replicant<'_> {
     /// Act on the claims thread's answers: start a won run, note a lost one, take a new view.
@@ -39,7 +40,7 @@ impl Replicant<'_> {
                             // 100 ms more per replica above 5: a fleet's heartbeats stay at about
                             // 10 calls a second.
                             let n = view.live.len().max(5) as u32;
-                            self.beat.1 = BEAT * n / 5;
+                            self.beat.every = BEAT * n / 5;
                             table.set_view(group, view);
                         }
                         Err(text) => self.log.event(

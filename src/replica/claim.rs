@@ -4,21 +4,28 @@
 //! only sends asks and reads answers, so a hung Redis never stops it from reaping, draining,
 //! reloading or answering signals: a claim waits at most `--connect-timeout`.
 //!
+//! This file says what one ask is and how it is carried out; the thread that carries them out,
+//! in batches, is [`super::claimer`].
+//!
 //! A claim that wins is a lock held by this replica until its run takes it over (or, when the
 //! run never starts, until the thread releases it here and records the attempt `interrupted`).
+//! A run's release comes back here too: the run asks, this thread releases on its link and
+//! answers on the run's channel, so a run opens no connection of its own.
 
 use std::collections::HashMap;
-use std::sync::mpsc::{Receiver, Sender};
+use std::io::Write;
+use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::RunConfig;
-use crate::signals;
+use crate::fleet::handover::released_line;
 use crate::store::holder::Holder;
 use crate::store::keys::Keys;
-use crate::store::lock::{Attempt, Held, LedgerEnd, ReleaseOptions};
+use crate::store::lock::{Attempt, Held, LedgerEnd, ReleaseOptions, Released};
 use crate::store::members::View;
-use crate::store::quorum::{Masters, Refused};
+use crate::store::quorum::{Masters, Outcome, Refused};
+use crate::store::topology::Failure;
 
 /// What the loop asks of the claim thread.
 pub enum Ask {
@@ -32,6 +39,16 @@ pub enum Ask {
     Release {
         config: Arc<RunConfig>,
         held: Box<Held>,
+    },
+    /// A run asked for its lock to be released, recording `opts` (its end): release it with the
+    /// holder value this replica claimed with, and answer on the run's channel. `urgent`: an
+    /// instant waits for room here, so the release may not wait for others to go with it.
+    ReleaseRun {
+        config: Arc<RunConfig>,
+        held: Box<Held>,
+        opts: Box<ReleaseOptions>,
+        reply: UnixStream,
+        urgent: bool,
     },
     /// Record an instant this replica gave up (no room in time) missed, unless it ran.
     Missed {
@@ -110,40 +127,11 @@ pub enum Answer {
     },
 }
 
-/// The claim thread's inbox.
-pub struct Claims {
-    asks: Sender<Ask>,
-}
-
-impl Claims {
-    /// Start the thread; its answers go to `answers`, and each wakes the main thread.
-    pub fn start(answers: Sender<Answer>) -> std::io::Result<Claims> {
-        let (asks, inbox) = std::sync::mpsc::channel();
-        std::thread::Builder::new()
-            .name("claims".into())
-            .spawn(move || serve(inbox, answers))?;
-        Ok(Claims { asks })
-    }
-
-    pub fn send(&self, ask: Ask) {
-        let _ = self.asks.send(ask);
-    }
-}
-
-/// Answer asks until the loop is gone.
-fn serve(inbox: Receiver<Ask>, answers: Sender<Answer>) {
-    let mut links: HashMap<Vec<u64>, Masters> = HashMap::new();
-    for ask in inbox {
-        if let Some(answer) = carry_out(&mut links, ask) {
-            if tell(&answers, answer).is_err() {
-                return;
-            }
-        }
-    }
-}
+/// The links of the claims thread: one set per distinct server list.
+pub(super) type Links = HashMap<Vec<u64>, Masters>;
 
 /// Do what `ask` says on its servers' links; what to tell the loop (nothing for a release).
-fn carry_out(links: &mut HashMap<Vec<u64>, Masters>, ask: Ask) -> Option<Answer> {
+pub(super) fn carry_out(links: &mut Links, ask: Ask) -> Option<Answer> {
     match ask {
         Ask::Claim {
             key,
@@ -205,18 +193,22 @@ fn carry_out(links: &mut HashMap<Vec<u64>, Masters>, ask: Ask) -> Option<Answer>
             let _ = masters(links, &config).release(config.connect_timeout, &held, &opts);
             None
         }
+        Ask::ReleaseRun {
+            config,
+            held,
+            opts,
+            mut reply,
+            ..
+        } => {
+            let released = masters(links, &config).release(config.connect_timeout, &held, &opts);
+            answer_run(&mut reply, released);
+            None
+        }
     }
 }
 
-/// Send an answer and wake the loop.
-fn tell(answers: &Sender<Answer>, answer: Answer) -> Result<(), ()> {
-    answers.send(answer).map_err(drop)?;
-    signals::wake_main();
-    Ok(())
-}
-
 /// The links for `config`'s servers, opened on first use and kept.
-fn masters<'a>(links: &'a mut HashMap<Vec<u64>, Masters>, config: &RunConfig) -> &'a mut Masters {
+pub(super) fn masters<'a>(links: &'a mut Links, config: &RunConfig) -> &'a mut Masters {
     let id = group(config).servers;
     links
         .entry(id)
@@ -230,7 +222,13 @@ fn claim(masters: &mut Masters, config: &RunConfig, instant: i64) -> Verdict {
     let slot = config.slot(Some(instant));
     let within = config.connect_timeout;
     let ttl = config.timing.ttl;
-    match masters.acquire(within, &keys, &holder, ttl, slot.as_ref(), config.limit) {
+    let outcome = masters.acquire(within, &keys, &holder, ttl, slot.as_ref(), config.limit);
+    verdict(outcome, config)
+}
+
+/// What an acquisition round came to, for the loop.
+pub(super) fn verdict(outcome: Outcome, config: &RunConfig) -> Verdict {
+    match outcome {
         Ok(Attempt::Held(held)) => Verdict::Won(held),
         Ok(Attempt::Busy(expires_in, holder, _)) => Verdict::Busy { holder, expires_in },
         Ok(Attempt::AlreadyRan { .. }) => Verdict::AlreadyRan,
@@ -241,4 +239,12 @@ fn claim(masters: &mut Masters, config: &RunConfig, instant: i64) -> Verdict {
         )),
         Err(Refused { text, .. }) => Verdict::Failed(text),
     }
+}
+
+/// Tell a run how the release it asked for went (it waits for this; a run that is gone no
+/// longer needs it).
+pub(super) fn answer_run(reply: &mut UnixStream, released: Result<Released, Failure>) {
+    let answer = released.map_err(|e| e.to_string());
+    let _ = reply.set_write_timeout(Some(Duration::from_millis(100)));
+    let _ = reply.write_all(released_line(&answer).as_bytes());
 }

@@ -19,7 +19,9 @@
 //! file, reads it again: a file with an error keeps the table that runs, in one line.
 
 mod answers;
+mod beat;
 mod claim;
+mod claimer;
 mod output;
 mod rank;
 mod reports;
@@ -38,19 +40,14 @@ use crate::exit::Exit;
 use crate::host::unix_millis;
 use crate::log::Log;
 use crate::signals::{self, SigSet};
-use claim::{Answer, Ask, Claims};
+use beat::{Beat, BEAT, BEAT_AGAIN};
+use claim::{Answer, Ask};
+use claimer::Claims;
 use runs::{Heard, Run};
 use table::Table;
 
 /// How often the file's modification time is looked at (a ConfigMap update, an edit).
 const FILE_CHECK: Duration = Duration::from_secs(2);
-
-/// The heartbeat's period with up to 5 replicas; 100 ms more per replica above that, so the
-/// heartbeats of a fleet cost Redis at most 10 calls a second. A replica lapses after 3 periods
-/// without one.
-const BEAT: Duration = Duration::from_millis(500);
-/// The soonest a change of "full" is told again.
-const BEAT_AGAIN: Duration = Duration::from_millis(100);
 
 /// Where the replica is in its life.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -85,8 +82,8 @@ struct Replicant<'a> {
     trouble_told: bool,
     /// This replica's id among the live replicas.
     me: String,
-    /// The heartbeats: the last sent, the period, and whether it said "full".
-    beat: (Instant, Duration, bool),
+    /// The last heartbeat.
+    beat: Beat,
     /// The test hook [`runs::HOLD_AFTER_CLAIM`]: where to say a claim was won, then stop.
     hold: Option<std::path::PathBuf>,
 }
@@ -198,8 +195,7 @@ impl<'a> Replicant<'a> {
             full_told: false,
             trouble_told: false,
             me,
-            // The first heartbeat goes out at once.
-            beat: (Instant::from_duration(Duration::ZERO), BEAT, false),
+            beat: Beat::first(),
             hold: std::env::var_os(runs::HOLD_AFTER_CLAIM).map(Into::into),
         })
     }
@@ -257,9 +253,9 @@ impl<'a> Replicant<'a> {
                 .next_wake()
                 .map(|ms| {
                     let left = (ms - unix_millis() as i64).max(0) as u64;
-                    (now + Duration::from_millis(left)).min(self.beat.0 + self.beat.1)
+                    (now + Duration::from_millis(left)).min(self.beat.due())
                 })
-                .or(Some(self.beat.0 + self.beat.1)),
+                .or(Some(self.beat.due())),
             Phase::Draining { until } => Some(until),
             Phase::Stopping { kill_at } => Some(kill_at),
             Phase::Killed => None,
@@ -297,14 +293,14 @@ impl<'a> Replicant<'a> {
         }
     }
 
-    /// Send this replica's heartbeat to each group its jobs claim in: when the period is over,
+    /// Send this replica's heartbeat to each group its jobs claim in: at its slot (`beat.rs`),
     /// when "full" changed (at most every [`BEAT_AGAIN`]), or, `leaving`, to leave the ranking.
     fn heartbeat(&mut self, table: &mut Table, leaving: bool) {
         let busy = self.runs.len() + self.in_flight;
         let full = busy >= self.replica.max_jobs as usize;
-        let (sent, every, said_full) = self.beat;
-        let since = sent.elapsed();
-        if !leaving && since < every && (full == said_full || since < BEAT_AGAIN) {
+        let (every, since) = (self.beat.every, self.beat.since());
+        let due = self.beat.is_due();
+        if !leaving && !due && (full == self.beat.full || since < BEAT_AGAIN) {
             return;
         }
         let lapse = if leaving { Duration::ZERO } else { every * 3 };
@@ -317,7 +313,7 @@ impl<'a> Replicant<'a> {
                 full,
             });
         }
-        self.beat = (Instant::now(), every, full);
+        self.beat = Beat::sent(every, full);
         table.lapse = every * 3;
     }
 }

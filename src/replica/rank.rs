@@ -1,8 +1,22 @@
-//! Who claims which instant: the replicas of a fleet (those serving the same jobs, named by a
-//! hash of them) are ranked per KEY and instant by rendezvous hashing, with hashes every
-//! replica computes alike, whatever its version.
+//! Who claims which instant: the jobs of a fleet (the replicas serving the same jobs, named by a
+//! hash of them and of this scheme, [`SCHEME`]) are split into shares of about [`SHARE`] jobs,
+//! and each share's instants go to one replica, in turn: the live replicas not at `--max-jobs`,
+//! in the order of their ids, the share's turn moved on at every instant. So a replica claims a
+//! share's due jobs together (one pipeline, one wake of Redis for several claims), the shares of
+//! one instant go to different replicas, and every replica takes its turn.
 
 use crate::store::members::View;
+
+/// About how many jobs a share holds.
+pub const SHARE: usize = 8;
+/// The name of this ranking, in the fleet's hash: replicas that rank otherwise (another version)
+/// are another fleet, and never wait for each other.
+pub const SCHEME: &str = "shares-8-in-turn";
+
+/// How many shares a fleet of `jobs` jobs has.
+pub(super) fn shares(jobs: usize) -> u64 {
+    jobs.div_ceil(SHARE).max(1) as u64
+}
 
 /// FNV-1a, 64 bits.
 pub(super) fn fnv(bytes: &[u8]) -> u64 {
@@ -14,22 +28,28 @@ pub(super) fn fnv(bytes: &[u8]) -> u64 {
     h
 }
 
-/// The replica that claims `at` of KEY in `view`: the highest rank among the live replicas not
-/// at `--max-jobs` (among all live ones when all are; `me` when none is live).
-pub(super) fn owner(view: &View, me: &str, key: &str, at: i64) -> String {
+/// The replica that claims `at` of KEY (of a fleet of `shares` shares) in `view`: KEY's share's
+/// turn among the live replicas not at `--max-jobs` (among all live ones when all are; `me` when
+/// none is live).
+pub(super) fn owner(view: &View, me: &str, key: &str, at: i64, shares: u64) -> String {
     let open: Vec<&String> = view
         .live
         .iter()
         .filter(|m| !view.full.contains(m))
         .collect();
-    let pool: Vec<&String> = if open.is_empty() {
+    let mut pool: Vec<&String> = if open.is_empty() {
         view.live.iter().collect()
     } else {
         open
     };
-    pool.into_iter()
-        .max_by_key(|m| (rank(m, key, at), m.as_str()))
-        .map_or_else(|| me.to_string(), |m| m.to_string())
+    if pool.is_empty() {
+        return me.to_string();
+    }
+    pool.sort_unstable();
+    pool.dedup();
+    let share = fnv(key.as_bytes()) % shares.max(1);
+    let turn = rank("", "", at).wrapping_add(share);
+    pool[(turn % pool.len() as u64) as usize].to_string()
 }
 
 /// A replica's rank for (KEY, instant): a hash every replica computes alike, whatever its
@@ -68,30 +88,52 @@ mod tests {
     #[test]
     fn every_replica_names_the_same_owner_and_owners_spread() {
         let v = view(&["a", "b", "c"], &[]);
+        let reversed = view(&["c", "b", "a"], &[]);
         let mut count: HashMap<String, usize> = HashMap::new();
         for i in 0..3000 {
             let key = format!("job{}", i % 100);
-            let o = owner(&v, "a", &key, i64::from(i / 100) * 1000);
-            assert_eq!(o, owner(&v, "c", &key, i64::from(i / 100) * 1000));
+            let at = i64::from(i / 100) * 1000;
+            let o = owner(&v, "a", &key, at, shares(100));
+            assert_eq!(o, owner(&reversed, "c", &key, at, shares(100)));
             *count.entry(o).or_default() += 1;
         }
         for n in count.values() {
-            assert!((800..1200).contains(n), "{count:?}");
+            assert!((700..1300).contains(n), "{count:?}");
         }
     }
 
     #[test]
-    fn a_full_or_gone_owner_passes_to_the_next() {
+    fn a_share_goes_to_one_replica_and_one_instants_shares_to_different_ones() {
+        let v = view(&["a", "b", "c", "d"], &[]);
+        let keys: Vec<String> = (0..20).map(|i| format!("job{i}")).collect();
+        let n = shares(keys.len());
+        assert_eq!(n, 3);
+        for at in (0..50).map(|i| i * 1000) {
+            let mut by_share: HashMap<u64, String> = HashMap::new();
+            for k in &keys {
+                let o = owner(&v, "a", k, at, n);
+                let s = fnv(k.as_bytes()) % n;
+                assert_eq!(by_share.entry(s).or_insert_with(|| o.clone()), &o);
+            }
+            let mut owners: Vec<&String> = by_share.values().collect();
+            owners.sort();
+            owners.dedup();
+            assert_eq!(owners.len(), by_share.len(), "{by_share:?}");
+        }
+    }
+
+    #[test]
+    fn a_full_or_gone_owner_passes_to_another() {
         let v = view(&["a", "b", "c"], &[]);
-        let o = owner(&v, "a", "k", 5);
+        let o = owner(&v, "a", "k", 5, 1);
         let rest: Vec<&str> = ["a", "b", "c"].into_iter().filter(|m| *m != o).collect();
-        let without = owner(&view(&rest, &[]), "a", "k", 5);
-        assert_eq!(owner(&view(&["a", "b", "c"], &[&o]), "a", "k", 5), without);
-        // Everyone full: the first of all, as before.
+        assert_ne!(owner(&view(&rest, &[]), "a", "k", 5, 1), o);
+        assert_ne!(owner(&view(&["a", "b", "c"], &[&o]), "a", "k", 5, 1), o);
+        // Everyone full: among all, as before.
         assert_eq!(
-            owner(&view(&["a", "b", "c"], &["a", "b", "c"]), "a", "k", 5),
+            owner(&view(&["a", "b", "c"], &["a", "b", "c"]), "a", "k", 5, 1),
             o
         );
-        assert_eq!(owner(&view(&[], &[]), "me", "k", 5), "me");
+        assert_eq!(owner(&view(&[], &[]), "me", "k", 5, 1), "me");
     }
 }

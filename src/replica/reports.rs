@@ -17,6 +17,9 @@ use super::Replicant;
 impl Replicant<'_> {
     /// Read what the runs reported.
     pub(super) fn reports(&mut self, table: &mut Table) {
+        // A release an instant waits for goes at once (see `claimer.rs`).
+        let full = self.runs.len() + self.in_flight >= self.replica.max_jobs as usize;
+        let urgent = full || table.waiting() > 0;
         while let Ok((pid, heard)) = self.heard.1.try_recv() {
             let Some(run) = self.runs.get_mut(&pid) else {
                 continue;
@@ -26,6 +29,19 @@ impl Replicant<'_> {
                 Some(Report::Started { pid: group }) => {
                     run.started = true;
                     said_started(run, group, self.log);
+                }
+                // Released on the claims thread's link, answered on the run's channel (at most
+                // once: a second ask goes unanswered, and the run releases by itself).
+                Some(Report::Release(opts)) => {
+                    if let Some(reply) = run.reply.take() {
+                        self.claims.send(Ask::ReleaseRun {
+                            config: run.config.clone(),
+                            held: run.held.clone(),
+                            opts,
+                            reply,
+                            urgent,
+                        });
+                    }
                 }
                 Some(Report::Ended {
                     status,

@@ -1,7 +1,7 @@
 //! The runs a replica started: each is cronlock itself, the run `cronlock --schedule ... KEY -c
 //! ...` makes, tied to the replica (`PR_SET_PDEATHSIG`), handed the lock the replica claimed on a
-//! channel of its own ([`crate::fleet::handover`]). Its reports (started, ended) are read on a
-//! thread and reach the loop as typed values; its output is relayed line by line with its KEY.
+//! channel of its own ([`crate::fleet::handover`]). Its reports (started, release, ended) are read
+//! on a thread and reach the loop as typed values; its output is relayed line by line with its KEY.
 //!
 //! A run is over when its process was reaped and its channel closed (the channel stays open
 //! while the run's guard lives, so a run killed with its command still alive keeps its place
@@ -51,6 +51,8 @@ pub struct Run {
     /// and its guard are gone without having reported an end.
     pub held: Box<Held>,
     pub config: std::sync::Arc<crate::config::RunConfig>,
+    /// The replica's writing end of the channel, for the answer to the run's `release`.
+    pub reply: Option<UnixStream>,
     child: Child,
     /// We signalled it (the drain ran out, or a second SIGTERM).
     pub stopped: bool,
@@ -88,6 +90,9 @@ pub fn spawn(
     // Written before the run exists: the socket buffer holds it for the run to read.
     ours.write_all(Handover::from_held(&job.key, held).line().as_bytes())
         .map_err(|e| anyhow!(crate::log::io_text(&e)))?;
+    let reply = ours
+        .try_clone()
+        .map_err(|e| anyhow!(crate::log::io_text(&e)))?;
     let mut cmd = Command::new(exe);
     cmd.args(&job.args)
         .envs(job.env.iter().map(|(k, v)| (k, v)));
@@ -102,30 +107,7 @@ pub fn spawn(
     let mut child = cmd.spawn().map_err(|e| anyhow!(crate::log::io_text(&e)))?;
     drop(theirs);
     let pid = child.id();
-    let streams = [
-        child.stdout.take().map(|s| {
-            (
-                Box::new(s) as Box<dyn std::io::Read + Send>,
-                output::Stream::Stdout,
-            )
-        }),
-        child.stderr.take().map(|s| {
-            (
-                Box::new(s) as Box<dyn std::io::Read + Send>,
-                output::Stream::Stderr,
-            )
-        }),
-    ];
-    for (from, stream) in streams.into_iter().flatten() {
-        let key = job.key.clone();
-        let started = thread("output", move || output::relay(from, stream, &key, json));
-        if let Err(e) = started {
-            log.warn(
-                "output_lost",
-                &format!("{}: cannot relay its output: {e}", job.key),
-            );
-        }
-    }
+    relay_output(&mut child, &job.key, json, log);
     let heard = heard.clone();
     let mut side = ReplicaSide::new(ours);
     let mut closed = false;
@@ -153,6 +135,7 @@ pub fn spawn(
         ttl: held.ttl,
         held: Box::new(held.clone()),
         config: job.config.clone(),
+        reply: Some(reply),
         child,
         stopped: false,
         started: false,
@@ -160,6 +143,30 @@ pub fn spawn(
         exited: None,
         closed,
     })
+}
+
+/// Relay the run's stdout and stderr line by line with its KEY, each on a thread of its own.
+fn relay_output(child: &mut Child, key: &str, json: bool, log: &Log) {
+    let streams: [Option<(Box<dyn std::io::Read + Send>, output::Stream)>; 2] = [
+        child
+            .stdout
+            .take()
+            .map(|s| (Box::new(s) as _, output::Stream::Stdout)),
+        child
+            .stderr
+            .take()
+            .map(|s| (Box::new(s) as _, output::Stream::Stderr)),
+    ];
+    for (from, stream) in streams.into_iter().flatten() {
+        let owned = key.to_string();
+        let started = thread("output", move || output::relay(from, stream, &owned, json));
+        if let Err(e) = started {
+            log.warn(
+                "output_lost",
+                &format!("{key}: cannot relay its output: {e}"),
+            );
+        }
+    }
 }
 
 /// A small named thread.

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use super::rank::{fnv, owner, rank};
+use super::rank::{self, fnv, owner, rank};
 use crate::clock::Instant;
 use crate::replica::claim::{group, Group};
 use crate::store::members::View;
@@ -24,17 +24,28 @@ use crate::log::{Level, Log};
 /// After a claim that could not be sent (Redis down), how long before the next try (ms).
 const RETRY_MS: i64 = 1000;
 
+/// How long before a scheduled instant its claim goes out (ms), at most a twentieth of the
+/// period: the claim, the run's start and its wait for the instant come before it, so the
+/// command starts on time (the run waits for the instant by the wall clock; `acquire.lua` takes
+/// an instant this close ahead for the one due).
+pub const LEAD_MS: i64 = 50;
+
 /// A job of the table.
 pub struct Job {
     pub cron: CronJob,
     /// The next instant (Unix ms) to come due.
     next: Option<i64>,
+    /// How long before `next` it comes due (ms): [`LEAD_MS`] for an instant of the schedule, 0
+    /// for a look at once.
+    early: i64,
     /// An instant that came due and waits to be claimed.
     due: Option<Due>,
     /// The latest instant that came due.
     last: Option<i64>,
     /// Where its claims go (replicas are ranked per group).
     pub(super) group: Group,
+    /// How many shares its group's jobs are split into (see `rank.rs`).
+    shares: u64,
     /// A claim of it is in flight.
     claiming: bool,
     /// An instant that came due while a claim was in flight: it waits next.
@@ -63,7 +74,7 @@ pub struct Table {
     views: HashMap<Group, (View, Instant)>,
     /// How long a view counts (a replica lapses after this without a heartbeat).
     pub lapse: Duration,
-    /// Instants this replica gave up (first in rank, no room in time): to record missed.
+    /// Instants this replica gave up (its turn, no room in time): to record missed.
     pub gave_up: Vec<(String, i64)>,
     /// Fleets a reload left (their jobs changed): to say so in a heartbeat.
     pub left: Vec<(Group, std::sync::Arc<crate::config::RunConfig>)>,
@@ -79,14 +90,12 @@ impl Table {
         let jobs: Vec<Job> = jobs
             .iter()
             .map(|c| Job {
-                next: if first && c.catch_up {
-                    Some(now)
-                } else {
-                    c.schedule.next_after(now)
-                },
+                next: None,
+                early: 0,
                 due: None,
                 last: None,
                 group: group(&c.config),
+                shares: 1,
                 claiming: false,
                 queued: None,
                 not_before: 0,
@@ -94,6 +103,13 @@ impl Table {
             })
             .collect();
         let mut jobs = jobs;
+        for job in &mut jobs {
+            if first && job.cron.catch_up {
+                job.look_at(now);
+            } else {
+                job.schedule_after(now);
+            }
+        }
         name_fleets(&mut jobs);
         let index = jobs
             .iter()
@@ -137,11 +153,11 @@ impl Table {
                     let Some(last) = job.last.filter(|_| job.cron.retries > 0) else {
                         continue;
                     };
-                    let was = owner(old, &self.me, &job.cron.key, last);
+                    let was = owner(old, &self.me, &job.cron.key, last, job.shares);
                     if gone.contains(&&was)
-                        && owner(&view, &self.me, &job.cron.key, last) == self.me
+                        && owner(&view, &self.me, &job.cron.key, last, job.shares) == self.me
                     {
-                        job.next = Some(job.next.map_or(at, |n| n.min(at)));
+                        job.look_at(at);
                     }
                 }
             }
@@ -155,12 +171,12 @@ impl Table {
         (when.elapsed() < self.lapse).then_some(view)
     }
 
-    /// This replica claims instant `at` of `job`: it is first in rank, or has no view.
+    /// This replica claims instant `at` of `job`: it is its turn, or it has no view.
     fn mine(&self, job: &Job, at: i64) -> bool {
         match self.fresh(&job.group) {
             // A stale view (heartbeats failing): claim as if alone. None yet: wait for the first.
             None => self.views.contains_key(&job.group) || self.made.elapsed() >= self.lapse,
-            Some(view) => owner(view, &self.me, &job.cron.key, at) == self.me,
+            Some(view) => owner(view, &self.me, &job.cron.key, at, job.shares) == self.me,
         }
     }
 
@@ -191,7 +207,7 @@ impl Table {
             .flat_map(|j| {
                 let waiting = j.due.filter(|_| !j.claiming);
                 let retry = waiting.map(|_| j.not_before).filter(|t| *t > now);
-                [j.next, waiting.map(|d| d.until), retry]
+                [j.next.map(|n| n - j.early), waiting.map(|d| d.until), retry]
             })
             .flatten()
             .min()
@@ -211,10 +227,10 @@ impl Table {
                 self.jobs[i].due = None;
             }
             let job = &mut self.jobs[i];
-            let Some(at) = job.next.filter(|n| *n <= now) else {
+            let Some(at) = job.next.filter(|n| *n - job.early <= now) else {
                 continue;
             };
-            job.next = job.cron.schedule.next_after(at.max(now));
+            job.schedule_after(at.max(now));
             // Fired at start or looked at again: not an instant of the schedule's (Redis picks the
             // instant due), and this replica claims it whatever the rank.
             let anyone = job.cron.schedule.next_after(at - 1) != Some(at);
@@ -292,7 +308,7 @@ impl Table {
     /// it elsewhere lapses then (with `--retries`, an abandoned attempt is due again).
     pub fn look_again(&mut self, key: &str, at: i64) {
         if let Some(job) = self.job(key) {
-            job.next = Some(job.next.map_or(at, |n| n.min(at)));
+            job.look_at(at);
         }
     }
 
@@ -324,7 +340,7 @@ impl Table {
                 for job in &mut next.jobs {
                     if let Some(old) = self.job(&job.cron.key) {
                         if old.cron.args == job.cron.args && old.cron.env == job.cron.env {
-                            job.next = old.next;
+                            (job.next, job.early) = (old.next, old.early);
                             job.due = old.due;
                             job.last = old.last;
                             job.claiming = old.claiming;
@@ -352,6 +368,25 @@ impl Table {
                 );
                 None
             }
+        }
+    }
+}
+
+impl Job {
+    /// Its next instant is the schedule's first after `ms`, claimed [`LEAD_MS`] (at most a
+    /// twentieth of the period) before it.
+    fn schedule_after(&mut self, ms: i64) {
+        self.next = self.cron.schedule.next_after(ms);
+        self.early = self.next.map_or(0, |at| {
+            let period = self.cron.schedule.next_after(at).map_or(0, |f| f - at);
+            (period / 20).min(LEAD_MS)
+        });
+    }
+
+    /// Look at it at `at` (Unix ms) at the latest, not ahead of time: Redis picks the instant due.
+    fn look_at(&mut self, at: i64) {
+        if self.next.is_none_or(|n| at < n - self.early) {
+            (self.next, self.early) = (Some(at), 0);
         }
     }
 }
@@ -391,9 +426,10 @@ fn missed(job: &Job, at: i64, log: &Log) {
     );
 }
 
-/// Name each group's fleet: a hash of the jobs this replica serves in it (KEY, arguments,
-/// environment, in KEY order), the same on every replica of the same crontab, whatever its
-/// version of cronlock, so only replicas serving the same jobs rank each other.
+/// Name each group's fleet: a hash of the ranking scheme and of the jobs this replica serves in
+/// it (KEY, arguments, environment, in KEY order), the same on every replica of the same crontab
+/// that ranks alike, so only replicas serving the same jobs rank each other; and split them into
+/// shares.
 fn name_fleets(jobs: &mut [Job]) {
     let mut by: HashMap<Group, Vec<usize>> = HashMap::new();
     for (i, j) in jobs.iter().enumerate() {
@@ -409,9 +445,12 @@ fn name_fleets(jobs: &mut [Job]) {
             })
             .collect();
         lines.sort();
+        lines.insert(0, rank::SCHEME.to_string());
         let fleet = fnv(lines.join("\n").as_bytes());
+        let shares = rank::shares(members.len());
         for &i in members {
             jobs[i].group.fleet = fleet;
+            jobs[i].shares = shares;
         }
     }
 }

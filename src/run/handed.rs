@@ -1,7 +1,9 @@
 //! The first step of a run a replica (`--crontab`) started: instead of taking the lock, receive
 //! the lock the replica claimed, over the channel it named ([`crate::fleet::handover`]), and
 //! check it against this run's own configuration. A lock that does not match is released (it is
-//! ours by handover) and the command does not run.
+//! ours by handover) and the command does not run. A replica claims a scheduled instant a little
+//! ahead of it (`LEAD_MS` in `replica/table.rs`), so the run waits for the instant by the wall
+//! clock: its command starts on time, never before.
 
 use anyhow::{bail, Result};
 
@@ -36,6 +38,23 @@ pub(super) fn receive(config: &RunConfig, fd: i32, log: &Log) -> Result<(Held, M
         );
     }
     Ok((held, masters, side))
+}
+
+/// The most a run waits for its instant (a replica claims 50 ms ahead at most).
+const MAX_EARLY_MS: i64 = 1000;
+
+/// Sleep until the held instant, if it is ahead (by at most [`MAX_EARLY_MS`]): called as late as
+/// possible, right before the command is started.
+pub(super) fn wait_for_instant(held: &Held) {
+    let Some(at) = held.instant else {
+        return;
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let at = std::time::Duration::from_millis(at.clamp(0, i64::MAX) as u64);
+    let ahead = at.saturating_sub(now);
+    std::thread::sleep(ahead.min(std::time::Duration::from_millis(MAX_EARLY_MS as u64)));
 }
 
 /// How the handover differs from what this run was configured to hold, if it does.

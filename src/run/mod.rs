@@ -15,7 +15,7 @@ use crate::clock::Instant;
 use crate::config::RunConfig;
 use crate::duration::Span;
 use crate::exit::Exit;
-use crate::fleet::handover::Report;
+use crate::fleet::handover::{Report, RunSide};
 use crate::fleet::metrics;
 use crate::fleet::record::{self, Ending};
 use crate::fleet::report::RunOutcome;
@@ -114,6 +114,9 @@ fn run_locked(
         max_runtime: config.max_runtime,
         look_every: timing.interval,
     };
+    if channel.is_some() {
+        handed::wait_for_instant(&held);
+    }
     // The replica that handed the lock over is told when the command started, and how it ended.
     let mut tell_start = |rid: &str, attempt: u32| {
         on_start(rid, attempt);
@@ -124,7 +127,7 @@ fn run_locked(
     };
     let started = (&mut tell_start as OnStart<'_>, &mut outcome.body);
     let ran = run_child(config, &held, (&mut watchdog, shared), limits, log, started);
-    outcome.run = finish(config, watchdog, &held, ran, log);
+    outcome.run = finish(config, watchdog, &held, ran, (channel.as_mut(), log));
     if let Some(c) = channel.as_mut() {
         c.send(&Report::Ended {
             status: ran.0.code(),
@@ -136,14 +139,16 @@ fn run_locked(
 }
 
 /// After the command: stop the watchdog (within `--connect-timeout`), then release and record the
-/// run (within another): the end of a run is bounded by 2x `--connect-timeout`.
+/// run (within another; a replica's run first asks its replica, see [`RunSide`]): the end of a
+/// run is bounded by 2x `--connect-timeout` (a scheduled run's release retries until its lock
+/// would lapse).
 /// Returns the command's run for the reports, if it started.
 fn finish(
     config: &RunConfig,
     watchdog: Watchdog,
     held: &Held,
     (exit, ending): (Exit, Ending),
-    log: &Log,
+    (channel, log): (Option<&mut RunSide>, &Log),
 ) -> Option<metrics::Run> {
     // Stopping the watchdog waits at most --connect-timeout (a renewal in flight); the release
     // then has a --connect-timeout of its own.
@@ -180,15 +185,21 @@ fn finish(
     };
     let lost_until = if lost { Instant::now() } else { valid_until };
     let within = config.connect_timeout;
-    release(
-        &config.servers,
-        within,
-        masters,
-        held,
-        lost_until,
-        &opts,
-        log,
-    );
+    // A replica's run has the replica release on its long-lived connection; without an answer
+    // in time (the replica died or hangs), or with a failure, it releases by itself.
+    let wait = within + Duration::from_millis(250);
+    match channel.and_then(|c| c.release_by_replica(&opts, wait)) {
+        Some(Ok(released)) => said_released(held, &opts, Ok(released), (lost, false), log),
+        _ => release(
+            &config.servers,
+            within,
+            masters,
+            held,
+            lost_until,
+            &opts,
+            log,
+        ),
+    }
     run
 }
 
@@ -399,13 +410,26 @@ fn release(
     opts: &ReleaseOptions,
     log: &Log,
 ) {
+    let lost = Instant::now() >= valid_until;
+    let (result, retried) = release_here(redis, within, masters, held, valid_until, opts);
+    said_released(held, opts, result, (lost, retried), log);
+}
+
+/// [`release`]'s calls: how it went, and whether it was tried again.
+fn release_here(
+    redis: &[Redis],
+    within: Duration,
+    masters: Option<Masters>,
+    held: &Held,
+    valid_until: Instant,
+    opts: &ReleaseOptions,
+) -> (anyhow::Result<Released>, bool) {
     let name = &held.keys.name;
     let end = if held.instant.is_some() {
         valid_until.max(Instant::now() + within)
     } else {
         Instant::now() + within
     };
-    let lost = Instant::now() >= valid_until;
     let left = || end.saturating_duration_since(Instant::now()).min(within);
     let mut masters = masters.unwrap_or_else(|| Masters::new(redis));
     let mut retried = false;
@@ -422,6 +446,19 @@ fn release(
         result = masters.release(left(), held, opts);
     }
     let result = result.map_err(|e| anyhow::anyhow!("cannot release lock '{name}': {e}"));
+    (result, retried)
+}
+
+/// The line for how the release went. `lost`: the lock was lost before (a failure is no news);
+/// `retried`: a first try whose reply was lost may have deleted it ("not ours" is no news).
+fn said_released(
+    held: &Held,
+    opts: &ReleaseOptions,
+    result: anyhow::Result<Released>,
+    (lost, retried): (bool, bool),
+    log: &Log,
+) {
+    let name = &held.keys.name;
     match result {
         Ok(Released::Deleted) => log.info("released", &format!("released lock '{name}'"), &[]),
         Ok(Released::Kept) => log.info(

@@ -9,7 +9,9 @@ use redis::{Script, Value};
 
 use crate::clock::Instant;
 use crate::store::keys::Keys;
-use crate::store::lock::{eval, int, ms, text_or_nil, Attempt, Held, Holder, Slot};
+use crate::store::lock::{
+    eval, eval_many, int, ms, text_or_nil, Attempt, Held, Holder, ScriptCall, Slot,
+};
 use crate::store::topology::{Failure, Link};
 
 // Hashed once: every call then sends EVALSHA with the SHA1.
@@ -37,7 +39,7 @@ pub fn try_acquire(
 ) -> Result<Attempt, Failure> {
     let sent_at = Instant::now();
     let abandoned = keys.abandoned(&holder.token);
-    let (fence, pttl, value, instant, ran, slot, other, attempt, suspended) = if limit > 1 {
+    let reply = if limit > 1 {
         let slots = keys.slots(limit);
         let mut all: Vec<&str> = vec![
             &keys.lock,
@@ -58,8 +60,57 @@ pub fn try_acquire(
             acquire_reply,
         )?
     } else {
-        plain_acquire(link, within, keys, holder, ttl, slot, &abandoned)?
+        let (keys, args) = plain_call(keys, holder, ttl, slot, &abandoned);
+        eval(
+            link,
+            within,
+            &ACQUIRE,
+            ACQUIRE_LUA,
+            &keys,
+            &args,
+            acquire_reply,
+        )?
     };
+    attempt(link, reply, (keys, holder, ttl, limit), sent_at)
+}
+
+/// One claim of a batch: KEY's keys, the holder value, the TTL and the instant's slot (the
+/// plain lock: `--limit 1`).
+pub type Claim<'a> = (&'a Keys, &'a Holder, Duration, Option<&'a Slot>);
+
+/// [`try_acquire`] for several plain locks at once, as one pipeline: each one's attempt, in
+/// order.
+pub fn try_acquire_many(
+    link: &mut Link,
+    within: Duration,
+    claims: &[Claim<'_>],
+) -> Vec<Result<Attempt, Failure>> {
+    let sent_at = Instant::now();
+    let abandoned: Vec<String> = claims.iter().map(|c| c.0.abandoned(&c.1.token)).collect();
+    let calls: Vec<_> = claims
+        .iter()
+        .zip(&abandoned)
+        .map(|((keys, holder, ttl, slot), gone)| plain_call(keys, holder, *ttl, *slot, gone))
+        .collect();
+    let replies = eval_many(link, within, (&ACQUIRE, ACQUIRE_LUA), &calls, acquire_reply);
+    replies
+        .into_iter()
+        .zip(claims)
+        .map(|(reply, (keys, holder, ttl, _))| {
+            attempt(link, reply?, (keys, holder, *ttl, 1), sent_at)
+        })
+        .collect()
+}
+
+/// What an acquire's reply says: a grant (sent at `sent_at`), busy, already ran, suspended, or
+/// another `--limit`.
+fn attempt(
+    link: &mut Link,
+    reply: AcquireReply,
+    (keys, holder, ttl, limit): (&Keys, &Holder, Duration, u32),
+    sent_at: Instant,
+) -> Result<Attempt, Failure> {
+    let (fence, pttl, value, instant, ran, slot, other, attempt, suspended) = reply;
     if other != 0 {
         return Ok(Attempt::Mismatch(other.clamp(0, i64::from(u32::MAX)) as u32));
     }
@@ -148,16 +199,14 @@ fn acquire_reply(reply: &Value) -> Result<AcquireReply, Failure> {
     ))
 }
 
-/// The plain lock's acquire (`acquire.lua`).
-fn plain_acquire(
-    link: &mut Link,
-    within: Duration,
-    keys: &Keys,
+/// The plain lock's acquire (`acquire.lua`): its keys and arguments.
+fn plain_call<'a>(
+    keys: &'a Keys,
     holder: &Holder,
     ttl: Duration,
     slot: Option<&Slot>,
-    abandoned: &str,
-) -> Result<AcquireReply, Failure> {
+    abandoned: &'a str,
+) -> ScriptCall<'a> {
     let window = slot.and_then(|s| s.catch_up).map_or(0, ms);
     let mut args = vec![
         holder.value.clone(),
@@ -171,21 +220,14 @@ fn plain_acquire(
     if let Some(s) = slot {
         args.extend(s.candidates.iter().chain(&s.earlier).map(i64::to_string));
     }
-    eval(
-        link,
-        within,
-        &ACQUIRE,
-        ACQUIRE_LUA,
-        &[
-            &keys.lock,
-            &keys.fence,
-            abandoned,
-            &keys.schedule,
-            &keys.limit,
-            &keys.ledger,
-            &keys.suspend,
-        ],
-        &args,
-        acquire_reply,
-    )
+    let keys = vec![
+        keys.lock.as_str(),
+        &keys.fence,
+        abandoned,
+        &keys.schedule,
+        &keys.limit,
+        &keys.ledger,
+        &keys.suspend,
+    ];
+    (keys, args)
 }

@@ -43,6 +43,19 @@ impl Failure {
         }
     }
 
+    /// The same failure again, for each of the calls one failure ended (a pipeline's).
+    pub fn duplicate(&self) -> Failure {
+        match self {
+            Failure::Connect(e) => Failure::Connect(anyhow!("{e:#}")),
+            Failure::Refused(e) => Failure::Refused(anyhow!("{e:#}")),
+            Failure::Call(e) => Failure::Call(e.clone()),
+            Failure::Replicas { acked, wanted } => Failure::Replicas {
+                acked: *acked,
+                wanted: *wanted,
+            },
+        }
+    }
+
     /// A reply of the wrong type or shape for `what`.
     pub fn shape(what: &'static str) -> Failure {
         Failure::Call(WireError::Bad(Bad::Protocol(what)))

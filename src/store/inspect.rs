@@ -21,6 +21,9 @@ static STATUS: LazyLock<Script> = LazyLock::new(|| Script::new(STATUS_LUA));
 static SUSPEND: LazyLock<Script> = LazyLock::new(|| Script::new(SUSPEND_LUA));
 static RESUME: LazyLock<Script> = LazyLock::new(|| Script::new(RESUME_LUA));
 
+/// How many instants the ledger keeps (`KEEP` in `acquire.lua`, which trims in batches above it).
+pub const LEDGER_KEEP: usize = 64;
+
 /// `--suspend KEY`: store `record` (JSON: host, user, reason; Redis adds `since`). Returns the
 /// record in force before (None: KEY was not suspended) and the one now.
 pub fn suspend(
@@ -105,7 +108,8 @@ pub struct Snapshot {
     /// With `--limit` above 1: N, and each held slot.
     pub limit: Option<u32>,
     pub slots: Vec<SlotHolder>,
-    /// With `--schedule`: the ledger, as (instant in Unix ms, entry as JSON), newest first.
+    /// With `--schedule`: the ledger, as (instant in Unix ms, entry as JSON), newest first (at
+    /// most [`LEDGER_KEEP`]).
     pub ledger: Vec<(i64, String)>,
     /// While `--suspend` is in force: its record (JSON).
     pub suspended: Option<String>,
@@ -202,6 +206,8 @@ pub fn snapshot(
         ledger: {
             let mut ledger = ledger;
             ledger.sort_by_key(|e| std::cmp::Reverse(e.0));
+            // acquire.lua trims in batches: the newest LEDGER_KEEP are the ledger.
+            ledger.truncate(LEDGER_KEEP);
             ledger
         },
         suspended,

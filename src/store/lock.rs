@@ -13,7 +13,7 @@ use redis::{Script, Value};
 use crate::clock::Instant;
 pub use crate::store::holder::Holder;
 use crate::store::keys::Keys;
-use crate::store::topology::{Failure, Link};
+use crate::store::topology::{Call, Failure, Link};
 
 // The scripts, hashed once: every call then sends EVALSHA with the SHA1.
 const RENEW_LUA: &str = include_str!("lua/renew.lua");
@@ -84,7 +84,7 @@ pub enum Released {
 }
 
 /// What the release also does besides deleting.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReleaseOptions {
     /// Keep the lock this much longer instead of deleting it (`--min-hold`).
     pub hold: Duration,
@@ -97,7 +97,7 @@ pub struct ReleaseOptions {
 }
 
 /// How an attempt at a scheduled instant ended, for the ledger.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LedgerEnd {
     pub instant: i64,
     pub exit: u8,
@@ -164,6 +164,54 @@ pub(super) fn eval<T>(
         r => r,
     }?;
     link.read(reply, read)
+}
+
+/// One call of a script: its keys (the first names the node) and its arguments.
+pub(super) type ScriptCall<'a> = (Vec<&'a str>, Vec<String>);
+
+/// [`eval`] for several calls of `script` at once, as one pipeline ([`Link::call_many`]): each
+/// one's answer, in order. A call the server had no script for (`NOSCRIPT`) is sent again alone,
+/// with the script's text.
+pub(super) fn eval_many<T>(
+    link: &mut Link,
+    within: Duration,
+    (script, text): (&Script, &str),
+    calls: &[ScriptCall<'_>],
+    read: impl Fn(&Value) -> Result<T, Failure>,
+) -> Vec<Result<T, Failure>> {
+    let deadline = Instant::now() + within;
+    let counts: Vec<String> = calls
+        .iter()
+        .map(|(keys, _)| keys.len().to_string())
+        .collect();
+    let frames: Vec<Vec<&[u8]>> = calls
+        .iter()
+        .zip(&counts)
+        .map(|((keys, args), n)| {
+            let mut all: Vec<&[u8]> = vec![b"EVALSHA", script.get_hash().as_bytes(), n.as_bytes()];
+            all.extend(keys.iter().map(|k| k.as_bytes()));
+            all.extend(args.iter().map(|a| a.as_bytes()));
+            all
+        })
+        .collect();
+    let pipeline: Vec<Call<'_>> = calls
+        .iter()
+        .zip(&frames)
+        .map(|((keys, _), frame)| (keys[0], frame.as_slice()))
+        .collect();
+    let replies = link.call_many(within, &pipeline);
+    replies
+        .into_iter()
+        .zip(calls)
+        .map(|(reply, (keys, args))| match reply {
+            Err(Failure::Call(e)) if e.code() == Some("NOSCRIPT") => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                eval(link, left, script, text, keys, args, &read)
+            }
+            Err(f) => Err(f),
+            Ok(v) => link.read(v, &read),
+        })
+        .collect()
 }
 
 /// The integer a script returns; anything else is a failure of the call, never an answer.
@@ -314,55 +362,72 @@ pub fn release(
     held: &Held,
     opts: &ReleaseOptions,
 ) -> Result<Released, Failure> {
+    let (keys, args) = release_call(held, opts);
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    eval(link, within, &RELEASE, RELEASE_LUA, &keys, &args, released)
+}
+
+/// [`release`] for several locks at once, as one pipeline: each one's outcome, in order.
+pub fn release_many(
+    link: &mut Link,
+    within: Duration,
+    items: &[(&Held, &ReleaseOptions)],
+) -> Vec<Result<Released, Failure>> {
+    let calls: Vec<(Vec<String>, Vec<String>)> = items
+        .iter()
+        .map(|(held, opts)| release_call(held, opts))
+        .collect();
+    let calls: Vec<ScriptCall<'_>> = calls
+        .iter()
+        .map(|(keys, args)| (keys.iter().map(String::as_str).collect(), args.clone()))
+        .collect();
+    eval_many(link, within, (&RELEASE, RELEASE_LUA), &calls, released)
+}
+
+/// `release.lua`'s keys and arguments for `held`.
+fn release_call(held: &Held, opts: &ReleaseOptions) -> (Vec<String>, Vec<String>) {
     let keys = &held.keys;
     let hold = if opts.hold.is_zero() {
         0
     } else {
         ms(opts.hold)
     };
-    let slots = if held.limit > 1 {
-        keys.slots(held.limit)
-    } else {
-        Vec::new()
-    };
-    let mut all: Vec<&str> = vec![
-        &keys.lock,
-        &keys.last,
-        &keys.history,
-        &keys.notify,
-        &keys.ledger,
+    let mut all: Vec<String> = vec![
+        keys.lock.clone(),
+        keys.last.clone(),
+        keys.history.clone(),
+        keys.notify.clone(),
+        keys.ledger.clone(),
     ];
     if held.limit > 1 {
-        all.push(&keys.limit);
-        all.extend(slots.iter().map(String::as_str));
+        all.push(keys.limit.clone());
+        all.extend(keys.slots(held.limit));
     }
-    eval(
-        link,
-        within,
-        &RELEASE,
-        RELEASE_LUA,
-        &all,
-        &[
-            held.holder.value.clone(),
-            hold.to_string(),
-            opts.record.clone().unwrap_or_default(),
-            opts.history.to_string(),
-            opts.record_ttl.map_or(0, ms).to_string(),
-            ms(NOTIFY_TTL).to_string(),
-            opts.ledger.map_or(String::new(), |l| l.instant.to_string()),
-            opts.ledger.map_or(0, |l| l.exit).to_string(),
-            if opts.ledger.is_some_and(|l| l.interrupted) {
-                "1"
-            } else {
-                "0"
-            }
-            .to_string(),
-        ],
-        |v| match int(v, "a release reply that is not 0, 1 or 2")? {
-            1 => Ok(Released::Deleted),
-            2 => Ok(Released::Kept),
-            0 => Ok(Released::NotOurs),
-            _ => Err(Failure::shape("a release reply that is not 0, 1 or 2")),
-        },
-    )
+    let args = vec![
+        held.holder.value.clone(),
+        hold.to_string(),
+        opts.record.clone().unwrap_or_default(),
+        opts.history.to_string(),
+        opts.record_ttl.map_or(0, ms).to_string(),
+        ms(NOTIFY_TTL).to_string(),
+        opts.ledger.map_or(String::new(), |l| l.instant.to_string()),
+        opts.ledger.map_or(0, |l| l.exit).to_string(),
+        if opts.ledger.is_some_and(|l| l.interrupted) {
+            "1"
+        } else {
+            "0"
+        }
+        .to_string(),
+    ];
+    (all, args)
+}
+
+/// A release's reply, read.
+fn released(v: &Value) -> Result<Released, Failure> {
+    match int(v, "a release reply that is not 0, 1 or 2")? {
+        1 => Ok(Released::Deleted),
+        2 => Ok(Released::Kept),
+        0 => Ok(Released::NotOurs),
+        _ => Err(Failure::shape("a release reply that is not 0, 1 or 2")),
+    }
 }

@@ -1,12 +1,12 @@
 //! The replicas (`--crontab`) serving from one Redis, for ranking who claims which instant: each
-//! replica's heartbeat (`members.lua`) renews it in a sorted set scored by when it lapses (by
-//! Redis's clock), drops the lapsed, and answers who is live and who is at `--max-jobs`.
+//! replica's heartbeat (`members.lua`) renews it in a hash valued by when it lapses (by Redis's
+//! clock), drops the lapsed, and answers who is live and who is at `--max-jobs`.
 //!
 //! A fleet is the replicas serving the same jobs (the caller names it by a hash of them, FLEET):
 //! replicas of different crontabs sharing a Redis are different fleets and never rank each
-//! other. The keys, under the prefix `cronlock:`: `cronlock:~{~replicas:FLEET}:live` and
-//! `cronlock:~{~replicas:FLEET}:full`. They share a hash tag of their own, and a KEY's keys
-//! (which start `cronlock:{`) can never have it; `--list` does not see them.
+//! other. The key, under the prefix `cronlock:`: `cronlock:~{~replicas:FLEET}:members`. Its hash
+//! tag is its own, and a KEY's keys (which start `cronlock:{`) can never have it; `--list` does
+//! not see it.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -40,20 +40,20 @@ pub fn beat(
     id: &str,
     (lapse, full): (Duration, bool),
 ) -> Result<View, Failure> {
-    let live = format!("{prefix}~{{~replicas:{fleet}}}:live");
-    let fulls = format!("{prefix}~{{~replicas:{fleet}}}:full");
+    let members = format!("{prefix}~{{~replicas:{fleet}}}:members");
     let lapse_ms = if lapse.is_zero() { 0 } else { ms(lapse) };
     let args = [
         id.to_string(),
         lapse_ms.to_string(),
         u8::from(full).to_string(),
+        MAX_MEMBERS.to_string(),
     ];
     eval(
         link,
         within,
         &MEMBERS,
         MEMBERS_LUA,
-        &[&live, &fulls],
+        &[&members],
         &args,
         read_view,
     )

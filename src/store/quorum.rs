@@ -21,12 +21,12 @@
 use std::time::Duration;
 
 use crate::clock::Instant;
-use crate::store::acquire;
+use crate::store::acquire::{self, Claim};
 use crate::store::inspect::{self, Snapshot};
 use crate::store::keys::Keys;
 use crate::store::lock::{self, Attempt, Held, Holder, ReleaseOptions, Released, Slot};
 use crate::store::members;
-use crate::store::round::{failed_alone, refused, Answer, Lost};
+use crate::store::round::{confirmed, failed_alone, refused, Answer, Lost};
 pub use crate::store::round::{Outcome, Refused};
 use crate::store::topology::{Failure, Link, Redis};
 
@@ -117,25 +117,50 @@ impl Masters {
         let budget = self.budget(within, ttl);
         let sent_at = Instant::now();
         let answers = self.each(|_, link| -> Answer {
-            match acquire::try_acquire(link, budget, keys, holder, ttl, slot, limit) {
-                Ok(Attempt::Held(held)) => {
-                    let left = budget.saturating_sub(sent_at.elapsed());
-                    match link.confirm(&keys.lock, left) {
-                        Ok(()) => Ok(Attempt::Held(held)),
-                        Err(failure) => Err(Lost {
-                            failure,
-                            taken: true,
-                        }),
-                    }
-                }
-                Ok(other) => Ok(other),
-                Err(failure) => Err(Lost {
-                    taken: failure.maybe_ran(),
-                    failure,
-                }),
-            }
+            let attempt = acquire::try_acquire(link, budget, keys, holder, ttl, slot, limit);
+            confirmed(
+                link,
+                attempt,
+                &keys.lock,
+                budget.saturating_sub(sent_at.elapsed()),
+            )
         });
-        if let Some(held) = self.granted(&answers, sent_at, ttl, budget) {
+        self.settle(&answers, sent_at, (within, budget), (keys, holder, ttl))
+    }
+
+    /// Several acquisition rounds of plain locks (`--limit 1`): on one master, their attempts go
+    /// as one pipeline, each then settled as [`Masters::acquire`] settles it; on several, one
+    /// round after another.
+    pub fn acquire_many(&mut self, within: Duration, claims: &[Claim<'_>]) -> Vec<Outcome> {
+        if self.links.len() != 1 || claims.len() < 2 {
+            return claims
+                .iter()
+                .map(|(keys, holder, ttl, slot)| self.acquire(within, keys, holder, *ttl, *slot, 1))
+                .collect();
+        }
+        let sent_at = Instant::now();
+        let attempts = acquire::try_acquire_many(&mut self.links[0], within, claims);
+        attempts
+            .into_iter()
+            .zip(claims)
+            .map(|(attempt, (keys, holder, ttl, _))| {
+                let left = within.saturating_sub(sent_at.elapsed());
+                let answer = confirmed(&mut self.links[0], attempt, &keys.lock, left);
+                self.settle(&[answer], sent_at, (within, within), (keys, holder, *ttl))
+            })
+            .collect()
+    }
+
+    /// The outcome of a round from the masters' answers: held when a majority granted it in
+    /// time, else undone wherever it may be ours, and refused or failed as the answers say.
+    fn settle(
+        &mut self,
+        answers: &[Answer],
+        sent_at: Instant,
+        (within, budget): (Duration, Duration),
+        (keys, holder, ttl): (&Keys, &Holder, Duration),
+    ) -> Outcome {
+        if let Some(held) = self.granted(answers, sent_at, ttl, budget) {
             return Ok(Attempt::Held(Box::new(held)));
         }
         // Not ours: undo it wherever it may be ours.
@@ -145,10 +170,10 @@ impl Masters {
             .collect();
         let undone =
             self.each(|i, link| undo[i].then(|| lock::abandon(link, within, keys, holder, ttl)));
-        if let Some(refusal) = refused(&answers, self.majority()) {
+        if let Some(refusal) = refused(answers, self.majority()) {
             return refusal;
         }
-        self.failed(&answers, &undone, keys, within, ttl)
+        self.failed(answers, &undone, keys, within, ttl)
     }
 
     /// The lock, when a majority granted it in time (and, with several masters, took the
@@ -287,6 +312,21 @@ impl Masters {
             self.majority(),
             problems.join("; ")
         )))
+    }
+
+    /// Several releases at once: on one master, as one pipeline; on several, one after another.
+    pub fn release_many(
+        &mut self,
+        within: Duration,
+        items: &[(&Held, &ReleaseOptions)],
+    ) -> Vec<Result<Released, Failure>> {
+        if self.links.len() != 1 || items.len() < 2 {
+            return items
+                .iter()
+                .map(|(held, opts)| self.release(within, held, opts))
+                .collect();
+        }
+        lock::release_many(&mut self.links[0], within, items)
     }
 
     /// Release on every master: deleted (or kept for `--min-hold`) if it was ours anywhere.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::duration::Span;
 use crate::store::lock::Attempt;
-use crate::store::topology::Failure;
+use crate::store::topology::{Failure, Link};
 
 /// What an acquisition round came to: the masters' verdict, or why there is none.
 pub type Outcome = Result<Attempt, Refused>;
@@ -138,6 +138,30 @@ pub(super) fn failed_alone(
                 Span(ttl)
             ),
             transient: true,
+        }),
+    }
+}
+
+/// A master's answer to an attempt: a grant stands once `--min-replicas` confirmed it (within
+/// `left`); a failure may have taken the lock when the call may have run.
+pub(super) fn confirmed(
+    link: &mut Link,
+    attempt: Result<Attempt, Failure>,
+    lock_key: &str,
+    left: Duration,
+) -> Answer {
+    match attempt {
+        Ok(Attempt::Held(held)) => match link.confirm(lock_key, left) {
+            Ok(()) => Ok(Attempt::Held(held)),
+            Err(failure) => Err(Lost {
+                failure,
+                taken: true,
+            }),
+        },
+        Ok(other) => Ok(other),
+        Err(failure) => Err(Lost {
+            taken: failure.maybe_ran(),
+            failure,
         }),
     }
 }

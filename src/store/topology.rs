@@ -138,7 +138,29 @@ impl Con {
             Con::Cluster(c) => c.call(key, args, deadline),
         }
     }
+
+    /// Run each `(key, args)` by `deadline`, their replies in order: one pipeline on a node; on a
+    /// cluster, one call after another, each on the node that serves its key.
+    fn call_many(
+        &mut self,
+        calls: &[Call<'_>],
+        deadline: Instant,
+    ) -> Result<Vec<Reply>, WireError> {
+        match self {
+            Con::Node(w) | Con::Primary(w, _) => {
+                let args: Vec<&[&[u8]]> = calls.iter().map(|c| c.1).collect();
+                w.call_many(&args, deadline)
+            }
+            Con::Cluster(c) => calls
+                .iter()
+                .map(|(key, args)| c.call(key, args, deadline))
+                .collect(),
+        }
+    }
 }
+
+/// One command of a pipeline: the key it is for, and its arguments.
+pub type Call<'a> = (&'a str, &'a [&'a [u8]]);
 
 /// A connection that (re)connects itself: see the module comment.
 pub struct Link {
@@ -188,6 +210,55 @@ impl Link {
             }
             Err(e) => Err(Failure::Call(e)),
         }
+    }
+
+    /// [`Link::call`] for several commands at once (see [`Con::call_many`]): each one's reply or
+    /// refusal, in order. A failure of the connection fails them all, and drops it.
+    pub fn call_many(
+        &mut self,
+        within: Duration,
+        calls: &[Call<'_>],
+    ) -> Vec<Result<Value, Failure>> {
+        let deadline = Instant::now() + within;
+        let reused = self.con.is_some();
+        let mut con = match self.reuse_or_connect(deadline) {
+            Ok(con) => con,
+            Err(f) => return calls.iter().map(|_| Err(f.duplicate())).collect(),
+        };
+        let mut replies = con.call_many(calls, deadline);
+        if reused && replies == Err(WireError::Unasked) {
+            drop(con);
+            con = match self.redis.connect(deadline) {
+                Ok(con) => con,
+                Err(f) => return calls.iter().map(|_| Err(f.duplicate())).collect(),
+            };
+            replies = con.call_many(calls, deadline);
+        }
+        let replies = match replies {
+            Ok(replies) => replies,
+            Err(e) => {
+                return calls
+                    .iter()
+                    .map(|_| Err(Failure::Call(e.clone())))
+                    .collect()
+            }
+        };
+        // As after one call: a refusal other than NOSCRIPT drops the connection (the next call
+        // looks the server up again).
+        let keep = replies.iter().all(|r| match r {
+            Reply::Value(_) => true,
+            Reply::Error(e) => WireError::Server(e.clone()).code() == Some("NOSCRIPT"),
+        });
+        if keep {
+            self.con = Some(con);
+        }
+        replies
+            .into_iter()
+            .map(|r| match r {
+                Reply::Value(v) => Ok(v),
+                Reply::Error(e) => Err(Failure::Call(WireError::Server(e))),
+            })
+            .collect()
     }
 
     /// Never use the open connection again: its last reply was not of the shape asked for, so

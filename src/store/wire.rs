@@ -136,6 +136,18 @@ impl Wire {
     /// server ([`Bad`]), since which frame answers which request can no longer be told. Either
     /// way the caller drops the connection and never reads it again.
     pub fn call(&mut self, args: &[&[u8]], deadline: Instant) -> Result<Reply, WireError> {
+        let mut replies = self.call_many(&[args], deadline)?;
+        Ok(replies.remove(0))
+    }
+
+    /// [`Wire::call`] for several commands at once (a pipeline: one write, and the server reads
+    /// them in one go): their replies in order, all by `deadline`. A failure fails them all (any
+    /// of them may have run: [`WireError::maybe_ran`]).
+    pub fn call_many(
+        &mut self,
+        calls: &[&[&[u8]]],
+        deadline: Instant,
+    ) -> Result<Vec<Reply>, WireError> {
         if self.unasked(deadline)? {
             // A Redis server never speaks first (an HTTP or SSH server does).
             return Err(if self.asked {
@@ -145,14 +157,18 @@ impl Wire {
             });
         }
         self.asked = true;
-        self.send(&resp::encode(args), deadline)?;
-        let reply = self.read(deadline)?;
+        let frames: Vec<u8> = calls.iter().flat_map(|args| resp::encode(args)).collect();
+        self.send(&frames, deadline)?;
+        let replies = calls
+            .iter()
+            .map(|_| self.read(deadline))
+            .collect::<Result<Vec<Reply>, WireError>>()?;
         if !self.buf.is_empty() {
             return Err(WireError::Bad(Bad::Protocol(
                 "more than one reply to one command",
             )));
         }
-        Ok(reply)
+        Ok(replies)
     }
 
     /// Whether the server sent something (or closed) that no request of ours asked for. Under

@@ -302,6 +302,17 @@ impl Redis {
         panic!("test connection to redis keeps failing");
     }
 
+    /// How many connections the server has accepted (`INFO stats`).
+    pub fn connections_received(&self) -> u64 {
+        let info: String = self.query(redis::cmd("INFO").arg("stats"));
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
     pub fn get(&self, key: &str) -> Option<String> {
         self.query(redis::cmd("GET").arg(key))
     }

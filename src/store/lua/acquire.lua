@@ -43,9 +43,9 @@ local EARLY = 5000
 -- The ledger keeps this many instants, the newest.
 local KEEP = 64
 -- The suspension, read before anything is written (as every read here).
-local suspended = redis.call('HGET', KEYS[7], 'current')
+local suspension = redis.call('HMGET', KEYS[7], 'current', 'pauses')
+local suspended, paused = suspension[1], suspension[2]
 local pauses = {}
-local paused = redis.call('HGET', KEYS[7], 'pauses')
 if paused then
   local ok, p = pcall(cjson.decode, paused)
   if not ok or type(p) ~= 'table' then
@@ -63,21 +63,28 @@ local function in_pause(at)
   end
   return false
 end
--- Keep the ledger's KEEP newest instants, expiring as --history-ttl says.
+-- Keep the ledger's KEEP newest instants, expiring as --history-ttl says. Trimmed in batches (at
+-- SLACK over KEEP, back to KEEP), so a KEY that runs often pays for a sort once every SLACK runs;
+-- readers show the KEEP newest.
+local SLACK = 16
 local function keep_ledger()
-  local fields = redis.call('HKEYS', KEYS[6])
-  if #fields > KEEP then
-    table.sort(fields, function(a, b) return tonumber(a) < tonumber(b) end)
-    for i = 1, #fields - KEEP do redis.call('HDEL', KEYS[6], fields[i]) end
+  if redis.call('HLEN', KEYS[6]) > KEEP + SLACK then
+    local fields = redis.call('HKEYS', KEYS[6])
+    local at = {}
+    for i, f in ipairs(fields) do at[i] = tonumber(f) or 0 end
+    table.sort(at)
+    local gone = {}
+    for i = 1, #at - KEEP do gone[i] = string.format('%d', at[i]) end
+    redis.call('HDEL', KEYS[6], unpack(gone))
   end
   local ttl = tonumber(ARGV[6])
   if ttl > 0 then redis.call('PEXPIRE', KEYS[6], ttl) else redis.call('PERSIST', KEYS[6]) end
 end
-local instant, attempt, entry, now = 0, 0, nil, 0
+local instant, attempt, entry, now, t = 0, 0, nil, 0, nil
 local window = tonumber(ARGV[4]) or 0
 local n = tonumber(ARGV[7]) or 0
 if ARGV[3] ~= '' then
-  local t = redis.call('TIME')
+  t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   if window == 0 then
     -- The run belongs to the scheduled instant nearest to Redis's clock, whatever the hosts'.
@@ -172,7 +179,7 @@ if holder then
   return {0, redis.call('PTTL', KEYS[1]), holder, instant, 0, -1, 0, 0, false}
 end
 -- The token first: a counter that cannot give one refuses before anything is written.
-local token, refused = fence_token(KEYS[2])
+local token, refused = fence_token(KEYS[2], t)
 if not token then
   return refused
 end

@@ -46,8 +46,9 @@ end
 
 -- The next token for the counter at `key`: max(stored + 1, Redis's TIME in microseconds), so
 -- tokens grow even when Redis lost the counter (a restart, a flush, a failover), as long as its
--- clock does not go back. Nil and an error reply when the counter cannot give a greater one.
-local function fence_token(key)
+-- clock does not go back. `time`: a TIME reply the script already has (nil: ask). Nil and an
+-- error reply when the counter cannot give a greater one.
+local function fence_token(key, time)
   local stored, err = fence_read(key)
   if not stored then
     return nil, err
@@ -57,7 +58,7 @@ local function fence_token(key)
       .. ', the largest token: no greater one can be handed out (delete it only when no '
       .. 'consumer of the tokens remembers them)')
   end
-  local t = redis.call('TIME')
+  local t = time or redis.call('TIME')
   local now = (string.gsub(t[1] .. string.format('%06d', tonumber(t[2])), '^0+', ''))
   local nxt = fence_next(stored)
   if fence_less(nxt, now) then

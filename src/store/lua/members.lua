@@ -1,28 +1,37 @@
--- The replicas (--crontab) that serve from this Redis, for ranking who claims what: a sorted set
--- of replica ids scored by when each lapses (Redis's clock), and beside it the ids of those at
--- --max-jobs. One call is one replica's heartbeat: it renews (or, leaving, removes) the caller,
--- drops the lapsed, and returns who is live and who is full.
--- KEYS[1] the live set, KEYS[2] the full set (same hash tag)
--- ARGV[1] id, ARGV[2] lapse after (ms; 0: leave), ARGV[3] full (1) or not (0)
+-- The replicas (--crontab) that serve from this Redis, for ranking who claims what: a hash of
+-- replica ids, each valued by when it lapses (Redis's clock, ms) followed by ' full' when it is
+-- at --max-jobs. One call is one replica's heartbeat: it renews (or, leaving, removes) the
+-- caller, drops the lapsed, and returns who is live and who is full. Four calls in all (TIME,
+-- HSET or HDEL, PEXPIRE, HGETALL), and an HDEL when some replica lapsed.
+-- KEYS[1] the members hash
+-- ARGV[1] id, ARGV[2] lapse after (ms; 0: leave), ARGV[3] full (1) or not (0), ARGV[4] the most
+-- ids to return
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
-if not ttl or ttl < 0 or ttl > 3600000 then
+local most = tonumber(ARGV[4])
+if not ttl or ttl < 0 or ttl > 3600000 or not most then
   return redis.error_reply('ERR bad lapse')
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 if ttl == 0 then
-  redis.call('ZREM', KEYS[1], ARGV[1])
-  redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('HDEL', KEYS[1], ARGV[1])
 else
-  redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
-  if ARGV[3] == '1' then
-    redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
-  else
-    redis.call('ZREM', KEYS[2], ARGV[1])
-  end
+  local value = string.format('%d', now + ttl)
+  if ARGV[3] == '1' then value = value .. ' full' end
+  redis.call('HSET', KEYS[1], ARGV[1], value)
   redis.call('PEXPIRE', KEYS[1], ttl * 2)
-  redis.call('PEXPIRE', KEYS[2], ttl * 2)
 end
-return {redis.call('ZRANGE', KEYS[1], 0, 255), redis.call('ZRANGE', KEYS[2], 0, 255)}
+local all = redis.call('HGETALL', KEYS[1])
+local live, full, gone = {}, {}, {}
+for i = 1, #all, 2 do
+  local id, v = all[i], all[i + 1]
+  local at = tonumber(string.match(v, '^%d+'))
+  if not at or at <= now then
+    gone[#gone + 1] = id
+  elseif #live < most then
+    live[#live + 1] = id
+    if string.find(v, ' full', 1, true) then full[#full + 1] = id end
+  end
+end
+if #gone > 0 then redis.call('HDEL', KEYS[1], unpack(gone)) end
+return {live, full}

@@ -1,0 +1,123 @@
+//! The channel's messages read back as written, and its two ends.
+use super::*;
+
+fn sample() -> Handover {
+    Handover {
+        key: "k".into(),
+        holder: Holder::new("echo hi"),
+        fence: 42,
+        slot: 0,
+        limit: 1,
+        instant: Some(1_700_000_000_000),
+        attempt: 2,
+        ttl: Duration::from_secs(30),
+        sent_at: Instant::now(),
+    }
+}
+
+#[test]
+fn a_handover_reads_back_as_written() {
+    let h = sample();
+    let back = Handover::parse(h.line().trim_end()).unwrap();
+    assert_eq!(back.holder.value, h.holder.value);
+    assert_eq!(back.fence, 42);
+    assert_eq!(back.instant, h.instant);
+    assert_eq!(back.attempt, 2);
+    assert_eq!(back.ttl, h.ttl);
+    let skew = back.sent_at.as_duration().abs_diff(h.sent_at.as_duration());
+    assert!(skew < Duration::from_micros(1), "{skew:?}");
+}
+
+#[test]
+fn other_versions_and_shapes_are_refused() {
+    let line = sample().line().replace("\"v\":2", "\"v\":3");
+    let e = Handover::parse(line.trim_end()).unwrap_err().to_string();
+    assert!(e.contains("version 3"), "{e}");
+    assert!(Handover::parse("{}").is_err());
+    assert!(Handover::parse("not json").is_err());
+    let line = sample().line().replace("\"fence\":42", "\"fence\":0");
+    assert!(Handover::parse(line.trim_end()).is_err());
+}
+
+#[test]
+fn reports_read_back() {
+    for r in [
+        Report::Started { pid: 7 },
+        Report::Ended {
+            status: 3,
+            ending: Ending::Exited,
+            duration: Duration::from_millis(1500),
+        },
+    ] {
+        assert_eq!(Report::parse(r.line().trim_end()).unwrap(), r);
+    }
+}
+
+#[test]
+fn release_asks_and_answers_read_back() {
+    let opts = ReleaseOptions {
+        hold: Duration::from_millis(1500),
+        record: Some("{\"exit_status\":3}".into()),
+        history: 10,
+        record_ttl: Some(Duration::from_secs(60)),
+        ledger: Some(LedgerEnd {
+            instant: 1_700_000_000_000,
+            exit: 3,
+            interrupted: true,
+        }),
+    };
+    let ask = Report::Release(Box::new(opts));
+    assert_eq!(Report::parse(ask.line().trim_end()).unwrap(), ask);
+    let bare = Report::Release(Box::default());
+    assert_eq!(Report::parse(bare.line().trim_end()).unwrap(), bare);
+    for answer in [
+        Ok(Released::Deleted),
+        Ok(Released::Kept),
+        Ok(Released::NotOurs),
+        Err("cannot reach Redis".to_string()),
+    ] {
+        let line = released_line(&answer);
+        assert_eq!(parse_released(line.trim_end()).unwrap(), answer);
+    }
+    assert!(parse_released(r#"{"v":2,"kind":"released"}"#).is_err());
+}
+
+#[test]
+fn a_run_the_replica_answers_does_not_release_by_itself() {
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let mut run = RunSide { stream: theirs };
+    let replica = std::thread::spawn(move || {
+        let mut side = ReplicaSide::new(ours.try_clone().unwrap());
+        let asked = side.report();
+        let mut reply = ours;
+        reply
+            .write_all(released_line(&Ok(Released::Deleted)).as_bytes())
+            .unwrap();
+        asked
+    });
+    let answer = run.release_by_replica(&ReleaseOptions::default(), Duration::from_secs(5));
+    assert_eq!(answer, Some(Ok(Released::Deleted)));
+    assert!(matches!(replica.join().unwrap(), Some(Report::Release(_))));
+    // A replica that is gone: no answer, at once.
+    let (gone, theirs) = UnixStream::pair().unwrap();
+    drop(gone);
+    let mut run = RunSide { stream: theirs };
+    let asked = Instant::now();
+    assert_eq!(
+        run.release_by_replica(&ReleaseOptions::default(), Duration::from_secs(5)),
+        None
+    );
+    assert!(asked.elapsed() < Duration::from_secs(1));
+}
+
+#[test]
+fn the_replica_reads_reports_until_the_end() {
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let mut run = RunSide { stream: theirs };
+    run.send(&Report::Started { pid: 9 });
+    run.stream.write_all(b"garbage\n").unwrap();
+    drop(run);
+    let mut replica = ReplicaSide::new(ours);
+    assert_eq!(replica.report(), Some(Report::Started { pid: 9 }));
+    assert_eq!(replica.report(), None);
+}

@@ -1,0 +1,91 @@
+//! When this replica's heartbeat goes: every period, at the fleet's slots (the multiples of the
+//! period on the wall clock, less the claims' lead), so the heartbeats of every replica of a fleet
+//! and the claims of instants on whole seconds reach Redis together, and it wakes once for all of
+//! them instead of once for each.
+
+use std::time::Duration;
+
+use crate::clock::Instant;
+use crate::host::unix_millis;
+
+use super::table::LEAD_MS;
+
+/// The heartbeat's period with up to 5 replicas; 100 ms more per replica above that, so the
+/// heartbeats of a fleet cost Redis at most 10 calls a second. A replica lapses after 3 periods
+/// without one.
+pub const BEAT: Duration = Duration::from_millis(500);
+/// The soonest a change of "full" is told again.
+pub const BEAT_AGAIN: Duration = Duration::from_millis(100);
+
+/// The last heartbeat: when (on both clocks), the period, and whether it said "full".
+#[derive(Clone, Copy)]
+pub struct Beat {
+    at: Instant,
+    at_ms: i64,
+    pub every: Duration,
+    pub full: bool,
+}
+
+impl Beat {
+    /// None sent yet: the first is due at once.
+    pub fn first() -> Beat {
+        Beat {
+            at: Instant::from_duration(Duration::ZERO),
+            at_ms: 0,
+            every: BEAT,
+            full: false,
+        }
+    }
+
+    /// One sent now.
+    pub fn sent(every: Duration, full: bool) -> Beat {
+        Beat {
+            at: Instant::now(),
+            at_ms: unix_millis() as i64,
+            every,
+            full,
+        }
+    }
+
+    /// How long ago it was sent.
+    pub fn since(&self) -> Duration {
+        self.at.elapsed()
+    }
+
+    /// Whether the next is due: its slot came, or a period passed (the wall clock may jump).
+    pub fn is_due(&self) -> bool {
+        unix_millis() as i64 >= next_slot(self.at_ms, self.every) || self.since() >= self.every
+    }
+
+    /// When the next is due: at the next slot, and a period after this one at the latest.
+    pub fn due(&self) -> Instant {
+        let slot = next_slot(self.at_ms, self.every);
+        let left = (slot - unix_millis() as i64).max(0) as u64;
+        (Instant::now() + Duration::from_millis(left)).min(self.at + self.every)
+    }
+}
+
+/// The first slot after `sent_ms` (Unix ms) for the period `every`: a multiple of the period less
+/// [`LEAD_MS`].
+fn next_slot(sent_ms: i64, every: Duration) -> i64 {
+    let every = (every.as_millis() as i64).max(1);
+    ((sent_ms + LEAD_MS).div_euclid(every) + 1) * every - LEAD_MS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_shared_by_every_replica_and_come_within_a_period() {
+        let every = Duration::from_millis(500);
+        assert_eq!(next_slot(1_000_000, every), 1_000_450);
+        assert_eq!(next_slot(1_000_449, every), 1_000_450);
+        assert_eq!(next_slot(1_000_450, every), 1_000_950);
+        for sent in (0..5000).map(|i| 1_700_000_000_000 + i * 37) {
+            let slot = next_slot(sent, every);
+            assert!(slot > sent && slot - sent <= 500, "{sent} {slot}");
+            assert_eq!((slot + LEAD_MS) % 500, 0);
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! The claims thread: it carries out the loop's asks ([`super::claim`]) on long-lived links, and
+//! tells the loop what came of them. The asks that wait together are carried out together, so
+//! Redis wakes once for many: the claims of one instant go as one pipeline per server list, and
+//! so do the releases of runs that end together (a run's release waits up to [`LINGER`] for
+//! others); every other ask goes alone, in order, right after (a heartbeat sent with claims
+//! finds Redis awake). A batch is carried out exactly as its asks would be one
+//! by one ([`crate::store::quorum::Masters::acquire_many`] settles each claim as `acquire` does).
+
+use std::collections::HashMap;
+use std::os::unix::net::UnixStream;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::Instant;
+use crate::config::RunConfig;
+use crate::signals;
+use crate::store::holder::Holder;
+use crate::store::keys::Keys;
+use crate::store::lock::{Held, ReleaseOptions};
+
+use super::claim::{self, answer_run, masters, verdict, Answer, Ask, Links};
+
+/// The claim thread's inbox.
+pub struct Claims {
+    asks: Sender<Ask>,
+}
+
+impl Claims {
+    /// Start the thread; its answers go to `answers`, and each wakes the main thread.
+    pub fn start(answers: Sender<Answer>) -> std::io::Result<Claims> {
+        let (asks, inbox) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("claims".into())
+            .spawn(move || serve(inbox, answers))?;
+        Ok(Claims { asks })
+    }
+
+    pub fn send(&self, ask: Ask) {
+        let _ = self.asks.send(ask);
+    }
+}
+
+/// Answer asks until the loop is gone: those that wait together are carried out together
+/// (see the module comment).
+fn serve(inbox: Receiver<Ask>, answers: Sender<Answer>) {
+    let mut links: Links = HashMap::new();
+    while let Ok(first) = inbox.recv() {
+        let asks = gather(first, &inbox);
+        if carry_out(&mut links, asks, &mut |answer| tell(&answers, answer)).is_err() {
+            return;
+        }
+    }
+}
+
+/// Send an answer and wake the loop.
+fn tell(answers: &Sender<Answer>, answer: Answer) -> Result<(), ()> {
+    answers.send(answer).map_err(drop)?;
+    signals::wake_main();
+    Ok(())
+}
+
+/// How long a run's release waits for others to go with it: runs of one instant end within a
+/// few milliseconds of each other, and a lock kept that much longer costs nothing.
+pub const LINGER: Duration = Duration::from_millis(10);
+/// The most asks in one batch (a bound on one pipeline).
+pub const MOST: usize = 256;
+
+/// `first` and the asks waiting behind it; with a run's release among them (and no claim, no
+/// release an instant waits for), also those that come within [`LINGER`].
+pub fn gather(first: Ask, inbox: &Receiver<Ask>) -> Vec<Ask> {
+    let mut asks = vec![first];
+    let mut linger_until: Option<Instant> = None;
+    while asks.len() < MOST {
+        if let Ok(ask) = inbox.try_recv() {
+            asks.push(ask);
+            continue;
+        }
+        // Lingering is for releases only: a claim is never held back, nor a release an instant
+        // waits for (a replica at --max-jobs starts the next run when one is over).
+        let releasing = asks.iter().any(|a| matches!(a, Ask::ReleaseRun { .. }));
+        let pressed = asks
+            .iter()
+            .any(|a| matches!(a, Ask::Claim { .. } | Ask::ReleaseRun { urgent: true, .. }));
+        if !releasing || pressed {
+            break;
+        }
+        let until = *linger_until.get_or_insert_with(|| Instant::now() + LINGER);
+        match inbox.recv_timeout(until.saturating_duration_since(Instant::now())) {
+            Ok(ask) => asks.push(ask),
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    asks
+}
+
+/// A claim of the batch.
+struct ClaimAsk {
+    key: String,
+    config: Arc<RunConfig>,
+    instant: i64,
+}
+
+/// A run's release of the batch.
+struct RunRelease {
+    config: Arc<RunConfig>,
+    held: Box<Held>,
+    opts: Box<ReleaseOptions>,
+    reply: UnixStream,
+}
+
+/// Carry out a batch: its claims first (they are the ones a start waits for: their answers go to
+/// the loop at once, through `tell`), then its runs' releases, then the rest in order. An error:
+/// the loop is gone.
+pub fn carry_out(
+    links: &mut Links,
+    asks: Vec<Ask>,
+    tell: &mut dyn FnMut(Answer) -> Result<(), ()>,
+) -> Result<(), ()> {
+    let mut claims = Vec::new();
+    let mut releases = Vec::new();
+    let mut rest = Vec::new();
+    for ask in asks {
+        match ask {
+            Ask::Claim {
+                key,
+                config,
+                instant,
+            } if config.limit == 1 => claims.push(ClaimAsk {
+                key,
+                config,
+                instant,
+            }),
+            Ask::ReleaseRun {
+                config,
+                held,
+                opts,
+                reply,
+                ..
+            } => releases.push(RunRelease {
+                config,
+                held,
+                opts,
+                reply,
+            }),
+            other => rest.push(other),
+        }
+    }
+    for group in by_servers(claims, |c| &c.config) {
+        for answer in claim_together(links, group) {
+            tell(answer)?;
+        }
+    }
+    for group in by_servers(releases, |r| &r.config) {
+        release_together(links, group);
+    }
+    for ask in rest {
+        if let Some(answer) = claim::carry_out(links, ask) {
+            tell(answer)?;
+        }
+    }
+    Ok(())
+}
+
+/// `items` split by the server list their job's configuration names, each in its order.
+fn by_servers<T>(items: Vec<T>, config: impl Fn(&T) -> &Arc<RunConfig>) -> Vec<Vec<T>> {
+    let mut groups: Vec<Vec<T>> = Vec::new();
+    let mut index: HashMap<Vec<u64>, usize> = HashMap::new();
+    for item in items {
+        let servers = claim::group(config(&item)).servers;
+        let i = *index.entry(servers).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[i].push(item);
+    }
+    groups
+}
+
+/// How a group on one server list is reached: a job's configuration (they share the servers), and
+/// the shortest `--connect-timeout` among them. `None` for no group.
+fn reach<'a>(
+    mut configs: impl Iterator<Item = &'a Arc<RunConfig>>,
+) -> Option<(Arc<RunConfig>, Duration)> {
+    let first = configs.next()?;
+    let within = configs
+        .map(|c| c.connect_timeout)
+        .fold(first.connect_timeout, Duration::min);
+    Some((first.clone(), within))
+}
+
+/// Claims on one server list, as one pipeline: each one's answer.
+fn claim_together(links: &mut Links, group: Vec<ClaimAsk>) -> Vec<Answer> {
+    let Some((config, within)) = reach(group.iter().map(|c| &c.config)) else {
+        return Vec::new();
+    };
+    let keys: Vec<Keys> = group
+        .iter()
+        .map(|c| Keys::new(&c.config.prefix, &c.config.key))
+        .collect();
+    let holders: Vec<Holder> = group
+        .iter()
+        .map(|c| Holder::new(&c.config.command_line()))
+        .collect();
+    let slots: Vec<_> = group
+        .iter()
+        .map(|c| c.config.slot(Some(c.instant)))
+        .collect();
+    let claims: Vec<_> = group
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            (
+                &keys[i],
+                &holders[i],
+                c.config.timing.ttl,
+                slots[i].as_ref(),
+            )
+        })
+        .collect();
+    let outcomes = masters(links, &config).acquire_many(within, &claims);
+    outcomes
+        .into_iter()
+        .zip(group)
+        .map(|(outcome, c)| Answer::Claim {
+            verdict: verdict(outcome, &c.config),
+            key: c.key,
+            instant: c.instant,
+            config: c.config,
+        })
+        .collect()
+}
+
+/// Runs' releases on one server list, as one pipeline; each run is told how its release went.
+fn release_together(links: &mut Links, group: Vec<RunRelease>) {
+    let Some((config, within)) = reach(group.iter().map(|r| &r.config)) else {
+        return;
+    };
+    let items: Vec<(&Held, &ReleaseOptions)> = group.iter().map(|r| (&*r.held, &*r.opts)).collect();
+    let released = masters(links, &config).release_many(within, &items);
+    for (result, mut run) in released.into_iter().zip(group) {
+        answer_run(&mut run.reply, result);
+    }
+}
