@@ -167,7 +167,7 @@ impl Replicant<'_> {
 
     /// A claim another replica's run (or a suspension) answered: said under `-v`, reported in the
     /// job's metrics file, and, with `--retries`, looked at again when the holder's lock would
-    /// lapse.
+    /// lapse; a claim sent ahead that Redis found not yet due, at the instant.
     fn lost(&mut self, table: &mut Table, job: &CronJob, instant: i64, verdict: Verdict) {
         let key = &job.key;
         let at = rfc3339(instant.max(0) as u64);
@@ -180,6 +180,12 @@ impl Replicant<'_> {
                 }
                 let by = crate::fleet::describe::describe_holder(holder);
                 format!("{key}: the {at} instant is held by {by}")
+            }
+            // Claimed ahead of the instant, and Redis's clock (a little behind this host's)
+            // judged it not yet due: looked at again at the instant itself, once; not lost yet.
+            Verdict::AlreadyRan if instant > unix_millis() as i64 => {
+                table.look_again(key, instant);
+                return;
             }
             Verdict::AlreadyRan => format!("{key}: the {at} instant already ran or is not due"),
             Verdict::Suspended(record) => {
