@@ -411,19 +411,6 @@ fn release(
     log: &Log,
 ) {
     let lost = Instant::now() >= valid_until;
-    let (result, retried) = release_here(redis, within, masters, held, valid_until, opts);
-    said_released(held, opts, result, (lost, retried), log);
-}
-
-/// [`release`]'s calls: how it went, and whether it was tried again.
-fn release_here(
-    redis: &[Redis],
-    within: Duration,
-    masters: Option<Masters>,
-    held: &Held,
-    valid_until: Instant,
-    opts: &ReleaseOptions,
-) -> (anyhow::Result<Released>, bool) {
     let name = &held.keys.name;
     let end = if held.instant.is_some() {
         valid_until.max(Instant::now() + within)
@@ -446,7 +433,7 @@ fn release_here(
         result = masters.release(left(), held, opts);
     }
     let result = result.map_err(|e| anyhow::anyhow!("cannot release lock '{name}': {e}"));
-    (result, retried)
+    said_released(held, opts, result, (lost, retried), log);
 }
 
 /// The line for how the release went. `lost`: the lock was lost before (a failure is no news);
