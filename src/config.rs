@@ -42,6 +42,8 @@ pub struct Replica {
     pub drain: Duration,
     /// `--grace`: between SIGTERM and SIGKILL when the drain runs out.
     pub grace: Duration,
+    /// `--listen`: where to serve /metrics, the probes and the status page.
+    pub listen: Option<std::net::SocketAddr>,
 }
 
 /// A crontab's `NAME=value` lines in force for a job, shared between the jobs below them.

@@ -18,6 +18,7 @@ pub mod replica;
 pub mod run;
 pub mod signals;
 pub mod store;
+pub mod watch;
 pub mod watchdog;
 
 use std::sync::atomic::Ordering;

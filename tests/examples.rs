@@ -92,3 +92,39 @@ fn the_compose_file_and_the_systemd_unit_give_a_drain_its_time() {
     assert!(seconds(value_of(&unit, "TimeoutStopSec=")) >= STOP_NEEDS);
     assert_eq!(value_of(&unit, "KillMode="), "mixed");
 }
+
+#[test]
+fn the_examples_watch_each_replica_on_its_listen_port() {
+    // Kubernetes: the probes and the scrape annotations name the port --listen serves.
+    let yaml = read("examples/kubernetes/deployment.yaml");
+    assert!(yaml.contains("\"--listen\", \":9746\""));
+    assert!(yaml.contains("- { name: http, containerPort: 9746 }"));
+    assert!(yaml.contains("httpGet: { path: /healthz, port: http }"));
+    assert!(yaml.contains("httpGet: { path: /readyz, port: http }"));
+    assert!(yaml.contains("prometheus.io/port: \"9746\""));
+    let unit = read("examples/systemd/cronlock-crontab.service");
+    assert!(value_of(&unit, "ExecStart=").ends_with("--listen 127.0.0.1:9746"));
+    // Compose: its healthcheck, run as the container would (port changed), against a replica.
+    let compose = read("examples/compose/compose.yaml");
+    assert!(compose.contains("\"--listen\", \":9746\""));
+    let test = value_of(&compose, "test:");
+    let script: Vec<String> = serde_json::from_str(test).unwrap();
+    assert_eq!(&script[..3], ["CMD", "bash", "-c"]);
+    let r = Redis::start();
+    let dir = scratch("compose-health");
+    let file = dir.join("crontab");
+    std::fs::write(&file, read("examples/compose/crontab")).unwrap();
+    let port = free_port();
+    let probe = || {
+        std::process::Command::new("bash")
+            .arg("-c")
+            .arg(script[3].replace("9746", &port.to_string()))
+            .status()
+            .unwrap()
+            .success()
+    };
+    assert!(!probe(), "the healthcheck passed with nothing listening");
+    let c = replica(&r.url(), &file, &["--listen", &format!("127.0.0.1:{port}")]);
+    assert!(wait_for(Duration::from_secs(10), probe));
+    assert_eq!(stop(c), Some(0));
+}

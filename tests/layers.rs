@@ -161,8 +161,9 @@ fn layer(module: &str) -> Option<(u8, &str)> {
         "store" | "job" => 2,
         "fleet" => 3,
         "config" | "watchdog" => 4,
-        "run" | "replica" => 5,
-        "cli" => 6,
+        "watch" => 5,
+        "run" | "replica" => 6,
+        "cli" => 7,
         _ => return None,
     };
     Some((rank, if rank == 0 { "base" } else { wing }))

@@ -5,39 +5,15 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
+use common::prom::{self, promtool, samples, RULES};
 use common::story::MONTHLY;
 use common::*;
 
-const RULES: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/examples/monitoring/cronlock.rules.yml"
-);
-
-/// The samples of a metrics file: `name{labels}` → value.
-fn samples(text: &str) -> Vec<(String, String, f64)> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| {
-            let (series, value) = l.rsplit_once(' ').unwrap();
-            let name = series.split('{').next().unwrap().to_string();
-            (name, series.to_string(), value.parse().unwrap())
-        })
-        .collect()
-}
-
 fn prom(dir: &Path, key: &str) -> String {
     std::fs::read_to_string(dir.join(format!("cronlock_{key}.prom"))).unwrap()
-}
-
-fn promtool(args: &[&str]) -> std::process::Output {
-    Command::new("promtool").args(args).output().expect(
-        "promtool is required (Debian: apt-get install prometheus; scripts/test.sh installs it)",
-    )
 }
 
 #[test]
@@ -115,13 +91,6 @@ fn the_shipped_rules_pass_promtool_on_series_cronlock_wrote() {
 
     // The series, with every timestamp rebased so that the test's start is promtool's time 60 s.
     let all: Vec<(String, String, f64)> = files.iter().flat_map(|f| samples(f)).collect();
-    let base = all
-        .iter()
-        .filter(|(n, _, _)| n.ends_with("_timestamp_seconds"))
-        .map(|(_, _, v)| *v)
-        .fold(f64::MAX, f64::min)
-        .floor()
-        - 60.0;
     let host = all[0]
         .1
         .split("host=\"")
@@ -131,34 +100,9 @@ fn the_shipped_rules_pass_promtool_on_series_cronlock_wrote() {
         .next()
         .unwrap()
         .to_string();
-    let mut test = String::new();
-    writeln!(
-        test,
-        "rule_files:\n  - {RULES}\nevaluation_interval: 1m\ntests:"
-    )
-    .unwrap();
-    writeln!(test, "  - interval: 1m\n    input_series:").unwrap();
-    for (name, series, value) in &all {
-        let v = if name.ends_with("_timestamp_seconds") {
-            value - base
-        } else {
-            *value
-        };
-        // Constant for 1,700 minutes (over 28 hours).
-        writeln!(
-            test,
-            "      - series: '{series}'\n        values: '{v}+0x1700'"
-        )
-        .unwrap();
-    }
     // What each alert should say 10 minutes and 27 hours after the runs: its labels and its
     // annotations, templates filled in.
-    let no_success = (
-        "key: ok-job, severity: page".to_string(),
-        "summary: 'ok-job has not succeeded on any host for 26h', description: 'cronlock \
-         --status --history ok-job shows its recent instants and attempts.'"
-            .to_string(),
-    );
+    let no_success = prom::no_success("ok-job");
     let lost = (
         format!("key: lost-job, host: {host}, severity: warning"),
         format!("summary: 'lost-job lost its lock on {host}; the command was stopped'"),
@@ -167,13 +111,7 @@ fn the_shipped_rules_pass_promtool_on_series_cronlock_wrote() {
         format!("key: retry-job, host: {host}, severity: info"),
         format!("summary: 'retry-job is running a retry on {host}'"),
     );
-    let suspended = (
-        "key: paused-job, severity: warning".to_string(),
-        "summary: 'paused-job has been suspended for more than a day', description: 'cronlock \
-         --status paused-job says who suspended it and why; cronlock --resume paused-job ends \
-         it.'"
-            .to_string(),
-    );
+    let suspended = prom::suspended("paused-job");
     let alerts: BTreeMap<&str, [Vec<(String, String)>; 2]> = BTreeMap::from([
         ("CronlockNoRecentSuccess", [vec![], vec![no_success]]),
         ("CronlockLockLost", [vec![lost.clone()], vec![lost]]),
@@ -183,36 +121,5 @@ fn the_shipped_rules_pass_promtool_on_series_cronlock_wrote() {
         ),
         ("CronlockSuspendedTooLong", [vec![], vec![suspended]]),
     ]);
-    writeln!(test, "    alert_rule_test:").unwrap();
-    for (name, at) in &alerts {
-        for (eval, expected) in ["10m", "27h"].iter().zip(at) {
-            writeln!(
-                test,
-                "      - eval_time: {eval}\n        alertname: {name}\n        exp_alerts:"
-            )
-            .unwrap();
-            if expected.is_empty() {
-                // promtool's way to say "none": an empty list.
-                test.truncate(test.len() - 1);
-                writeln!(test, " []").unwrap();
-            }
-            for (labels, annotations) in expected {
-                writeln!(
-                    test,
-                    "          - exp_labels: {{ {labels} }}\n            exp_annotations: {{ {annotations} }}"
-                )
-                .unwrap();
-            }
-        }
-    }
-    let file = dir.join("cronlock.rules.test.yml");
-    std::fs::write(&file, &test).unwrap();
-    let out = promtool(&["test", "rules", file.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}{}\n--- {}:\n{test}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        file.display()
-    );
+    prom::rules_test(&dir, &all, &alerts);
 }

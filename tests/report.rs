@@ -6,7 +6,6 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -232,33 +231,6 @@ fn a_failing_endpoint_changes_nothing_but_a_warning() {
     assert!(!r.exists("cronlock:{k}"));
 }
 
-/// Parse a `.prom` file with prometheus_client's parser: {"name{labels}": value}.
-fn parse_prom(path: &Path) -> serde_json::Value {
-    let script = r#"
-import json, sys
-from prometheus_client.parser import text_string_to_metric_families
-out = {}
-for fam in text_string_to_metric_families(open(sys.argv[1]).read()):
-    assert fam.type == "gauge", fam
-    assert fam.documentation, fam
-    for s in fam.samples:
-        labels = ",".join(f'{k}={v}' for k, v in sorted(s.labels.items()))
-        out[f"{s.name}{{{labels}}}"] = s.value
-print(json.dumps(out))
-"#;
-    let out = Command::new("/usr/bin/python3")
-        .args(["-c", script])
-        .arg(path)
-        .output()
-        .expect("/usr/bin/python3 with python3-prometheus-client (scripts/test.sh installs it)");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 #[test]
 fn metrics_after_a_run_a_failure_and_a_skip() {
     let r = Redis::start();
@@ -280,7 +252,7 @@ fn metrics_after_a_run_a_failure_and_a_skip() {
             .collect();
         assert_eq!(found.len(), 1, "temporary files left: {found:?}");
         assert_eq!(found[0], file);
-        parse_prom(&found[0])
+        common::prom::parse(&found[0], "gauge")
     };
     let host = String::from_utf8(Command::new("hostname").output().unwrap().stdout)
         .unwrap()

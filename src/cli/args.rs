@@ -33,7 +33,7 @@ pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
                       cronlock --force-release <KEY>\n       \
                       cronlock --suspend [--reason <TEXT>] <KEY>\n       \
                       cronlock --resume <KEY>\n       \
-                      cronlock --crontab <FILE> [--max-jobs <N>] [--drain <DURATION>]",
+                      cronlock --crontab <FILE> [--max-jobs <N>] [--drain <DURATION>] [--listen <ADDR>]",
     group(ArgGroup::new("admin").args(["status", "check", "list", "force_release", "suspend", "resume"]))
 )]
 pub struct Cli {
@@ -362,6 +362,12 @@ pub struct Cli {
     )]
     pub drain: Span,
 
+    /// With --crontab: serve /metrics (Prometheus), /healthz, /readyz and a status page at / on
+    /// this address (HOST:PORT, or :PORT for every interface), read-only
+    #[arg(long, env = "CRONLOCK_LISTEN", value_name = "ADDR", value_parser = listen_addr,
+          requires = "crontab")]
+    pub listen: Option<std::net::SocketAddr>,
+
     /// Name of the lock; every host running the same job uses the same KEY (at most 1024 bytes)
     #[arg(value_name = "KEY", required = true)]
     pub key: Option<String>,
@@ -452,4 +458,19 @@ pub enum LogFormat {
 /// `--schedule`: a cron expression, checked now so a bad one is one line naming the field.
 pub(super) fn schedule(text: &str) -> Result<crate::fleet::schedule::Schedule, String> {
     crate::fleet::schedule::Schedule::parse(text)
+}
+
+/// `--listen`: `HOST:PORT` (a name is looked up once), or `:PORT` for every interface.
+fn listen_addr(text: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let full = match text.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => text.to_string(),
+    };
+    full.to_socket_addrs()
+        .ok()
+        .and_then(|mut all| all.next())
+        .ok_or_else(|| {
+            "not an address to listen on: give HOST:PORT or :PORT (e.g. 127.0.0.1:9746)".to_string()
+        })
 }

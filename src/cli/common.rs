@@ -103,6 +103,7 @@ fn defaults(key: String, command: Vec<OsString>) -> Option<Cli> {
         crontab: None,
         max_jobs: 16,
         drain: Span(std::time::Duration::from_secs(25)),
+        listen: None,
         token: None,
         json: false,
         key: Some(key),

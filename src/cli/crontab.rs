@@ -27,10 +27,11 @@ const MAX_FILE: u64 = 1 << 20;
 
 /// Options that belong to the replica or to the line itself, never to one job's OPTIONS (nor do
 /// the admin modes, [`ADMIN_MODES`]).
-const NOT_PER_JOB: [&str; 12] = [
+const NOT_PER_JOB: [&str; 13] = [
     "--crontab",
     "--max-jobs",
     "--drain",
+    "--listen",
     "--schedule",
     "--wait",
     "-w",

@@ -71,6 +71,7 @@ pub fn one_line(err: &clap::Error) -> String {
         let given: Vec<String> = [
             ("--max-jobs", "CRONLOCK_MAX_JOBS"),
             ("--drain", "CRONLOCK_DRAIN"),
+            ("--listen", "CRONLOCK_LISTEN"),
         ]
         .iter()
         .filter_map(|(flag, var)| {

@@ -23,6 +23,7 @@ impl Cli {
                 file,
                 max_jobs: self.max_jobs,
                 drain: self.drain.0,
+                listen: self.listen,
                 grace: self
                     .grace
                     .map_or(std::time::Duration::from_secs(5), |g| g.0),

@@ -35,6 +35,7 @@ impl Replicant<'_> {
                     continue;
                 }
                 Answer::View { group, view } => {
+                    self.show_beat(view.as_ref().err().map(String::as_str));
                     match view {
                         Ok(view) => {
                             // 100 ms more per replica above 5: a fleet's heartbeats stay at about
@@ -55,6 +56,11 @@ impl Replicant<'_> {
             };
             self.in_flight = self.in_flight.saturating_sub(1);
             let failed = matches!(verdict, Verdict::Failed(_));
+            match &verdict {
+                Verdict::Won(_) => self.show_claim(&key, Some(true), None),
+                Verdict::Failed(_) => self.show_claim(&key, None, None),
+                _ => {}
+            }
             table.answered(&key, !failed, self.log);
             let first_news = failed && !std::mem::replace(&mut self.trouble_told, failed);
             let Some(job) = table.job(&key).map(|j| j.cron.clone()) else {
@@ -127,6 +133,7 @@ impl Replicant<'_> {
                 );
                 let report = crate::fleet::report::Report::metrics_only(&config.reports);
                 report.missed(key, instant.max(0) as u64, self.log);
+                self.show_missed(key, instant);
             }
             Ok(false) => {}
             Err(text) => self.log.event(
@@ -197,6 +204,7 @@ impl Replicant<'_> {
         };
         let fields = [("key", key.clone().into()), ("instant", instant.into())];
         self.log.event(Level::Debug, "claim_lost", &text, &fields);
+        self.show_claim(key, Some(false), suspended);
         if job.config.reports.metrics_dir.is_some() {
             report_skip(job, suspended, self.log);
         }

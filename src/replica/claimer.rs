@@ -18,6 +18,7 @@ use crate::signals;
 use crate::store::holder::Holder;
 use crate::store::keys::Keys;
 use crate::store::lock::{Held, ReleaseOptions};
+use crate::watch::Board;
 
 use super::claim::{self, answer_run, masters, verdict, Answer, Ask, Links};
 
@@ -27,12 +28,13 @@ pub struct Claims {
 }
 
 impl Claims {
-    /// Start the thread; its answers go to `answers`, and each wakes the main thread.
-    pub fn start(answers: Sender<Answer>) -> std::io::Result<Claims> {
+    /// Start the thread; its answers go to `answers`, and each wakes the main thread. With a
+    /// `board` (`--listen`), the time each batch took goes there.
+    pub fn start(answers: Sender<Answer>, board: Option<Arc<Board>>) -> std::io::Result<Claims> {
         let (asks, inbox) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name("claims".into())
-            .spawn(move || serve(inbox, answers))?;
+            .spawn(move || serve(inbox, answers, board))?;
         Ok(Claims { asks })
     }
 
@@ -43,12 +45,16 @@ impl Claims {
 
 /// Answer asks until the loop is gone: those that wait together are carried out together
 /// (see the module comment).
-fn serve(inbox: Receiver<Ask>, answers: Sender<Answer>) {
+fn serve(inbox: Receiver<Ask>, answers: Sender<Answer>, board: Option<Arc<Board>>) {
     let mut links: Links = HashMap::new();
     while let Ok(first) = inbox.recv() {
         let asks = gather(first, &inbox);
+        let began = Instant::now();
         if carry_out(&mut links, asks, &mut |answer| tell(&answers, answer)).is_err() {
             return;
+        }
+        if let Some(board) = &board {
+            board.called(began.elapsed());
         }
     }
 }

@@ -27,6 +27,7 @@ mod rank;
 mod reports;
 mod runs;
 mod table;
+mod watched;
 
 use std::collections::HashMap;
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -86,6 +87,10 @@ struct Replicant<'a> {
     beat: Beat,
     /// The test hook [`runs::HOLD_AFTER_CLAIM`]: where to say a claim was won, then stop.
     hold: Option<std::path::PathBuf>,
+    /// With `--listen`: what the server shows (`watched.rs`).
+    board: Option<std::sync::Arc<crate::watch::Board>>,
+    /// The table (its `loaded` count) the board last showed.
+    shown_loaded: Option<u64>,
 }
 
 /// Serve the crontab until SIGTERM or SIGINT, and every run has ended.
@@ -124,6 +129,7 @@ pub fn serve(
         signals::WAKEUP,
     ]);
     loop {
+        r.show_turn(&table, phase);
         r.answers(&mut table, phase);
         r.reports(&mut table);
         runs::reap(&mut r.runs);
@@ -179,8 +185,9 @@ impl<'a> Replicant<'a> {
             )
         })?;
         let (answered, answers) = mpsc::channel();
-        let claims =
-            Claims::start(answered).map_err(|e| anyhow!("cannot start the claims thread: {e}"))?;
+        let board = watched::board(replica.listen, replica.max_jobs, log)?;
+        let claims = Claims::start(answered, board.clone())
+            .map_err(|e| anyhow!("cannot start the claims thread: {e}"))?;
         Ok(Replicant {
             replica,
             exe,
@@ -197,6 +204,8 @@ impl<'a> Replicant<'a> {
             me,
             beat: Beat::first(),
             hold: std::env::var_os(runs::HOLD_AFTER_CLAIM).map(Into::into),
+            board,
+            shown_loaded: None,
         })
     }
 

@@ -24,6 +24,9 @@ impl Replicant<'_> {
             let Some(run) = self.runs.get_mut(&pid) else {
                 continue;
             };
+            if let (Some(board), Some(report)) = (&self.board, &heard) {
+                super::watched::show_report(board, run, report);
+            }
             match heard {
                 None => run.closed = true,
                 Some(Report::Started { pid: group }) => {
@@ -83,6 +86,7 @@ impl Replicant<'_> {
             if run.ended {
                 continue;
             }
+            self.show_gone(&run.key);
             // A run that exited by itself without starting its command (it reports the start
             // right after the spawn) left no command behind: its lock is given back at once
             // (compare-and-delete), the attempt recorded interrupted. After a start, or a death

@@ -81,6 +81,8 @@ pub struct Table {
     /// When the table was made: until a first view comes (or a lapse passes without one), an
     /// instant waits for it rather than being claimed by every replica.
     made: Instant,
+    /// How many times the file was read again (and a new table made from it).
+    pub loaded: u64,
 }
 
 impl Table {
@@ -125,6 +127,7 @@ impl Table {
             made: Instant::now(),
             gave_up: Vec::new(),
             left: Vec::new(),
+            loaded: 0,
         }
     }
 
@@ -335,6 +338,7 @@ impl Table {
                 next.views = std::mem::take(&mut self.views);
                 next.lapse = self.lapse;
                 next.made = self.made;
+                next.loaded = self.loaded + 1;
                 // A job that stays keeps its next instant and its waiting one (a reload does not
                 // fire it again).
                 for job in &mut next.jobs {

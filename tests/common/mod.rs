@@ -2,6 +2,7 @@
 //! and bounded polling instead of sleeps.
 #![allow(dead_code)]
 
+pub mod prom;
 pub mod replicas;
 pub mod story;
 

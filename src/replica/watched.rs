@@ -1,0 +1,165 @@
+//! What the replica shows on its board (`--listen`, [`crate::watch`]): its jobs, each turn of its
+//! loop, its runs' starts and ends, its claims won and lost, the instants it recorded missed, and
+//! whether Redis answers its heartbeats. Typed values, as the loop has them; nothing here is read
+//! back by the scheduler.
+
+use std::time::Duration;
+
+use crate::fleet::handover::Report;
+use crate::fleet::metrics::{Attempt, Outcome, Run as RunMetrics};
+use crate::fleet::record::Ending;
+use crate::host::{hostname, unix_millis};
+use crate::watch::{Board, JobLine, Running};
+
+use super::runs::Run;
+use super::table::Table;
+use super::{Phase, Replicant};
+
+impl Replicant<'_> {
+    /// The loop turned: the board hears it, with the table's jobs when they changed.
+    pub(super) fn show_turn(&mut self, table: &Table, phase: Phase) {
+        let Some(board) = &self.board else {
+            return;
+        };
+        board.turned();
+        let mut s = board.state();
+        if self.shown_loaded != Some(table.loaded) {
+            self.shown_loaded = Some(table.loaded);
+            s.jobs = table
+                .jobs
+                .iter()
+                .map(|j| JobLine {
+                    key: j.cron.key.clone(),
+                    schedule: j.cron.schedule.clone(),
+                    config: j.cron.config.clone(),
+                })
+                .collect();
+        }
+        s.in_flight = self.in_flight;
+        s.draining = phase != Phase::Serving;
+    }
+
+    /// A run is over without having reported its end.
+    pub(super) fn show_gone(&self, key: &str) {
+        if let Some(board) = &self.board {
+            board.state().running.remove(key);
+        }
+    }
+
+    /// A claim's answer: won, lost (another replica's run, a suspension: an attempt skipped
+    /// here), or failed (Redis did not answer).
+    pub(super) fn show_claim(&self, key: &str, won: Option<bool>, suspended: Option<u64>) {
+        let Some(board) = &self.board else {
+            return;
+        };
+        match won {
+            Some(true) => board.state().claims_won += 1,
+            Some(false) => {
+                board.state().claims_lost += 1;
+                let attempt = Attempt {
+                    outcome: Outcome::Skipped,
+                    at_ms: unix_millis(),
+                    run: None,
+                    suspended,
+                };
+                board.attempted(key, &hostname(), &attempt);
+            }
+            None => board.state().redis_errors += 1,
+        }
+    }
+
+    /// An instant of KEY recorded missed.
+    pub(super) fn show_missed(&self, key: &str, instant: i64) {
+        if let Some(board) = &self.board {
+            let attempt = Attempt {
+                outcome: Outcome::Missed,
+                at_ms: instant.max(0) as u64,
+                run: None,
+                suspended: None,
+            };
+            board.attempted(key, &hostname(), &attempt);
+        }
+    }
+
+    /// A heartbeat was answered (or failed, with why).
+    pub(super) fn show_beat(&self, failed: Option<&str>) {
+        if let Some(board) = &self.board {
+            let mut s = board.state();
+            match failed {
+                None => {
+                    s.answered = Some(crate::clock::Instant::now());
+                    s.failing = None;
+                }
+                Some(why) => {
+                    s.failing = Some(why.to_string());
+                    s.redis_errors += 1;
+                }
+            }
+        }
+    }
+}
+
+/// A run reported `heard`.
+pub(super) fn show_report(board: &Board, run: &Run, heard: &Report) {
+    match heard {
+        Report::Started { .. } => board.started(
+            &run.key,
+            &hostname(),
+            Running {
+                since_ms: unix_millis(),
+                attempt: run.attempt,
+                instant: run.instant,
+            },
+        ),
+        Report::Ended {
+            status,
+            ending,
+            duration,
+        } => {
+            let since = board.state().running.get(&run.key).map(|r| r.since_ms);
+            let attempt = ended(run, (*status, *ending), *duration, since);
+            board.attempted(&run.key, &hostname(), &attempt);
+        }
+        Report::Release(_) => {}
+    }
+}
+
+/// A run's end as the metrics count it (as [`crate::fleet::report::Report::tell`] does): its
+/// command ran from its reported start (`since`, Unix ms) until now; without a start, the
+/// attempt took `took` from the claim.
+fn ended(run: &Run, (status, ending): (u8, Ending), took: Duration, since: Option<u64>) -> Attempt {
+    let outcome = match ending {
+        Ending::Exited | Ending::Signalled => Outcome::Ran,
+        Ending::Lost => Outcome::Lost,
+        Ending::MaxRuntime => Outcome::MaxRuntime,
+        Ending::NotStarted if matches!(status, 126 | 127) => Outcome::FailedToStart,
+        Ending::NotStarted => Outcome::Error,
+    };
+    let now = unix_millis();
+    let started_ms = since.unwrap_or_else(|| now.saturating_sub(took.as_millis() as u64));
+    Attempt {
+        outcome,
+        at_ms: started_ms,
+        run: Some(RunMetrics {
+            started_ms,
+            duration: Duration::from_millis(now.saturating_sub(started_ms)),
+            exit_status: status,
+            attempt: run.attempt,
+        }),
+        suspended: None,
+    }
+}
+
+/// The board for `--listen`, serving there; none without it.
+pub(super) fn board(
+    listen: Option<std::net::SocketAddr>,
+    max_jobs: u32,
+    log: &crate::log::Log,
+) -> anyhow::Result<Option<std::sync::Arc<Board>>> {
+    let Some(addr) = listen else {
+        return Ok(None);
+    };
+    let board = Board::new(max_jobs);
+    crate::watch::start(addr, board.clone(), log.clone())?;
+    Ok(Some(board))
+}

@@ -1,0 +1,285 @@
+//! `GET /metrics`: the Prometheus text format. Per job, the series a `--metrics-dir` file of it
+//! holds, under the same names and labels (so the shipped alerting rules work on them unchanged),
+//! then its next instant, its attempts here by outcome, and, read from Redis for this scrape,
+//! whether it is suspended and its ledger's instants by state; per replica, its jobs, runs,
+//! `--max-jobs`, claims, whether it drains, its calls to Redis and its version.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use crate::fleet::metrics::OUTCOMES;
+use crate::host::{hostname, unix_millis};
+
+use super::fleet::Reader;
+use super::http::Answer;
+use super::{Board, RTT_BOUNDS};
+
+/// The states of the ledger an instant can be in.
+const STATES: [&str; 7] = [
+    "running",
+    "succeeded",
+    "failed",
+    "missed",
+    "abandoned",
+    "interrupted",
+    "skipped",
+];
+
+/// Families in order of first appearance, each with its help, type and samples.
+#[derive(Default)]
+struct Families {
+    order: Vec<String>,
+    each: HashMap<String, (String, String, Vec<String>)>,
+}
+
+impl Families {
+    fn family(&mut self, name: &str) -> &mut (String, String, Vec<String>) {
+        if !self.each.contains_key(name) {
+            self.order.push(name.to_string());
+        }
+        self.each.entry(name.to_string()).or_default()
+    }
+
+    /// One sample of `name` (a gauge unless said), with its help the first time.
+    fn add(
+        &mut self,
+        name: &str,
+        kind: &str,
+        help: &str,
+        labels: &str,
+        value: impl std::fmt::Display,
+    ) {
+        let f = self.family(name);
+        if f.0.is_empty() {
+            f.0 = help.to_string();
+            f.1 = kind.to_string();
+        }
+        if labels.is_empty() {
+            f.2.push(format!("{name} {value}"));
+        } else {
+            f.2.push(format!("{name}{{{labels}}} {value}"));
+        }
+    }
+
+    /// The lines of a metrics file's text, put with their families.
+    fn absorb(&mut self, text: &str) {
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+                let f = self.family(name);
+                if f.0.is_empty() {
+                    f.0 = help.to_string();
+                }
+            } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').unwrap_or((rest, "gauge"));
+                self.family(name).1 = kind.to_string();
+            } else if !line.is_empty() {
+                let name = line.split(['{', ' ']).next().unwrap_or_default();
+                self.family(name).2.push(line.to_string());
+            }
+        }
+    }
+
+    fn text(&self) -> String {
+        let mut out = String::new();
+        for name in &self.order {
+            let (help, kind, samples) = &self.each[name];
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(
+                out,
+                "# TYPE {name} {}",
+                if kind.is_empty() { "gauge" } else { kind }
+            );
+            for s in samples {
+                let _ = writeln!(out, "{s}");
+            }
+        }
+        out
+    }
+}
+
+/// A label value escaped for the text format.
+fn escape(v: &str) -> String {
+    v.replace('\\', r"\\")
+        .replace('"', r#"\""#)
+        .replace('\n', r"\n")
+}
+
+pub fn answer(board: &Board, fleet: &mut Reader) -> Answer {
+    let jobs = board.state().jobs.clone();
+    let (read, _) = fleet.read(&jobs);
+    let mut f = Families::default();
+    let host = hostname();
+    let now = unix_millis() as i64;
+    {
+        let s = board.state();
+        for job in &jobs {
+            if let Some(text) = s.files.get(&job.key) {
+                f.absorb(text);
+            }
+        }
+        for job in &jobs {
+            let key = format!("key=\"{}\"", escape(&job.key));
+            if let Some(next) = job.schedule.next_after(now) {
+                f.add(
+                    "cronlock_next_instant_timestamp_seconds",
+                    "gauge",
+                    "The job's next scheduled instant (Unix time).",
+                    &key,
+                    next / 1000,
+                );
+            }
+            let counts = s.outcomes.get(&job.key).copied().unwrap_or_default();
+            for (o, n) in OUTCOMES.iter().zip(counts) {
+                f.add(
+                    "cronlock_attempts_total",
+                    "counter",
+                    "The job's attempts on this replica since it started, by outcome.",
+                    &format!("{key},host=\"{}\",outcome=\"{}\"", escape(&host), o.name()),
+                    n,
+                );
+            }
+        }
+    }
+    for job in &jobs {
+        let Some(state) = read.get(&job.key) else {
+            continue;
+        };
+        let key = format!("key=\"{}\"", escape(&job.key));
+        f.add(
+            "cronlock_fleet_suspended",
+            "gauge",
+            "1 while the job is suspended (cronlock --suspend), read from Redis, else 0.",
+            &key,
+            u8::from(state.suspended.is_some()),
+        );
+        let states: Vec<String> = state.ledger.iter().map(|(_, raw)| state_of(raw)).collect();
+        for st in STATES {
+            let n = states.iter().filter(|s| *s == st).count();
+            f.add(
+                "cronlock_ledger_instants",
+                "gauge",
+                "The job's newest instants in the ledger (up to 64), by state, read from Redis.",
+                &format!("{key},state=\"{st}\""),
+                n,
+            );
+        }
+    }
+    replica_series(board, &mut f, jobs.len());
+    Answer {
+        status: 200,
+        kind: "text/plain; version=0.0.4; charset=utf-8",
+        body: f.text(),
+    }
+}
+
+/// An entry's state.
+fn state_of(raw: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(raw)
+        .ok()
+        .and_then(|v| v["state"].as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// The replica's own series.
+fn replica_series(board: &Board, f: &mut Families, jobs: usize) {
+    let s = board.state();
+    let gauges = [
+        (
+            "cronlock_replica_jobs",
+            "The jobs of this replica's crontab.",
+            jobs as u64,
+        ),
+        (
+            "cronlock_replica_runs",
+            "The runs this replica supervises now.",
+            s.running.len() as u64,
+        ),
+        (
+            "cronlock_replica_claims_in_flight",
+            "Claims sent and not yet answered.",
+            s.in_flight as u64,
+        ),
+        (
+            "cronlock_replica_max_jobs",
+            "--max-jobs: the most runs at once.",
+            u64::from(s.max_jobs),
+        ),
+        (
+            "cronlock_replica_draining",
+            "1 once asked to stop (claiming nothing more), else 0.",
+            u64::from(s.draining),
+        ),
+    ];
+    for (name, help, v) in gauges {
+        f.add(name, "gauge", help, "", v);
+    }
+    for (result, n) in [("won", s.claims_won), ("lost", s.claims_lost)] {
+        f.add(
+            "cronlock_replica_claims_total",
+            "counter",
+            "Claims this replica made, by result (lost: another replica ran the instant, or it was not due).",
+            &format!("result=\"{result}\""),
+            n,
+        );
+    }
+    let name = "cronlock_redis_request_duration_seconds";
+    let help = "How long this replica's calls to Redis took (claims, releases, heartbeats).";
+    let mut total = 0;
+    for (i, n) in s.rtt.iter().enumerate() {
+        total += n;
+        let le = RTT_BOUNDS
+            .get(i)
+            .map_or("+Inf".to_string(), |b| b.to_string());
+        f.add(name, "histogram", help, &format!("le=\"{le}\""), total);
+    }
+    let fam = f.family(name);
+    fam.2
+        .iter_mut()
+        .for_each(|l| *l = l.replacen(name, &format!("{name}_bucket"), 1));
+    fam.2.push(format!("{name}_sum {:.6}", s.rtt_sum));
+    fam.2.push(format!("{name}_count {total}"));
+    f.add(
+        "cronlock_redis_errors_total",
+        "counter",
+        "This replica's calls to Redis that failed.",
+        "",
+        s.redis_errors,
+    );
+    f.add(
+        "cronlock_build_info",
+        "gauge",
+        "cronlock's version, as a label; always 1.",
+        &format!("version=\"{}\"", env!("CARGO_PKG_VERSION")),
+        1,
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_files_of_many_jobs_make_one_family_per_name() {
+        let mut f = Families::default();
+        for key in ["a", "b"] {
+            f.absorb(&format!(
+                "# HELP x_total The x.\n# TYPE x_total gauge\nx_total{{key=\"{key}\"}} 1\n\
+                 # HELP y The y.\n# TYPE y gauge\ny{{key=\"{key}\"}} 2\n"
+            ));
+        }
+        f.add("z", "counter", "The z.", "", 3);
+        let text = f.text();
+        assert_eq!(text.matches("# HELP x_total").count(), 1, "{text}");
+        assert_eq!(text.matches("# TYPE y gauge").count(), 1, "{text}");
+        let x = text.find("x_total{key=\"a\"}").unwrap();
+        let y = text.find("# HELP y").unwrap();
+        assert!(x < text.find("x_total{key=\"b\"}").unwrap());
+        assert!(text.find("x_total{key=\"b\"}").unwrap() < y, "{text}");
+        assert!(
+            text.ends_with("# HELP z The z.\n# TYPE z counter\nz 3\n"),
+            "{text}"
+        );
+        assert_eq!(escape("a\"b\\c\nd"), r#"a\"b\\c\nd"#);
+    }
+}

@@ -1,0 +1,63 @@
+//! The fleet-wide state of the jobs (their ledgers, their suspensions) for one request: each job
+//! read at most once, on the server's own links (never the claims thread's), all within a bound;
+//! a job not read in time is shown as unknown.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::clock::Instant;
+use crate::store::inspect::merge;
+use crate::store::keys::Keys;
+use crate::store::quorum::Masters;
+
+use super::{Fleetwide, JobLine};
+
+/// The longest a request waits for Redis in all.
+pub const READ_WITHIN: Duration = Duration::from_millis(1500);
+
+/// The server's links, one per server list.
+#[derive(Default)]
+pub struct Reader {
+    links: HashMap<Vec<u64>, Masters>,
+}
+
+impl Reader {
+    /// Each job's fleet-wide state, read within [`READ_WITHIN`]: those read, and a line for the
+    /// first that could not be.
+    pub fn read(&mut self, jobs: &[JobLine]) -> (HashMap<String, Fleetwide>, Option<String>) {
+        let until = Instant::now() + READ_WITHIN;
+        let mut out = HashMap::new();
+        let mut trouble = None;
+        for job in jobs {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                trouble.get_or_insert_with(|| "redis did not answer in time".to_string());
+                break;
+            }
+            let config = &job.config;
+            let servers = config.servers.iter().map(|r| r.fingerprint).collect();
+            let masters = self
+                .links
+                .entry(servers)
+                .or_insert_with(|| Masters::new(&config.servers));
+            let keys = Keys::new(&config.prefix, &config.key);
+            let within = left.min(config.connect_timeout);
+            let snaps = masters.snapshots(within, &keys, None);
+            match merge(snaps, masters.majority()) {
+                Ok((snap, _)) => {
+                    out.insert(
+                        job.key.clone(),
+                        Fleetwide {
+                            suspended: snap.suspended,
+                            ledger: snap.ledger,
+                        },
+                    );
+                }
+                Err(e) => {
+                    trouble.get_or_insert_with(|| format!("{}: {e:#}", job.key));
+                }
+            }
+        }
+        (out, trouble)
+    }
+}

@@ -1,0 +1,209 @@
+//! `GET /`: the status page, for a person at a glance. One row per job of the table: its schedule,
+//! next instant, whether it runs now (where, since when, which attempt), whether it is suspended,
+//! and its newest instants from the ledger as coloured cells, the details on hover. Rendered
+//! here, with inline CSS, no script and nothing from elsewhere; it reloads itself every 5 s.
+//! Nothing secret is shown: no URL, no command line, no environment.
+
+use std::fmt::Write as _;
+
+use serde_json::Value;
+
+use crate::fleet::describe::{describe_suspension, round_ms, text_field};
+use crate::fleet::ledger::entry_json;
+use crate::host::{hostname, rfc3339, unix_millis};
+
+use super::fleet::Reader;
+use super::http::Answer;
+use super::{Board, Fleetwide, JobLine, Running};
+
+/// The newest instants shown per job.
+const CELLS: usize = 32;
+
+const STYLE: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:1em;color:#222}\
+h1{font-size:1.2em}table{border-collapse:collapse;width:100%}\
+.wrap{overflow-x:auto}th,td{text-align:left;padding:.35em .5em;border-bottom:1px solid #ddd;\
+vertical-align:top}th{background:#f4f4f4}.cells{white-space:nowrap}\
+.c{display:inline-block;width:.8em;height:1.2em;margin-right:2px;border-radius:2px;background:#ccc}\
+.succeeded{background:#2e9e44}.failed{background:#d23c3c}.missed{background:#8a5cc2}\
+.abandoned{background:#e08a00}.interrupted{background:#c76b98}.skipped{background:#9aa5b1}\
+.running{background:#2f7bd9}.warn{color:#b00}.muted{color:#777}";
+
+pub fn answer(board: &Board, fleet: &mut Reader) -> Answer {
+    let (jobs, running, draining) = {
+        let s = board.state();
+        (s.jobs.clone(), s.running.clone(), s.draining)
+    };
+    let (read, trouble) = fleet.read(&jobs);
+    let mut out = String::new();
+    let now = unix_millis();
+    let _ = write!(
+        out,
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">\
+         <meta http-equiv=\"refresh\" content=\"5\"><title>cronlock replica on {host}</title>\
+         <style>{STYLE}</style></head><body><h1>cronlock replica on {host}</h1>\
+         <p class=\"muted\">{n} jobs &middot; {r} running here &middot; {state} &middot; {at}</p>",
+        host = esc(&hostname()),
+        n = jobs.len(),
+        r = running.len(),
+        state = if draining { "draining" } else { "serving" },
+        at = rfc3339(now),
+    );
+    if let Some(why) = &trouble {
+        let _ = write!(
+            out,
+            "<p class=\"warn\">Some of the fleet's state is unknown: {}</p>",
+            esc(why)
+        );
+    }
+    out.push_str(
+        "<div class=\"wrap\"><table><thead><tr><th>Job</th><th>Schedule</th><th>Next</th>\
+         <th>Now</th><th>Suspended</th><th>Newest instants (newest first)</th></tr></thead><tbody>",
+    );
+    for job in &jobs {
+        row(
+            &mut out,
+            job,
+            read.get(&job.key),
+            running.get(&job.key),
+            now as i64,
+        );
+    }
+    out.push_str("</tbody></table></div></body></html>\n");
+    Answer {
+        status: 200,
+        kind: "text/html; charset=utf-8",
+        body: out,
+    }
+}
+
+/// One job's row.
+fn row(
+    out: &mut String,
+    job: &JobLine,
+    fleet: Option<&Fleetwide>,
+    here: Option<&Running>,
+    now: i64,
+) {
+    let next = job
+        .schedule
+        .next_after(now)
+        .map_or("never".into(), |ms| rfc3339(ms as u64));
+    let (runs, suspended) = match fleet {
+        Some(f) => (
+            now_running(f, here),
+            f.suspended.as_deref().map_or("no".to_string(), |r| {
+                format!("yes, {}", describe_suspension(r))
+            }),
+        ),
+        None => ("unknown".to_string(), "unknown".to_string()),
+    };
+    let state = if fleet.is_some_and(|f| f.suspended.is_some()) {
+        "suspended"
+    } else if runs.starts_with("running") {
+        "running"
+    } else {
+        "idle"
+    };
+    let _ = write!(
+        out,
+        "<tr class=\"job\" data-key=\"{k}\" data-state=\"{state}\"><td>{k}</td><td><code>{s}</code></td>\
+         <td>{next}</td><td>{runs}</td><td>{susp}</td><td class=\"cells\">",
+        k = esc(&job.key),
+        s = esc(&job.schedule.text),
+        runs = esc(&runs),
+        susp = esc(&suspended),
+    );
+    for (at, raw) in fleet.map_or(&[][..], |f| &f.ledger[..]).iter().take(CELLS) {
+        let entry = entry_json(*at, raw);
+        let st = text_field(&entry, "state");
+        let class = if st.chars().all(|c| c.is_ascii_lowercase()) {
+            st.as_str()
+        } else {
+            ""
+        };
+        let _ = write!(
+            out,
+            "<span class=\"c {class}\" data-state=\"{}\" title=\"{}\"></span>",
+            esc(&st),
+            esc(&details(&entry))
+        );
+    }
+    out.push_str("</td></tr>");
+}
+
+/// Whether the job runs now, fleet-wide: the newest instant's attempt while it is `running`.
+fn now_running(f: &Fleetwide, here: Option<&Running>) -> String {
+    let newest = f.ledger.first().map(|(at, raw)| entry_json(*at, raw));
+    if let Some(entry) = newest.filter(|e| e["state"] == "running") {
+        let attempts = entry["attempts"].as_array().cloned().unwrap_or_default();
+        let n = attempts.len();
+        let last = attempts.last().cloned().unwrap_or(Value::Null);
+        let since = last["started"].as_u64().map_or(String::new(), |ms| {
+            format!(
+                " since {} ({} ago)",
+                rfc3339(ms),
+                round_ms(unix_millis().saturating_sub(ms))
+            )
+        });
+        return format!(
+            "running on {}{since}, attempt {n}",
+            text_field(&last, "host")
+        );
+    }
+    match here {
+        Some(r) => format!(
+            "running here since {}, attempt {}",
+            rfc3339(r.since_ms),
+            r.attempt
+        ),
+        None => "not running".into(),
+    }
+}
+
+/// An instant's details, for the hover: its time, state and attempts.
+fn details(entry: &Value) -> String {
+    let mut s = format!(
+        "{}: {}",
+        entry["instant_time"].as_str().unwrap_or("?"),
+        text_field(entry, "state")
+    );
+    for (i, a) in entry["attempts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let exit = a["exit"]
+            .as_i64()
+            .map_or(String::new(), |c| format!(", exit {c}"));
+        let took = match (a["started"].as_u64(), a["ended"].as_u64()) {
+            (Some(s), Some(e)) => format!(", {}", round_ms(e.saturating_sub(s))),
+            _ => String::new(),
+        };
+        let _ = write!(
+            s,
+            "\nattempt {} on {}: {}{exit}{took}",
+            i + 1,
+            text_field(a, "host"),
+            text_field(a, "state")
+        );
+    }
+    s
+}
+
+/// Text made safe inside HTML elements and attribute values.
+fn esc(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
