@@ -1,13 +1,14 @@
-//! The clock every deadline is measured on: `CLOCK_BOOTTIME`.
+//! The clocks: every deadline is measured on `CLOCK_BOOTTIME` ([`Instant`]); the wall clock
+//! ([`unix_millis`], [`rfc3339`]) is for records people read, never for deadlines.
 //!
-//! It is monotonic like `std::time::Instant` (`CLOCK_MONOTONIC`) but keeps counting while the
-//! system is suspended. Redis's expiry keeps running then too, so after a resume cronlock must see
-//! the time that passed: with `CLOCK_MONOTONIC` it would believe a lock valid for up to a whole TTL
+//! `CLOCK_BOOTTIME` is monotonic like `std::time::Instant` (`CLOCK_MONOTONIC`) but keeps counting
+//! while the system is suspended. Redis's expiry keeps running then too, so after a resume
+//! cronlock must see the time that passed: with `CLOCK_MONOTONIC` it would believe a lock valid for up to a whole TTL
 //! after Redis dropped it. With this clock the next check after the resume (within a second) finds
 //! the deadline passed and stops the command.
 
 use std::ops::{Add, Sub};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A point on `CLOCK_BOOTTIME`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -63,6 +64,20 @@ impl Sub for Instant {
     fn sub(self, earlier: Instant) -> Duration {
         self.saturating_duration_since(earlier)
     }
+}
+
+/// Wall-clock milliseconds since the Unix epoch, for records people read (never for deadlines).
+pub fn unix_millis() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// RFC 3339 rendering of [`unix_millis`] values for humans.
+pub fn rfc3339(ms: u64) -> String {
+    let t = UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    humantime::format_rfc3339_seconds(t).to_string()
 }
 
 #[cfg(test)]

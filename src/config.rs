@@ -12,9 +12,8 @@ use std::time::Duration;
 
 pub use crate::fleet::report::Reports;
 use crate::fleet::schedule::Schedule;
-use crate::host;
 use crate::lease::Timing;
-use crate::store::lock::Slot;
+use crate::store::lock::Instants;
 use crate::store::topology::Redis;
 
 /// How many instants before the candidates a `--catch-up` firing sends for the ledger's
@@ -118,9 +117,9 @@ impl RunConfig {
     /// With `--schedule`: what the acquire chooses the run's instant from. `fired_for` is the
     /// instant a replica claims: without `--catch-up` the claim is for that instant only, however
     /// late it is sent (a loaded replica), instead of the one nearest to Redis's clock.
-    pub fn slot(&self, fired_for: Option<i64>) -> Option<Slot> {
+    pub fn instants(&self, fired_for: Option<i64>) -> Option<Instants> {
         let s = self.schedule.as_ref()?;
-        let now = host::unix_millis() as i64;
+        let now = crate::clock::unix_millis() as i64;
         let candidates = match (fired_for, self.catch_up) {
             (Some(at), None) => vec![at],
             _ => s.candidates(now),
@@ -133,7 +132,7 @@ impl RunConfig {
             }
             _ => Vec::new(),
         };
-        Some(Slot {
+        Some(Instants {
             schedule: s.text.clone(),
             candidates,
             catch_up: self.catch_up,

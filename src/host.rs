@@ -1,6 +1,4 @@
-//! Facts about this host that identify a lock holder: host name and wall-clock time.
-
-use std::time::{SystemTime, UNIX_EPOCH};
+//! Facts about this host that identify a lock holder: its name and who runs us.
 
 /// The host name from `gethostname(2)`, or `unknown`; read once.
 pub fn hostname() -> String {
@@ -17,20 +15,6 @@ fn read_hostname() -> String {
     }
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
     String::from_utf8_lossy(&buf[..end]).into_owned()
-}
-
-/// Wall-clock milliseconds since the Unix epoch, for records people read (never for deadlines).
-pub fn unix_millis() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-/// RFC 3339 rendering of [`unix_millis`] values for humans.
-pub fn rfc3339(ms: u64) -> String {
-    let t = UNIX_EPOCH + std::time::Duration::from_millis(ms);
-    humantime::format_rfc3339_seconds(t).to_string()
 }
 
 /// Who runs us, for records people read (`--suspend`): `$USER` or `$LOGNAME`, else `uid N`.

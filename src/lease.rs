@@ -5,7 +5,7 @@
 //!
 //! It exists beneath both the store and the job so that neither needs the other, nor the
 //! watchdog above them, to know whether the lock still holds. It publishes the guard's kill-by
-//! time through a function it is given (the guard's page lives in [`crate::job`]), and it wakes
+//! time through a function it is given (the guard's page lives in [`crate::command`]), and it wakes
 //! the main thread through [`crate::signals`].
 
 use std::sync::{Arc, Mutex};

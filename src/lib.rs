@@ -5,13 +5,13 @@
 
 pub mod cli;
 pub mod clock;
+pub mod command;
 pub mod config;
 pub mod duration;
 pub mod exit;
 pub mod files;
 pub mod fleet;
 pub mod host;
-pub mod job;
 pub mod lease;
 pub mod log;
 pub mod replica;
@@ -152,7 +152,7 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
     match cli.resolve()? {
         Request::Run(config) => {
             let mut report = Report::new(&config.reports, log)?;
-            let attempted = host::unix_millis();
+            let attempted = crate::clock::unix_millis();
             let outcome = run::run_job(&config, log, &mut |rid, attempt| {
                 report.started(&config.key, rid, attempt, log)
             });
@@ -224,7 +224,13 @@ fn check_key(admin: &Admin, masters: &mut Masters) -> check::Verdict {
     let snaps = masters.snapshots(admin.timeout, &keys, None);
     let snap = inspect::merge(snaps, masters.majority()).map(|(snap, _)| snap);
     match snap {
-        Ok(snap) => check::judge(key, &snap, *max_age, schedule.as_ref(), host::unix_millis()),
+        Ok(snap) => check::judge(
+            key,
+            &snap,
+            *max_age,
+            schedule.as_ref(),
+            crate::clock::unix_millis(),
+        ),
         Err(e) => check::Verdict::unknown(format!("{e:#}")),
     }
 }

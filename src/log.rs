@@ -104,7 +104,7 @@ impl Log {
         let msg = format!("{n} of cronlock's messages were dropped: stderr was not being read");
         let mut line = if json {
             serde_json::json!({
-                "ts": crate::host::unix_millis(), "level": "warn", "event": "log_dropped",
+                "ts": crate::clock::unix_millis(), "level": "warn", "event": "log_dropped",
                 "host": host, "pid": std::process::id(), "dropped": n, "msg": msg,
             })
             .to_string()
@@ -198,7 +198,7 @@ impl Log {
         let line = if self.json {
             let ctx = self.ctx.lock().unwrap().clone();
             let mut obj = Map::new();
-            obj.insert("ts".into(), Value::from(crate::host::unix_millis()));
+            obj.insert("ts".into(), Value::from(crate::clock::unix_millis()));
             obj.insert("level".into(), level.name().into());
             obj.insert("event".into(), event.into());
             if let Some(k) = ctx.key {
@@ -222,7 +222,7 @@ impl Log {
         };
         // One write per line, so lines stay whole next to the command's own stderr output.
         // Passwords never reach this point: URLs are shown redacted by structure
-        // (`connect::redact_url`) and Redis errors are reduced to their first line.
+        // (`url::redact_url`) and Redis errors are reduced to their first line.
         let mut line = line;
         line.push('\n');
         self.emit(line);

@@ -15,9 +15,9 @@
 //!    it still ours and the job goes on. With `--min-replicas`, a renewal counts only once that
 //!    many replicas acknowledged it (`WAIT`); otherwise it is retried like any failed call.
 //! 2. At `deadline - grace - margin` the main thread fears the loss and sends SIGTERM; at
-//!    `deadline - margin` it sends SIGKILL ([`crate::job::supervise`]).
+//!    `deadline - margin` it sends SIGKILL ([`crate::command::supervise`]).
 //! 3. Independently, every confirmed renewal moves the kill-by time (`deadline - margin`) in the
-//!    [shared page](crate::job::shared); the [guard](crate::job::guard) kills the job by itself when it
+//!    [shared page](crate::command::shared); the [guard](crate::command::guard) kills the job by itself when it
 //!    passes, so a frozen cronlock changes nothing.
 //! 4. At the deadline the watchdog gives up and marks the lock lost; the release that follows is
 //!    bounded by `--connect-timeout` and not retried ([`Watchdog::stop`] waits for no hung call).
@@ -30,8 +30,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::Instant;
+use crate::command::supervise::Keeper;
 use crate::duration::Span;
-use crate::job::supervise::Keeper;
 use crate::lease::{Timing, Watch};
 use crate::log::{Level, Log};
 use crate::store::lock::Held;

@@ -294,8 +294,11 @@ fn a_replica_killed_between_claim_and_spawn_loses_nothing() {
     let r = Redis::start();
     let dir = scratch("between");
     let held = dir.join("held");
+    // 24 jobs are 3 shares (`rank.rs`): at every instant each of the 3 replicas claims one, so
+    // the holding replica wins a claim at its first instant (with one share it was its turn at
+    // an instant only one time in three, and 20 s were sometimes not enough).
     let mut text = String::new();
-    for j in 0..6 {
+    for j in 0..24 {
         let sub = dir.join(format!("j{j}"));
         std::fs::create_dir(&sub).unwrap();
         text += &careful_job(&sub, &format!("between{j}"), 5);
@@ -308,7 +311,7 @@ fn a_replica_killed_between_claim_and_spawn_loses_nothing() {
     // that instant (a start-up claim of an older instant, moments before the next one, would be
     // superseded by that next one rather than retried: --catch-up runs the latest).
     assert!(
-        wait_for(Duration::from_secs(15), || (0..6).any(|j| {
+        wait_for(Duration::from_secs(15), || (0..24).any(|j| {
             instants(&dir.join(format!("j{j}")).join("log"))
                 .iter()
                 .any(|l| l.starts_with("done "))
@@ -327,7 +330,7 @@ fn a_replica_killed_between_claim_and_spawn_loses_nothing() {
         &[("CRONLOCK_TEST_HOLD_AFTER_CLAIM", hook)],
     );
     assert!(
-        wait_for(Duration::from_secs(20), || held.exists()),
+        wait_for(Duration::from_secs(10), || held.exists()),
         "{}",
         replica_err(&file)
     );

@@ -151,14 +151,14 @@ fn no_import_cycle_between_files() {
 }
 
 /// The layers ARCHITECTURE.md draws, lowest first. A file may import a lower layer, or files of
-/// its own wing (the base modules share one); `store/` and `job/` are one layer, neither above
+/// its own wing (the base modules share one); `store/` and `command/` are one layer, neither above
 /// the other. Every module of `src/` must be placed here, so a new one is placed on purpose.
 fn layer(module: &str) -> Option<(u8, &str)> {
     let wing = module.split("::").next().unwrap_or_default();
     let rank = match wing {
         "clock" | "duration" | "files" | "host" | "log" | "exit" | "signals" => 0,
         "lease" => 1,
-        "store" | "job" => 2,
+        "store" | "command" => 2,
         "fleet" => 3,
         "config" | "watchdog" => 4,
         "watch" => 5,
@@ -170,7 +170,7 @@ fn layer(module: &str) -> Option<(u8, &str)> {
 }
 
 /// ARCHITECTURE.md's rules: `store/` never starts or stops a process and knows nothing above it;
-/// `job/` never talks to Redis; the lease knows neither; nothing below `lib.rs` and `cli/` sees
+/// `command/` never talks to Redis; the lease knows neither; nothing below `lib.rs` and `cli/` sees
 /// the command line.
 #[test]
 fn no_wing_reaches_sideways() {
@@ -182,8 +182,8 @@ fn no_wing_reaches_sideways() {
             continue;
         };
         for to in tos {
-            // The fleet reports on runs and reads the store; it never touches the job.
-            let sideways = wing == "fleet" && to.starts_with("job");
+            // The fleet reports on runs and reads the store; it never touches the command.
+            let sideways = wing == "fleet" && to.starts_with("command");
             let ok = !sideways && layer(to).is_some_and(|(r, w)| r < rank || w == wing);
             if !ok {
                 wrong.push(format!("{from} -> {to}"));

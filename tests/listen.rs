@@ -378,7 +378,21 @@ fn a_flood_of_clients_never_costs_an_instant() {
             runs.display()
         );
     }
-    let (child, port) = listening(&r.url(), &dir, &text, &[]);
+    // --listen, --max-jobs and --drain given as variables: the replica's own, neither read by
+    // its job lines nor passed on to its runs (where they would be refused: they need
+    // --crontab).
+    let file = crontab(&dir, &text);
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let env = [
+        ("CRONLOCK_LISTEN", addr.as_str()),
+        ("CRONLOCK_MAX_JOBS", "8"),
+        ("CRONLOCK_DRAIN", "5s"),
+    ];
+    let child = replica_with(&r.url(), &file, &[], &env);
+    assert!(wait_for(Duration::from_secs(10), || get(port, "/healthz")
+        .0
+        == 200));
     let done = Arc::new(AtomicBool::new(false));
     let served = Arc::new(AtomicU64::new(0));
     let slow = {

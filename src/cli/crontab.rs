@@ -83,7 +83,12 @@ pub fn load(path: &Path) -> Result<Vec<CronJob>> {
     let mut lines_of: HashMap<String, usize> = HashMap::new();
     // Built once: clap's definition is tens of KiB, and building it per line made a file of
     // 20,000 lines take seconds to read.
+    // The replica's own options, given as variables, are the replica's: a job line never reads
+    // them (they would be refused there: they need --crontab).
     let mut command = Cli::command();
+    for id in ["max_jobs", "drain", "listen"] {
+        command = command.mut_arg(id, |a| a.env(None));
+    }
     for (i, raw) in text.lines().enumerate() {
         let line = raw.trim();
         let n = i + 1;

@@ -23,7 +23,7 @@ pub use message::one_line;
 /// What cronlock was asked to do, before it is resolved ([`resolve`]).
 #[derive(Debug, Clone)]
 pub(crate) enum Mode {
-    Run(Job),
+    Run(Target),
     Status(String),
     Check(String),
     List,
@@ -33,9 +33,9 @@ pub(crate) enum Mode {
     Crontab(std::path::PathBuf),
 }
 
-/// What to run, once the arguments are checked.
+/// What a run is for, once the arguments are checked: its KEY and its command.
 #[derive(Debug, Clone)]
-pub(crate) struct Job {
+pub(crate) struct Target {
     pub key: String,
     /// argv of the child: `[COMMAND, ARGS...]` or `["/bin/sh", "-c", SHELL_COMMAND]`.
     pub argv: Vec<OsString>,
@@ -128,7 +128,7 @@ impl Cli {
             if urls[..i].contains(url) {
                 bail!(
                     "{source} names '{}' twice: each master of a quorum must be a different server",
-                    crate::store::connect::redact_url(url)
+                    crate::store::url::redact_url(url)
                 );
             }
         }
@@ -195,7 +195,7 @@ impl Cli {
             None
         };
         let Some(flag) = admin else {
-            return self.job().map(Mode::Run);
+            return self.target().map(Mode::Run);
         };
         if !self.command.is_empty() || self.shell_command.is_some() {
             bail!("{flag} runs no command: remove COMMAND");
@@ -224,7 +224,7 @@ impl Cli {
     }
 
     /// Checks that clap cannot express, each with a message naming what is wrong.
-    pub(crate) fn job(&self) -> Result<Job> {
+    pub(crate) fn target(&self) -> Result<Target> {
         let key = match self.key.as_deref() {
             None => bail!("missing KEY: usage: cronlock [OPTIONS] <KEY> [--] <COMMAND> [ARGS]..."),
             Some("") => bail!("KEY must not be empty"),
@@ -259,7 +259,7 @@ impl Cli {
                 self.limit
             );
         }
-        Ok(Job { key, argv })
+        Ok(Target { key, argv })
     }
 }
 
@@ -483,18 +483,18 @@ mod tests {
     #[test]
     fn hyphenated_arguments_go_to_the_child() {
         let cli = parse(&["k", "ls", "-la", "--color"]);
-        assert_eq!(cli.job().unwrap().argv, vec!["ls", "-la", "--color"]);
+        assert_eq!(cli.target().unwrap().argv, vec!["ls", "-la", "--color"]);
         let cli = parse(&["-v", "k", "--", "ls", "-v"]);
         assert!(cli.verbose);
-        assert_eq!(cli.job().unwrap().argv, vec!["ls", "-v"]);
+        assert_eq!(cli.target().unwrap().argv, vec!["ls", "-v"]);
     }
 
     #[test]
     fn shell_command() {
         let cli = parse(&["k", "-c", "echo hi"]);
-        assert_eq!(cli.job().unwrap().argv, vec!["/bin/sh", "-c", "echo hi"]);
-        assert!(parse(&["k", "-c", "x", "ls"]).job().is_err());
-        assert!(parse(&["k"]).job().is_err());
-        assert!(parse(&["", "true"]).job().is_err());
+        assert_eq!(cli.target().unwrap().argv, vec!["/bin/sh", "-c", "echo hi"]);
+        assert!(parse(&["k", "-c", "x", "ls"]).target().is_err());
+        assert!(parse(&["k"]).target().is_err());
+        assert!(parse(&["", "true"]).target().is_err());
     }
 }

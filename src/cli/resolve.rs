@@ -29,7 +29,7 @@ impl Cli {
                     .map_or(std::time::Duration::from_secs(5), |g| g.0),
             })));
         }
-        let Mode::Run(job) = mode else {
+        let Mode::Run(target) = mode else {
             return self.admin(mode).map(|a| Request::Admin(Box::new(a)));
         };
         // Checked before anything else, so a bad value never runs the command.
@@ -45,8 +45,8 @@ impl Cli {
         }
         let reports = self.reports()?;
         Ok(Request::Run(Box::new(RunConfig {
-            key: job.key,
-            argv: job.argv,
+            key: target.key,
+            argv: target.argv,
             prefix: self.prefix.clone(),
             servers,
             connect_timeout: self.connect_timeout.0,

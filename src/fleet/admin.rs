@@ -10,10 +10,10 @@ use std::time::Duration;
 use anyhow::{anyhow, Result};
 use serde_json::{json, Value};
 
+use crate::clock::rfc3339;
 use crate::fleet::describe::{
     describe_suspension, holder_json, round_ms, suspension_json, text_field, ttl_ms,
 };
-use crate::host::rfc3339;
 use crate::log::Log;
 use crate::store::inspect;
 use crate::store::keys::Keys;

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::clock::{rfc3339, unix_millis};
 use crate::duration::Span;
-use crate::host::{rfc3339, unix_millis};
 
 /// A holder in a few words for a log line: `host web-1 pid 42 since 2026-11-21T02:00:00Z`.
 pub fn describe_holder(value: &str) -> String {

@@ -5,8 +5,8 @@
 
 use serde_json::{json, Value};
 
+use crate::clock::rfc3339;
 use crate::fleet::describe::{round_ms, text_field};
-use crate::host::rfc3339;
 
 /// One instant's entry as JSON: `{instant, instant_time, state, attempts: [...]}`, each attempt
 /// with its times also in RFC 3339. An entry cronlock did not write is shown as `{"value": ...}`.

@@ -55,9 +55,9 @@ impl Outcome {
     }
 }
 
-/// A run of the command on this host.
+/// What a run of the command on this host did.
 #[derive(Debug, Clone, Copy)]
-pub struct Run {
+pub struct Ran {
     /// Unix ms.
     pub started_ms: u64,
     pub duration: Duration,
@@ -72,7 +72,7 @@ pub struct Attempt {
     pub outcome: Outcome,
     /// Unix ms.
     pub at_ms: u64,
-    pub run: Option<Run>,
+    pub run: Option<Ran>,
     /// KEY was found suspended (`--suspend`) since this time (Unix ms); None: it was not, or
     /// (for an [`Outcome::Error`]) nobody could tell.
     pub suspended: Option<u64>,
@@ -167,25 +167,7 @@ pub fn render(key: &str, host: &str, attempt: &Attempt, old: &str) -> String {
         "Outcome of this host's last attempt: 1 for the outcome it had, 0 for the others.",
         &outcomes,
     );
-    let (start, duration, exit, success) = match attempt.run {
-        Some(run) => {
-            let success = (run.exit_status == 0 && attempt.outcome == Outcome::Ran)
-                .then(|| seconds(run.started_ms + run.duration.as_millis() as u64))
-                .or_else(|| previous(old, SUCCESS));
-            (
-                Some(seconds(run.started_ms)),
-                Some(seconds(run.duration.as_millis() as u64)),
-                Some(run.exit_status.to_string()),
-                success,
-            )
-        }
-        None => (
-            previous(old, START),
-            previous(old, DURATION),
-            previous(old, EXIT),
-            previous(old, SUCCESS),
-        ),
-    };
+    let [start, duration, exit, success] = last_run(attempt, old);
     let helps = [
         (
             START,
@@ -217,14 +199,7 @@ pub fn render(key: &str, host: &str, attempt: &Attempt, old: &str) -> String {
     if let Some(n) = attempt_no {
         gauge(ATTEMPT, ATTEMPT_HELP, &[(String::new(), n)]);
     }
-    let (suspended, since) = match (attempt.suspended, attempt.outcome) {
-        (Some(since), _) => ("1".to_string(), Some(seconds(since))),
-        (None, Outcome::Error) => (
-            previous(old, SUSPENDED).unwrap_or_else(|| "0".into()),
-            previous(old, SUSPENDED_SINCE),
-        ),
-        (None, _) => ("0".to_string(), None),
-    };
+    let (suspended, since) = suspension(attempt, old);
     let suspended_on = suspended == "1";
     gauge(
         SUSPENDED,
@@ -239,6 +214,38 @@ pub fn render(key: &str, host: &str, attempt: &Attempt, old: &str) -> String {
         );
     }
     out
+}
+
+/// The last run's start, duration, exit status and last success, from `attempt`, or carried
+/// over from the previous file when it ran nothing.
+fn last_run(attempt: &Attempt, old: &str) -> [Option<String>; 4] {
+    match attempt.run {
+        Some(run) => {
+            let success = (run.exit_status == 0 && attempt.outcome == Outcome::Ran)
+                .then(|| seconds(run.started_ms + run.duration.as_millis() as u64))
+                .or_else(|| previous(old, SUCCESS));
+            [
+                Some(seconds(run.started_ms)),
+                Some(seconds(run.duration.as_millis() as u64)),
+                Some(run.exit_status.to_string()),
+                success,
+            ]
+        }
+        None => [START, DURATION, EXIT, SUCCESS].map(|m| previous(old, m)),
+    }
+}
+
+/// `cronlock_suspended` and since when: from `attempt`, or, when it could not tell (an error),
+/// carried over from the previous file.
+fn suspension(attempt: &Attempt, old: &str) -> (String, Option<String>) {
+    match (attempt.suspended, attempt.outcome) {
+        (Some(since), _) => ("1".to_string(), Some(seconds(since))),
+        (None, Outcome::Error) => (
+            previous(old, SUSPENDED).unwrap_or_else(|| "0".into()),
+            previous(old, SUSPENDED_SINCE),
+        ),
+        (None, _) => ("0".to_string(), None),
+    }
 }
 
 /// The file's text when the command starts (`attempt` at its instant): the previous file's lines
@@ -371,7 +378,7 @@ mod tests {
         let run = Attempt {
             outcome: Outcome::Ran,
             at_ms: 1_000_000,
-            run: Some(Run {
+            run: Some(Ran {
                 started_ms: 1_000_000,
                 duration: Duration::from_millis(1500),
                 exit_status: 0,

@@ -37,7 +37,7 @@ pub struct RunOutcome {
     /// We held the lock, so this host is the one that pings.
     pub locked: bool,
     /// The command's run, when it started.
-    pub run: Option<metrics::Run>,
+    pub run: Option<metrics::Ran>,
     /// `--ping-body`: the tail of the command's output.
     pub body: Option<Vec<u8>>,
     /// KEY was suspended (`--suspend`) since this time (Unix ms; 0: not said), so nothing ran.

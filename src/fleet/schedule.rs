@@ -109,7 +109,7 @@ impl Schedule {
             fixed,
         };
         if schedule
-            .next_after(crate::host::unix_millis() as i64)
+            .next_after(crate::clock::unix_millis() as i64)
             .is_none()
         {
             return Err("it never matches a date".into());
@@ -177,7 +177,7 @@ impl Schedule {
     /// An instant as people name it: `02:00` (`02:00:10` with seconds), with the date when it
     /// is not today, in the schedule's time zone.
     pub fn label(&self, ms: i64) -> String {
-        self.label_at(ms, crate::host::unix_millis() as i64)
+        self.label_at(ms, crate::clock::unix_millis() as i64)
     }
 
     /// [`Schedule::label`] as seen at `now_ms`.

@@ -8,12 +8,12 @@ use std::time::Duration;
 use anyhow::Result;
 use serde_json::{json, Value};
 
+use crate::clock::{rfc3339, unix_millis};
 use crate::fleet::describe::{
     ago, describe_suspension, holder_json, round_ms, suspension_json, text_field, ttl_ms,
 };
 use crate::fleet::ledger;
 use crate::fleet::schedule::Schedule;
-use crate::host::{rfc3339, unix_millis};
 use crate::store::inspect;
 use crate::store::inspect::merge;
 use crate::store::keys::Keys;

@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
+use crate::clock::{rfc3339, unix_millis};
 use crate::config::CronJob;
 use crate::exit::Exit;
-use crate::host::{rfc3339, unix_millis};
 use crate::log::{Level, Log};
 
 use super::beat::BEAT;

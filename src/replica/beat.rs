@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
+use crate::clock::unix_millis;
 use crate::clock::Instant;
-use crate::host::unix_millis;
 
 use super::table::LEAD_MS;
 

@@ -219,10 +219,10 @@ pub(super) fn masters<'a>(links: &'a mut Links, config: &RunConfig) -> &'a mut M
 fn claim(masters: &mut Masters, config: &RunConfig, instant: i64) -> Verdict {
     let keys = Keys::new(&config.prefix, &config.key);
     let holder = Holder::new(&config.command_line());
-    let slot = config.slot(Some(instant));
+    let instants = config.instants(Some(instant));
     let within = config.connect_timeout;
     let ttl = config.timing.ttl;
-    let outcome = masters.acquire(within, &keys, &holder, ttl, slot.as_ref(), config.limit);
+    let outcome = masters.acquire(within, &keys, &holder, ttl, instants.as_ref(), config.limit);
     verdict(outcome, config)
 }
 

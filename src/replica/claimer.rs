@@ -208,9 +208,9 @@ fn claim_together(links: &mut Links, group: Vec<ClaimAsk>) -> Vec<Answer> {
         .iter()
         .map(|c| Holder::new(&c.config.command_line()))
         .collect();
-    let slots: Vec<_> = group
+    let instants: Vec<_> = group
         .iter()
-        .map(|c| c.config.slot(Some(c.instant)))
+        .map(|c| c.config.instants(Some(c.instant)))
         .collect();
     let claims: Vec<_> = group
         .iter()
@@ -220,7 +220,7 @@ fn claim_together(links: &mut Links, group: Vec<ClaimAsk>) -> Vec<Answer> {
                 &keys[i],
                 &holders[i],
                 c.config.timing.ttl,
-                slots[i].as_ref(),
+                instants[i].as_ref(),
             )
         })
         .collect();

@@ -35,10 +35,10 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{anyhow, Result};
 
+use crate::clock::unix_millis;
 use crate::clock::Instant;
 use crate::config::{CronJob, Replica};
 use crate::exit::Exit;
-use crate::host::unix_millis;
 use crate::log::Log;
 use crate::signals::{self, SigSet};
 use beat::{Beat, BEAT, BEAT_AGAIN};

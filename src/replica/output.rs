@@ -44,7 +44,7 @@ pub fn relay(from: impl Read, stream: Stream, key: &str, json_out: bool) {
 fn write_line(stream: Stream, key: &str, line: &str, json_out: bool) {
     let mut text = if json_out {
         json!({
-            "ts": crate::host::unix_millis(),
+            "ts": crate::clock::unix_millis(),
             "key": key,
             "stream": if stream == Stream::Stdout { "stdout" } else { "stderr" },
             "line": line,

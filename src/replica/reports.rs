@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
+use crate::clock::{rfc3339, unix_millis};
 use crate::fleet::handover::Report;
 use crate::fleet::record::Ending;
-use crate::host::{rfc3339, unix_millis};
 use crate::log::Log;
 
 use super::claim::Ask;

@@ -17,9 +17,9 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Result};
 
+use crate::command::guard::tie_to_parent;
 use crate::config::CronJob;
 use crate::fleet::handover::{Handover, ReplicaSide, Report, FD_VAR};
-use crate::job::guard::tie_to_parent;
 use crate::log::Log;
 use crate::replica::output;
 use crate::signals;
@@ -30,7 +30,9 @@ const NOT_FOR_RUNS: &[&str] = &[
     "CRONLOCK_CRONTAB",
     "CRONLOCK_MAX_JOBS",
     "CRONLOCK_DRAIN",
+    "CRONLOCK_LISTEN",
     HOLD_AFTER_CLAIM,
+    crate::watch::HOLD_LOOP,
 ];
 
 /// A test hook: with this variable naming a file, a replica that won a claim writes the KEY

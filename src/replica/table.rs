@@ -17,8 +17,8 @@ use crate::clock::Instant;
 use crate::replica::claim::{group, Group};
 use crate::store::members::View;
 
+use crate::clock::{rfc3339, unix_millis};
 use crate::config::CronJob;
-use crate::host::{rfc3339, unix_millis};
 use crate::log::{Level, Log};
 
 /// After a claim that could not be sent (Redis down), how long before the next try (ms).
@@ -30,8 +30,8 @@ const RETRY_MS: i64 = 1000;
 /// an instant this close ahead for the one due).
 pub const LEAD_MS: i64 = 50;
 
-/// A job of the table.
-pub struct Job {
+/// The table's entry for one job: the job (its crontab line, resolved) and when it is due.
+pub struct Entry {
     pub cron: CronJob,
     /// The next instant (Unix ms) to come due.
     next: Option<i64>,
@@ -66,7 +66,7 @@ struct Due {
 
 /// The jobs, by KEY too, and who serves them.
 pub struct Table {
-    pub jobs: Vec<Job>,
+    pub jobs: Vec<Entry>,
     index: HashMap<String, usize>,
     /// This replica's identity (its id in the live set), for the ranking.
     me: String,
@@ -89,9 +89,9 @@ impl Table {
     /// `first`: jobs with `--catch-up` are due at once (a replica that starts late catches up).
     pub fn new(jobs: &[CronJob], first: bool, me: &str) -> Table {
         let now = unix_millis() as i64;
-        let jobs: Vec<Job> = jobs
+        let jobs: Vec<Entry> = jobs
             .iter()
-            .map(|c| Job {
+            .map(|c| Entry {
                 next: None,
                 early: 0,
                 due: None,
@@ -175,7 +175,7 @@ impl Table {
     }
 
     /// This replica claims instant `at` of `job`: it is its turn, or it has no view.
-    fn mine(&self, job: &Job, at: i64) -> bool {
+    fn mine(&self, job: &Entry, at: i64) -> bool {
         match self.fresh(&job.group) {
             // A stale view (heartbeats failing): claim as if alone. None yet: wait for the first.
             None => self.views.contains_key(&job.group) || self.made.elapsed() >= self.lapse,
@@ -191,7 +191,7 @@ impl Table {
             .count()
     }
 
-    pub fn job(&mut self, key: &str) -> Option<&mut Job> {
+    pub fn job(&mut self, key: &str) -> Option<&mut Entry> {
         let i = *self.index.get(key)?;
         self.jobs.get_mut(i)
     }
@@ -376,7 +376,7 @@ impl Table {
     }
 }
 
-impl Job {
+impl Entry {
     /// Its next instant is the schedule's first after `ms`, claimed [`LEAD_MS`] (at most a
     /// twentieth of the period) before it.
     fn schedule_after(&mut self, ms: i64) {
@@ -397,7 +397,7 @@ impl Job {
 
 /// Until when instant `at` of `job` can still start: its `--catch-up` window, or else the
 /// job's next instant (at least a second later).
-fn deadline(job: &Job, at: i64) -> i64 {
+fn deadline(job: &Entry, at: i64) -> i64 {
     match job.cron.config.catch_up {
         Some(window) => at + window.as_millis() as i64,
         None => job
@@ -411,7 +411,7 @@ fn deadline(job: &Job, at: i64) -> i64 {
 
 /// Under `-v`: an instant that waited for room here and can no longer start (another replica
 /// may well have run it: this one cannot tell without asking Redis).
-fn missed(job: &Job, at: i64, log: &Log) {
+fn missed(job: &Entry, at: i64, log: &Log) {
     let within = if job.cron.catch_up {
         "its --catch-up window"
     } else {
@@ -434,7 +434,7 @@ fn missed(job: &Job, at: i64, log: &Log) {
 /// it (KEY, arguments, environment, in KEY order), the same on every replica of the same crontab
 /// that ranks alike, so only replicas serving the same jobs rank each other; and split them into
 /// shares.
-fn name_fleets(jobs: &mut [Job]) {
+fn name_fleets(jobs: &mut [Entry]) {
     let mut by: HashMap<Group, Vec<usize>> = HashMap::new();
     for (i, j) in jobs.iter().enumerate() {
         by.entry(j.group.clone()).or_default().push(i);

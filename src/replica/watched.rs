@@ -5,10 +5,11 @@
 
 use std::time::Duration;
 
+use crate::clock::unix_millis;
 use crate::fleet::handover::Report;
-use crate::fleet::metrics::{Attempt, Outcome, Run as RunMetrics};
+use crate::fleet::metrics::{Attempt, Outcome, Ran};
 use crate::fleet::record::Ending;
-use crate::host::{hostname, unix_millis};
+use crate::host::hostname;
 use crate::watch::{Board, JobLine, Running};
 
 use super::runs::Run;
@@ -140,7 +141,7 @@ fn ended(run: &Run, (status, ending): (u8, Ending), took: Duration, since: Optio
     Attempt {
         outcome,
         at_ms: started_ms,
-        run: Some(RunMetrics {
+        run: Some(Ran {
             started_ms,
             duration: Duration::from_millis(now.saturating_sub(started_ms)),
             exit_status: status,

@@ -2,7 +2,7 @@
 //! the lock while it runs, release, and record what happened.
 //!
 //! It exists so that the order of a run reads top to bottom in one place. Each step is one call
-//! into the wing that does it ([`crate::store`] for Redis, [`crate::job`] for the command,
+//! into the wing that does it ([`crate::store`] for Redis, [`crate::command`] for the command,
 //! [`crate::fleet`] for the report); the lines a step logs are written beside it here.
 
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -12,6 +12,10 @@ use anyhow::Result;
 use serde_json::Value;
 
 use crate::clock::Instant;
+use crate::command::child::{self, Child, Ended, Stop};
+use crate::command::shared::Shared;
+use crate::command::supervise::{self, Limits};
+use crate::command::{capture, cgroup};
 use crate::config::RunConfig;
 use crate::duration::Span;
 use crate::exit::Exit;
@@ -19,11 +23,6 @@ use crate::fleet::handover::{Report, RunSide};
 use crate::fleet::metrics;
 use crate::fleet::record::{self, Ending};
 use crate::fleet::report::RunOutcome;
-use crate::host;
-use crate::job::child::{self, Child, Ended, Stop};
-use crate::job::shared::Shared;
-use crate::job::supervise::{self, Limits};
-use crate::job::{capture, cgroup};
 use crate::lease::{self, LockState, Watch};
 use crate::log::{Level, Log};
 use crate::signals;
@@ -149,7 +148,7 @@ fn finish(
     held: &Held,
     (exit, ending): (Exit, Ending),
     (channel, log): (Option<&mut RunSide>, &Log),
-) -> Option<metrics::Run> {
+) -> Option<metrics::Ran> {
     // Stopping the watchdog waits at most --connect-timeout (a renewal in flight); the release
     // then has a --connect-timeout of its own.
     let release_by = Instant::now() + config.connect_timeout;
@@ -166,7 +165,7 @@ fn finish(
     };
     let masters = watchdog.stop(stop_wait);
     let duration = held.sent_at.elapsed();
-    let run = (ending != Ending::NotStarted).then_some(metrics::Run {
+    let run = (ending != Ending::NotStarted).then_some(metrics::Ran {
         started_ms: held.holder.started_ms,
         duration,
         exit_status: exit.code(),
@@ -270,24 +269,7 @@ fn start(
             if until.checked_sub(limits.grace + watch.margin) > Some(Instant::now()) => {}
         _ => return Err(too_late()),
     }
-    let env = [
-        ("CRONLOCK_KEY", config.key.clone()),
-        ("CRONLOCK_TOKEN", held.holder.token.clone()),
-        ("CRONLOCK_FENCING_TOKEN", held.fence.to_string()),
-        ("CRONLOCK_SLOT", held.slot.to_string()),
-        ("CRONLOCK_RUN_ID", held.holder.token.clone()),
-    ];
-    // With --schedule: which instant this run is for, and which attempt at it.
-    let scheduled = held.instant.map(|i| {
-        [
-            ("CRONLOCK_INSTANT", host::rfc3339(i.max(0) as u64)),
-            ("CRONLOCK_ATTEMPT", held.attempt.to_string()),
-        ]
-    });
-    let env: Vec<(&str, String)> = env
-        .into_iter()
-        .chain(scheduled.into_iter().flatten())
-        .collect();
+    let env = command_env(config, held);
     // Contained in a cgroup of its own where one can be made (the guard makes it); why not, for -v.
     let (cgroup, no_cgroup) = match cgroup::plan(&held.holder.token) {
         Ok(dir) => (Some(dir), None),
@@ -309,24 +291,7 @@ fn start(
     let child = match child::spawn(&config.argv, &env, shared, cgroup, stdio) {
         Ok(c) => c,
         Err(e) if e.too_late => return Err(too_late()),
-        Err(e) => {
-            let text = crate::log::io_text(&e.error);
-            let line = if e.no_process {
-                let hint = match e.error.raw_os_error() {
-                    Some(libc::EAGAIN) => " (too many processes for this user: ulimit -u?)",
-                    _ => "",
-                };
-                format!(
-                    "cannot make a process to run '{}' (the guard or the command): \
-                     {text}{hint}; the command did not run",
-                    e.program
-                )
-            } else {
-                format!("cannot run '{}': {text}", e.program)
-            };
-            log.error("spawn_failed", &line);
-            return Err(e.exit());
-        }
+        Err(e) => return Err(spawn_failed(&e, log)),
     };
     RUNNING_GROUP.store(child.group, Ordering::SeqCst);
     if let Some(c) = capture.as_mut() {
@@ -342,6 +307,47 @@ fn start(
         panic!("injected by CRONLOCK_DEBUG_PANIC");
     }
     Ok((child, capture))
+}
+
+/// The variables the command gets: the lock's, and with `--schedule` which instant this run is
+/// for and which attempt at it.
+fn command_env(config: &RunConfig, held: &Held) -> Vec<(&'static str, String)> {
+    let env = [
+        ("CRONLOCK_KEY", config.key.clone()),
+        ("CRONLOCK_TOKEN", held.holder.token.clone()),
+        ("CRONLOCK_FENCING_TOKEN", held.fence.to_string()),
+        ("CRONLOCK_SLOT", held.slot.to_string()),
+        ("CRONLOCK_RUN_ID", held.holder.token.clone()),
+    ];
+    let scheduled = held.instant.map(|i| {
+        [
+            ("CRONLOCK_INSTANT", crate::clock::rfc3339(i.max(0) as u64)),
+            ("CRONLOCK_ATTEMPT", held.attempt.to_string()),
+        ]
+    });
+    env.into_iter()
+        .chain(scheduled.into_iter().flatten())
+        .collect()
+}
+
+/// A command that could not be started: one line saying why, and the exit status (126, 127).
+fn spawn_failed(e: &child::SpawnError, log: &Log) -> Exit {
+    let text = crate::log::io_text(&e.error);
+    let line = if e.no_process {
+        let hint = match e.error.raw_os_error() {
+            Some(libc::EAGAIN) => " (too many processes for this user: ulimit -u?)",
+            _ => "",
+        };
+        format!(
+            "cannot make a process to run '{}' (the guard or the command): \
+             {text}{hint}; the command did not run",
+            e.program
+        )
+    } else {
+        format!("cannot run '{}': {text}", e.program)
+    };
+    log.error("spawn_failed", &line);
+    e.exit()
 }
 
 /// For `-v`: how the command is contained (its cgroup, or why it has none).

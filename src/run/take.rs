@@ -29,11 +29,11 @@ pub(super) fn take(
     let keys = Keys::new(&config.prefix, &config.key);
     let command = config.command_line();
     let asked = Instant::now();
-    let slot = config.slot(None);
+    let instants = config.instants(None);
     let ask = wait::Ask {
         ttl: config.timing.ttl,
         wait: config.wait,
-        slot,
+        instants,
         limit: config.limit,
     };
     let mut masters = Masters::new(&config.servers);

@@ -10,7 +10,7 @@ use redis::{Script, Value};
 use crate::clock::Instant;
 use crate::store::keys::Keys;
 use crate::store::lock::{
-    eval, eval_many, int, ms, text_or_nil, Attempt, Held, Holder, ScriptCall, Slot,
+    eval, eval_many, int, ms, text_or_nil, Attempt, Held, Holder, Instants, ScriptCall,
 };
 use crate::store::topology::{Failure, Link};
 
@@ -34,7 +34,7 @@ pub fn try_acquire(
     keys: &Keys,
     holder: &Holder,
     ttl: Duration,
-    slot: Option<&Slot>,
+    instants: Option<&Instants>,
     limit: u32,
 ) -> Result<Attempt, Failure> {
     let sent_at = Instant::now();
@@ -60,7 +60,7 @@ pub fn try_acquire(
             acquire_reply,
         )?
     } else {
-        let (keys, args) = plain_call(keys, holder, ttl, slot, &abandoned);
+        let (keys, args) = plain_call(keys, holder, ttl, instants, &abandoned);
         eval(
             link,
             within,
@@ -76,7 +76,7 @@ pub fn try_acquire(
 
 /// One claim of a batch: KEY's keys, the holder value, the TTL and the instant's slot (the
 /// plain lock: `--limit 1`).
-pub type Claim<'a> = (&'a Keys, &'a Holder, Duration, Option<&'a Slot>);
+pub type Claim<'a> = (&'a Keys, &'a Holder, Duration, Option<&'a Instants>);
 
 /// [`try_acquire`] for several plain locks at once, as one pipeline: each one's attempt, in
 /// order.
@@ -90,7 +90,9 @@ pub fn try_acquire_many(
     let calls: Vec<_> = claims
         .iter()
         .zip(&abandoned)
-        .map(|((keys, holder, ttl, slot), gone)| plain_call(keys, holder, *ttl, *slot, gone))
+        .map(|((keys, holder, ttl, instants), gone)| {
+            plain_call(keys, holder, *ttl, *instants, gone)
+        })
         .collect();
     let replies = eval_many(link, within, (&ACQUIRE, ACQUIRE_LUA), &calls, acquire_reply);
     replies
@@ -204,20 +206,23 @@ fn plain_call<'a>(
     keys: &'a Keys,
     holder: &Holder,
     ttl: Duration,
-    slot: Option<&Slot>,
+    instants: Option<&Instants>,
     abandoned: &'a str,
 ) -> ScriptCall<'a> {
-    let window = slot.and_then(|s| s.catch_up).map_or(0, ms);
+    let window = instants.and_then(|s| s.catch_up).map_or(0, ms);
     let mut args = vec![
         holder.value.clone(),
         ms(ttl).to_string(),
-        slot.map_or(String::new(), |s| s.schedule.clone()),
+        instants.map_or(String::new(), |s| s.schedule.clone()),
         window.to_string(),
-        slot.map_or(0, |s| s.retries).to_string(),
-        slot.and_then(|s| s.ledger_ttl).map_or(0, ms).to_string(),
-        slot.map_or(0, |s| s.candidates.len()).to_string(),
+        instants.map_or(0, |s| s.retries).to_string(),
+        instants
+            .and_then(|s| s.ledger_ttl)
+            .map_or(0, ms)
+            .to_string(),
+        instants.map_or(0, |s| s.candidates.len()).to_string(),
     ];
-    if let Some(s) = slot {
+    if let Some(s) = instants {
         args.extend(s.candidates.iter().chain(&s.earlier).map(i64::to_string));
     }
     let keys = vec![

@@ -14,10 +14,10 @@ use anyhow::{anyhow, Result};
 use redis::Value;
 
 use crate::clock::Instant;
-use crate::store::connect::{explain, HostsUrl};
 use crate::store::failure::Failure;
 use crate::store::resp::{Bad, Reply};
 use crate::store::tls::TlsOptions;
+use crate::store::url::{explain, HostsUrl};
 use crate::store::wire::{Addr, Session, Wire, WireError};
 
 /// A cluster, known by its seed nodes.
@@ -43,7 +43,7 @@ impl Cluster {
         let invalid = |problem: &str| {
             anyhow!(
                 "invalid {source}{}: {problem}",
-                crate::store::connect::scheme_shown(url)
+                crate::store::url::scheme_shown(url)
             )
         };
         let u = HostsUrl::parse(url, Some(6379)).map_err(|p| invalid(&p))?;

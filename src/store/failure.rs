@@ -9,8 +9,8 @@ use std::fmt;
 
 use anyhow::anyhow;
 
-use crate::store::connect::explain;
 use crate::store::resp::Bad;
+use crate::store::url::explain;
 use crate::store::wire::WireError;
 
 /// Why a call failed.

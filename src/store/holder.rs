@@ -35,7 +35,7 @@ impl Holder {
         let token = uuid::Uuid::new_v4().to_string();
         let host = crate::host::hostname();
         let pid = std::process::id();
-        let started_ms = crate::host::unix_millis();
+        let started_ms = crate::clock::unix_millis();
         let command = truncate(command, MAX_COMMAND);
         let value = json!({
             "token": token, "host": host, "pid": pid, "started": started_ms, "command": command,

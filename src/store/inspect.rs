@@ -124,6 +124,20 @@ pub struct SlotHolder {
     pub fence: i64,
 }
 
+/// What `status.lua` answers, in order.
+type StatusReply = (
+    Option<String>,
+    i64,
+    Option<i64>,
+    Option<String>,
+    Vec<String>,
+    (Option<i64>, Option<String>),
+    Option<u32>,
+    Vec<(u32, String, i64, i64)>,
+    Vec<(i64, String)>,
+    Option<String>,
+);
+
 /// Read the lock, its expiry, its fencing counter, its last run and up to `history` kept runs at
 /// one instant.
 pub fn snapshot(
@@ -132,18 +146,6 @@ pub fn snapshot(
     keys: &Keys,
     history: Option<u32>,
 ) -> Result<Snapshot, Unread> {
-    type Reply = (
-        Option<String>,
-        i64,
-        Option<i64>,
-        Option<String>,
-        Vec<String>,
-        (Option<i64>, Option<String>),
-        Option<u32>,
-        Vec<(u32, String, i64, i64)>,
-        Vec<(i64, String)>,
-        Option<String>,
-    );
     let slot_keys = keys.slots(MAX_LIMIT);
     let mut all: Vec<&str> = vec![
         &keys.lock,
@@ -157,18 +159,7 @@ pub fn snapshot(
         &keys.suspend,
     ];
     all.extend(slot_keys.iter().map(String::as_str));
-    let (
-        holder,
-        pttl,
-        fence,
-        last_run,
-        history,
-        (instant, schedule),
-        limit,
-        slots,
-        ledger,
-        suspended,
-    ): Reply = eval(
+    let reply: StatusReply = eval(
         link,
         within,
         &STATUS,
@@ -184,6 +175,23 @@ pub fn snapshot(
         name: keys.name.clone(),
         failure,
     })?;
+    Ok(snapshot_of(reply))
+}
+
+/// The snapshot `status.lua`'s reply says.
+fn snapshot_of(reply: StatusReply) -> Snapshot {
+    let (
+        holder,
+        pttl,
+        fence,
+        last_run,
+        history,
+        (instant, schedule),
+        limit,
+        slots,
+        mut ledger,
+        suspended,
+    ) = reply;
     let slots = slots
         .into_iter()
         .map(|(slot, value, pttl, fence)| SlotHolder {
@@ -193,7 +201,10 @@ pub fn snapshot(
             fence,
         })
         .collect();
-    Ok(Snapshot {
+    ledger.sort_by_key(|e| std::cmp::Reverse(e.0));
+    // acquire.lua trims in batches: the newest LEDGER_KEEP are the ledger.
+    ledger.truncate(LEDGER_KEEP);
+    Snapshot {
         holder,
         pttl,
         fence,
@@ -203,15 +214,9 @@ pub fn snapshot(
         schedule,
         limit,
         slots,
-        ledger: {
-            let mut ledger = ledger;
-            ledger.sort_by_key(|e| std::cmp::Reverse(e.0));
-            // acquire.lua trims in batches: the newest LEDGER_KEEP are the ledger.
-            ledger.truncate(LEDGER_KEEP);
-            ledger
-        },
+        ledger,
         suspended,
-    })
+    }
 }
 
 /// A lock that could not be read, and why: the failure keeps its kind and the server's code

@@ -56,7 +56,7 @@ pub struct Held {
 
 /// With `--schedule`: what the acquire script chooses the run's instant from.
 #[derive(Debug, Clone)]
-pub struct Slot {
+pub struct Instants {
     pub schedule: String,
     /// Instants (Unix ms) around the local clock; Redis takes the one nearest to its own.
     pub candidates: Vec<i64>,

@@ -9,7 +9,6 @@
 
 pub mod acquire;
 pub mod cluster;
-pub mod connect;
 pub mod dial;
 pub mod failure;
 pub mod holder;
@@ -24,6 +23,7 @@ pub mod sentinel;
 pub mod tls;
 pub mod topology;
 pub mod tracking;
+pub mod url;
 pub mod wait;
 pub mod wire;
 pub mod wire_error;

@@ -24,7 +24,7 @@ use crate::clock::Instant;
 use crate::store::acquire::{self, Claim};
 use crate::store::inspect::{self, Snapshot};
 use crate::store::keys::Keys;
-use crate::store::lock::{self, Attempt, Held, Holder, ReleaseOptions, Released, Slot};
+use crate::store::lock::{self, Attempt, Held, Holder, Instants, ReleaseOptions, Released};
 use crate::store::members;
 use crate::store::round::{confirmed, failed_alone, refused, Answer, Lost};
 pub use crate::store::round::{Outcome, Refused};
@@ -111,13 +111,13 @@ impl Masters {
         keys: &Keys,
         holder: &Holder,
         ttl: Duration,
-        slot: Option<&Slot>,
+        instants: Option<&Instants>,
         limit: u32,
     ) -> Outcome {
         let budget = self.budget(within, ttl);
         let sent_at = Instant::now();
         let answers = self.each(|_, link| -> Answer {
-            let attempt = acquire::try_acquire(link, budget, keys, holder, ttl, slot, limit);
+            let attempt = acquire::try_acquire(link, budget, keys, holder, ttl, instants, limit);
             confirmed(
                 link,
                 attempt,
@@ -135,7 +135,9 @@ impl Masters {
         if self.links.len() != 1 || claims.len() < 2 {
             return claims
                 .iter()
-                .map(|(keys, holder, ttl, slot)| self.acquire(within, keys, holder, *ttl, *slot, 1))
+                .map(|(keys, holder, ttl, instants)| {
+                    self.acquire(within, keys, holder, *ttl, *instants, 1)
+                })
                 .collect();
         }
         let sent_at = Instant::now();

@@ -17,10 +17,10 @@ use anyhow::{anyhow, bail, Result};
 use redis::Value;
 
 use crate::clock::Instant;
-use crate::store::connect::{explain, HostsUrl};
 use crate::store::failure::Failure;
 use crate::store::resp::{Bad, Reply};
 use crate::store::tls::TlsOptions;
+use crate::store::url::{explain, HostsUrl};
 use crate::store::wire::{Addr, Session, Wire, WireError};
 
 /// A connection that took longer than this to make is checked against the sentinels again.
@@ -54,7 +54,7 @@ impl Service {
         let invalid = |problem: &str| {
             anyhow!(
                 "invalid {source}{}: {problem}",
-                crate::store::connect::scheme_shown(url)
+                crate::store::url::scheme_shown(url)
             )
         };
         let u = HostsUrl::parse(url, Some(PORT)).map_err(|p| invalid(&p))?;

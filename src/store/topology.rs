@@ -19,11 +19,11 @@ use redis::Value;
 
 use crate::clock::Instant;
 use crate::store::cluster::{Cluster, ClusterCon};
-use crate::store::connect::{explain, redact_url, Node};
 pub use crate::store::failure::Failure;
 use crate::store::resp::{Bad, Reply};
 use crate::store::sentinel::Service;
 use crate::store::tls::TlsOptions;
+use crate::store::url::{explain, redact_url, Node};
 use crate::store::wire::{Wire, WireError};
 
 /// Where the locks live, resolved from the URL. Cheap to clone: the watchdog thread has a copy.

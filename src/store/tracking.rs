@@ -27,9 +27,9 @@ use redis::Value;
 
 use crate::clock::Instant;
 use crate::log::{Level, Log};
-use crate::store::connect::explain;
 use crate::store::resp::Reply;
 use crate::store::topology::Redis;
+use crate::store::url::explain;
 use crate::store::wire::{Wire, WireError};
 
 /// The channel invalidation messages are published on (RESP2, with `REDIRECT`).

@@ -73,7 +73,7 @@ pub struct Ask {
     /// `--wait` (zero: one attempt).
     pub wait: Duration,
     /// With `--schedule`: the instants to choose from.
-    pub slot: Option<lock::Slot>,
+    pub instants: Option<lock::Instants>,
     /// `--limit`.
     pub limit: u32,
 }
@@ -93,7 +93,7 @@ pub fn acquire(
     let Ask {
         ttl,
         wait,
-        mut slot,
+        mut instants,
         limit,
     } = ask;
     let io_timeout = masters.redis().connect_timeout;
@@ -112,7 +112,7 @@ pub fn acquire(
         // A fresh holder per attempt, so `started` says when we got it.
         let holder = Holder::new(command);
         let (expires_in, busy_with) =
-            match masters.acquire(io_timeout, keys, &holder, ttl, slot.as_ref(), limit) {
+            match masters.acquire(io_timeout, keys, &holder, ttl, instants.as_ref(), limit) {
                 Ok(Attempt::Held(held)) => return Ok(Acquired::Held(held)),
                 Ok(Attempt::Mismatch(other)) => {
                     return Err(anyhow!(
@@ -129,7 +129,7 @@ pub fn acquire(
                     return Ok(Acquired::Suspended { record, instant })
                 }
                 Ok(Attempt::Busy(expires_in, value, instant)) => {
-                    if let (Some(s), Some(i)) = (slot.as_mut(), instant) {
+                    if let (Some(s), Some(i)) = (instants.as_mut(), instant) {
                         s.candidates = vec![i];
                     }
                     (expires_in, value)

@@ -7,8 +7,9 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
+use crate::clock::unix_millis;
 use crate::fleet::metrics::OUTCOMES;
-use crate::host::{hostname, unix_millis};
+use crate::host::hostname;
 
 use super::fleet::Reader;
 use super::http::Answer;

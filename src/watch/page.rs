@@ -8,9 +8,10 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
+use crate::clock::{rfc3339, unix_millis};
 use crate::fleet::describe::{describe_suspension, round_ms, text_field};
 use crate::fleet::ledger::entry_json;
-use crate::host::{hostname, rfc3339, unix_millis};
+use crate::host::hostname;
 
 use super::fleet::Reader;
 use super::http::Answer;

@@ -1,5 +1,5 @@
-//! Connecting to Redis: URL parsing, the session a URL asks for (TLS, credentials, database), and
-//! keeping the password out of every message.
+//! Redis URLs: parsed by cronlock itself into the node and the session they ask for (TLS,
+//! credentials, database), with the password kept out of every message; `dial.rs` connects.
 
 use std::time::Duration;
 
@@ -27,56 +27,8 @@ impl Node {
             return Err(invalid(EXPECTED));
         };
         let (addr, is_tls, user, password, db) = match scheme.to_ascii_lowercase().as_str() {
-            "redis" | "rediss" => {
-                let u = HostsUrl::parse(url, Some(6379)).map_err(|p| invalid(&p))?;
-                let [(host, port)] = u.hosts.as_slice() else {
-                    return Err(invalid(
-                        "several hosts in a redis:// URL (for a Sentinel or a Cluster use                          redis+sentinel:// or redis+cluster://; for several masters give several URLs)",
-                    ));
-                };
-                if let Some((k, _)) = u.query.first() {
-                    return Err(invalid(&unknown_parameter(k, "none for redis:// URLs")));
-                }
-                let db = match u.path.as_slice() {
-                    [] => 0,
-                    [db] => database(db).map_err(|p| invalid(&p))?,
-                    _ => {
-                        return Err(invalid(
-                            "expected redis://[user][:password@]host[:port][/db]",
-                        ))
-                    }
-                };
-                let addr = Addr::Tcp(host.clone(), *port);
-                (addr, u.tls, u.user, u.password, db)
-            }
-            "redis+unix" | "unix" => {
-                let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
-                if path.contains('@') {
-                    return Err(invalid(
-                        "credentials go in the query of a socket URL:                          redis+unix:///path/to/socket?user=NAME&pass=PASSWORD",
-                    ));
-                }
-                let path = decode(path).map_err(|p| invalid(&p))?;
-                if !path.starts_with('/') {
-                    return Err(invalid(
-                        "expected redis+unix:///path/to/socket (an absolute path, three slashes)",
-                    ));
-                }
-                let (mut user, mut password, mut db) = (None, None, 0);
-                for pair in query.split('&').filter(|p| !p.is_empty()) {
-                    let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-                    let (k, v) = (decode(k), decode(v));
-                    let k = k.map_err(|p| invalid(&p))?.to_ascii_lowercase();
-                    let v = v.map_err(|p| invalid(&p))?;
-                    match k.as_str() {
-                        "db" => db = database(&v).map_err(|p| invalid(&p))?,
-                        "user" | "username" => user = Some(v).filter(|u| !u.is_empty()),
-                        "pass" | "password" => password = Some(v),
-                        _ => return Err(invalid(&unknown_parameter(&k, "db, user, pass"))),
-                    }
-                }
-                (Addr::Unix(path.into()), false, user, password, db)
-            }
+            "redis" | "rediss" => tcp_parts(url, &invalid)?,
+            "redis+unix" | "unix" => unix_parts(rest, &invalid)?,
             "rediss+unix" => {
                 return Err(invalid(
                     "TLS over a Unix socket is not a thing; use redis+unix:// (the socket is \
@@ -308,7 +260,8 @@ pub fn explain(e: &WireError) -> String {
         .unwrap_or(text);
     let mut text = text.trim().to_string();
     if text.contains("unknown command") {
-        text += " (not a Redis server that runs scripts: a Sentinel? use redis+sentinel://)";
+        text += " (not a Redis server that runs scripts: a Sentinel? use \
+                 redis+sentinel://)";
     }
     text
 }
@@ -361,6 +314,65 @@ fn secret_param(key: &str) -> bool {
     ["pass", "secret", "token", "auth"]
         .iter()
         .any(|s| key.contains(s))
+}
+
+/// What a URL names: the address, TLS or not, the user, the password and the database.
+type Parts = (Addr, bool, Option<String>, Option<String>, i64);
+
+/// A `redis://` or `rediss://` URL's parts.
+fn tcp_parts(url: &str, invalid: &dyn Fn(&str) -> anyhow::Error) -> Result<Parts> {
+    let u = HostsUrl::parse(url, Some(6379)).map_err(|p| invalid(&p))?;
+    let [(host, port)] = u.hosts.as_slice() else {
+        return Err(invalid(
+            "several hosts in a redis:// URL (for a Sentinel or a Cluster use \
+                 redis+sentinel:// or redis+cluster://; for several masters give several URLs)",
+        ));
+    };
+    if let Some((k, _)) = u.query.first() {
+        return Err(invalid(&unknown_parameter(k, "none for redis:// URLs")));
+    }
+    let db = match u.path.as_slice() {
+        [] => 0,
+        [db] => database(db).map_err(|p| invalid(&p))?,
+        _ => {
+            return Err(invalid(
+                "expected redis://[user][:password@]host[:port][/db]",
+            ))
+        }
+    };
+    let addr = Addr::Tcp(host.clone(), *port);
+    Ok((addr, u.tls, u.user, u.password, db))
+}
+
+/// A `redis+unix://` (or `unix://`) URL's parts, from what follows `://`.
+fn unix_parts(rest: &str, invalid: &dyn Fn(&str) -> anyhow::Error) -> Result<Parts> {
+    let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+    if path.contains('@') {
+        return Err(invalid(
+            "credentials go in the query of a socket URL: \
+                 redis+unix:///path/to/socket?user=NAME&pass=PASSWORD",
+        ));
+    }
+    let path = decode(path).map_err(|p| invalid(&p))?;
+    if !path.starts_with('/') {
+        return Err(invalid(
+            "expected redis+unix:///path/to/socket (an absolute path, three slashes)",
+        ));
+    }
+    let (mut user, mut password, mut db) = (None, None, 0);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let (k, v) = (decode(k), decode(v));
+        let k = k.map_err(|p| invalid(&p))?.to_ascii_lowercase();
+        let v = v.map_err(|p| invalid(&p))?;
+        match k.as_str() {
+            "db" => db = database(&v).map_err(|p| invalid(&p))?,
+            "user" | "username" => user = Some(v).filter(|u| !u.is_empty()),
+            "pass" | "password" => password = Some(v),
+            _ => return Err(invalid(&unknown_parameter(&k, "db, user, pass"))),
+        }
+    }
+    Ok((Addr::Unix(path.into()), false, user, password, db))
 }
 
 #[cfg(test)]

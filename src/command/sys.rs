@@ -1,4 +1,4 @@
-//! Raw Linux system calls for the [guard](crate::job::guard) and for the command's process before
+//! Raw Linux system calls for the [guard](crate::command::guard) and for the command's process before
 //! `execve`.
 //!
 //! The guard is a `fork()` of cronlock, which may have other threads (the log writer, a ping):

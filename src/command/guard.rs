@@ -7,7 +7,7 @@
 //! orphaned (`setsid`, daemonizing, `timeout(1)`'s own group) comes back to it. It ends the whole
 //! job — the job's cgroup when there is one (`cgroup.kill`), every descendant, the group — when:
 //! - cronlock dies (the death signal);
-//! - the kill-by time cronlock publishes in the [shared page](crate::job::shared) passes without being
+//! - the kill-by time cronlock publishes in the [shared page](crate::command::shared) passes without being
 //!   moved on by a confirmed renewal (cronlock frozen or starved).
 //!
 //! Otherwise it is transparent: it ignores signals cronlock sends to the group (they reach the
@@ -17,7 +17,7 @@
 //! It is a `fork()` of cronlock ([`start`]) with an address space of its own, never a process
 //! that shares cronlock's memory: the kernel's OOM killer SIGKILLs its victim together with every
 //! process sharing the victim's memory, and the guard must outlive exactly that. It does nothing
-//! but raw system calls ([`crate::job::sys`]) on its copy of data prepared beforehand, so no lock that
+//! but raw system calls ([`crate::command::sys`]) on its copy of data prepared beforehand, so no lock that
 //! another thread of cronlock held at the fork can stop it. The command's process is started from
 //! the guard the way `posix_spawn` starts one, sharing the guard's memory until `execve`
 //! ([`start_command`]): that process is short-lived and execs at once.
@@ -26,9 +26,9 @@ use std::cell::Cell;
 use std::ffi::{CStr, CString};
 use std::os::fd::RawFd;
 
-use crate::job::shared::{self, Shared};
-use crate::job::sys;
-use crate::job::tree::{kill_descendants, relay_to_escaped_children};
+use crate::command::shared::{self, Shared};
+use crate::command::sys;
+use crate::command::tree::{kill_descendants, relay_to_escaped_children};
 use crate::signals::SigSet;
 
 /// Sent to the guard when cronlock dies. Not a signal cronlock forwards.

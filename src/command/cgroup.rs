@@ -3,7 +3,7 @@
 //! escapes that: not `setsid`, not a double fork, not a process group of its own.
 //!
 //! Where no cgroup can be made (a container with a read-only `/sys/fs/cgroup`, an unprivileged
-//! user), the [guard](crate::job::guard)'s subreaper and its process group do the same job, one
+//! user), the [guard](crate::command::guard)'s subreaper and its process group do the same job, one
 //! process at a time.
 //!
 //! cronlock only plans where the cgroup goes (a name no other run can have); the guard makes it, right before it starts the
@@ -147,7 +147,7 @@ impl Cgroup {
         Cgroup { dir, kill }
     }
 
-    /// `cgroup.kill`, for [`crate::job::tree::kill_descendants`].
+    /// `cgroup.kill`, for [`crate::command::tree::kill_descendants`].
     pub fn kill_fd(&self) -> Option<RawFd> {
         self.kill.as_ref().map(AsRawFd::as_raw_fd)
     }

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use crate::clock::Instant;
+use crate::command::child::{guard_died_message, Child, Ended, Finished, Stop};
 use crate::exit::Exit;
-use crate::job::child::{guard_died_message, Child, Ended, Finished, Stop};
 use crate::lease::{LockState, Watch};
 use crate::log::{Level, Log};
 use crate::signals;

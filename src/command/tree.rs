@@ -1,10 +1,10 @@
 //! The process tree below the caller: walk its children, kill every descendant, relay a signal
-//! to children that left the command's process group. Raw system calls only ([`crate::job::sys`]):
+//! to children that left the command's process group. Raw system calls only ([`crate::command::sys`]):
 //! the guard uses all of it, and cronlock's main thread uses [`kill_descendants`] for orphans.
 
 use std::os::fd::RawFd;
 
-use crate::job::sys;
+use crate::command::sys;
 
 /// Call `f` with the pid of each child of the calling thread, from `/proc/thread-self/children`.
 /// Returns how many there were, or `None` when `/proc` cannot tell (not mounted: an empty root).

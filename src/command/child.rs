@@ -1,5 +1,5 @@
-//! Running the command: spawn it (behind the [guard](crate::job::guard)) in its own process group and,
-//! where possible, its own [cgroup](crate::job::cgroup); forward signals to the group, and stop it —
+//! Running the command: spawn it (behind the [guard](crate::command::guard)) in its own process group and,
+//! where possible, its own [cgroup](crate::command::cgroup); forward signals to the group, and stop it —
 //! SIGTERM, grace, SIGKILL — when the lock is lost or `--max-runtime` passes. cronlock is a child
 //! subreaper and reaps orphans, which matters when it is PID 1 and when the guard dies.
 
@@ -13,10 +13,10 @@ use std::path::PathBuf;
 use nix::fcntl::OFlag;
 use nix::unistd::pipe2;
 
+use crate::command::cgroup::Cgroup;
+use crate::command::guard::{self, Prepared};
+use crate::command::shared::{self, Shared};
 use crate::exit::Exit;
-use crate::job::cgroup::Cgroup;
-use crate::job::guard::{self, Prepared};
-use crate::job::shared::{self, Shared};
 use crate::signals;
 
 /// Why the command could not be started.
@@ -203,24 +203,7 @@ pub fn spawn(
         unsafe { libc::waitpid(pid, &mut status, 0) };
         // Dropping it kills what is left in it and removes it.
         drop(cgroup);
-        let code = i32::from_ne_bytes(bytes);
-        if code == guard::REPORT_TOO_LATE {
-            return Err(SpawnError {
-                program,
-                error: io::Error::other("the lock could expire before it started"),
-                too_late: true,
-                no_process: false,
-            });
-        }
-        if code >= guard::REPORT_NO_PROCESS {
-            return Err(SpawnError {
-                no_process: true,
-                ..fail(io::Error::from_raw_os_error(
-                    code - guard::REPORT_NO_PROCESS,
-                ))
-            });
-        }
-        return Err(fail(io::Error::from_raw_os_error(code)));
+        return Err(not_started(program, i32::from_ne_bytes(bytes)));
     }
     Ok(Child {
         group: pid,
@@ -229,6 +212,26 @@ pub fn spawn(
         killed: Cell::new(false),
         taken_over: Cell::new(None),
     })
+}
+
+/// Why the guard's command did not start, from the code the guard reported: too late for the
+/// lock, no process could be made, or exec's errno.
+fn not_started(program: String, code: i32) -> SpawnError {
+    let (error, too_late, no_process) = if code == guard::REPORT_TOO_LATE {
+        let error = io::Error::other("the lock could expire before it started");
+        (error, true, false)
+    } else if code >= guard::REPORT_NO_PROCESS {
+        let errno = code - guard::REPORT_NO_PROCESS;
+        (io::Error::from_raw_os_error(errno), false, true)
+    } else {
+        (io::Error::from_raw_os_error(code), false, false)
+    };
+    SpawnError {
+        program,
+        error,
+        too_late,
+        no_process,
+    }
 }
 
 impl Child {
@@ -353,7 +356,9 @@ impl Child {
                 // SAFETY: reaping our own child.
                 unsafe { libc::waitpid(pid, &mut status, 0) };
                 // Orphans that reached us because the guard died; no child's status matters now.
-                crate::job::tree::kill_descendants(self.cgroup.as_ref().and_then(Cgroup::kill_fd));
+                crate::command::tree::kill_descendants(
+                    self.cgroup.as_ref().and_then(Cgroup::kill_fd),
+                );
                 // Dropping it kills what is left in it and removes it.
                 drop(self.cgroup.take());
                 let guard_died = (ended.is_none() && unexpected).then_some(status);
