@@ -1,5 +1,5 @@
-# Sourced by scripts/bench-tls.sh and scripts/bench-catchup.sh: what every interleaved benchmark
-# needs first. Not run on its own.
+# Sourced by the benchmark scripts (bench-tls, bench-catchup, bench-crontab, bench-listen): what
+# every interleaved benchmark needs first. Not run on its own.
 
 # Install the Debian packages of the commands that are missing: bench_install CMD:PACKAGE ...
 bench_install() {
@@ -39,4 +39,14 @@ bench_repeat() {
   local fails
   fails=$(awk '{s+=$4} END {print s}' "$WORK/out")
   [ "$fails" -eq 0 ] || { echo "$2: $fails runs failed" >&2; cat "$WORK/out" >&2; exit 1; }
+}
+
+# A loopback redis-server for the benchmark, without persistence, killed on exit (its pid file is
+# in WORK): its port in P, its URL in CRONLOCK_REDIS_URL, once it answers.
+bench_redis() {
+  P=$(free_port)
+  redis-server --port "$P" --bind 127.0.0.1 --save '' --daemonize yes --pidfile "$WORK/redis.pid" \
+    --dir "$WORK" >/dev/null
+  export CRONLOCK_REDIS_URL=redis://127.0.0.1:$P
+  for _ in $(seq 100); do redis-cli -p "$P" ping >/dev/null 2>&1 && break; sleep 0.05; done
 }

@@ -22,11 +22,7 @@ ROUNDS=${2:-7}
 . scripts/bench-common.sh
 bench_install redis-server:redis-server redis-cli:redis-tools gcc:gcc
 bench_setup
-P=$(free_port)
-redis-server --port "$P" --bind 127.0.0.1 --save '' --daemonize yes --pidfile "$WORK/redis.pid" \
-  --dir "$WORK" >/dev/null
-export CRONLOCK_REDIS_URL=redis://127.0.0.1:$P
-for _ in $(seq 100); do redis-cli -p "$P" ping >/dev/null 2>&1 && break; sleep 0.05; done
+bench_redis
 R() { redis-cli -p "$P" "$@"; }
 cpu() { R info cpu | awk -F: '/^used_cpu_(sys|user):/ {s += $2} END {printf "%.4f", s}'; }
 

@@ -13,11 +13,7 @@ SECS=${2:-20}
 . scripts/bench-common.sh
 bench_install redis-server:redis-server redis-cli:redis-tools gcc:gcc
 bench_setup
-P=$(free_port)
-redis-server --port "$P" --bind 127.0.0.1 --save '' --daemonize yes --pidfile "$WORK/redis.pid" \
-  --dir "$WORK" >/dev/null
-export CRONLOCK_REDIS_URL=redis://127.0.0.1:$P
-for _ in $(seq 100); do redis-cli -p "$P" ping >/dev/null 2>&1 && break; sleep 0.05; done
+bench_redis
 {
   echo "CRON_TZ=UTC"
   for j in 1 2 3 4 5; do echo "* * * * * * l$j echo \$CRONLOCK_INSTANT \$(date +%s.%N) >> $WORK/runs"; done

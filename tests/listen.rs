@@ -88,13 +88,18 @@ fn three_jobs(dir: &Path) -> String {
     )
 }
 
+/// [`three_jobs`] served by a replica listening, `paused-job` suspended first.
+fn three_jobs_served(r: &Redis, dir: &Path) -> (std::process::Child, u16) {
+    let out = run(cronlock(r).args(["--suspend", "--reason", "test", "paused-job"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    listening(&r.url(), dir, &three_jobs(dir), &[])
+}
+
 #[test]
 fn metrics_parse_and_the_shipped_alerts_fire_on_scraped_series() {
     let r = Redis::start();
     let dir = scratch("listen-metrics");
-    let out = run(cronlock(&r).args(["--suspend", "--reason", "test", "paused-job"]));
-    assert_eq!(code(&out), 0, "{}", stderr(&out));
-    let (child, port) = listening(&r.url(), &dir, &three_jobs(&dir), &[]);
+    let (child, port) = three_jobs_served(&r, &dir);
     let mut text = String::new();
     assert!(
         wait_for(Duration::from_secs(15), || {
@@ -221,9 +226,7 @@ fn readyz_follows_redis_and_healthz_follows_the_loop() {
 fn the_page_in_chromium_shows_each_job_and_its_state() {
     let r = Redis::start();
     let dir = scratch("listen-page");
-    let out = run(cronlock(&r).args(["--suspend", "--reason", "test", "paused-job"]));
-    assert_eq!(code(&out), 0, "{}", stderr(&out));
-    let (child, port) = listening(&r.url(), &dir, &three_jobs(&dir), &[]);
+    let (child, port) = three_jobs_served(&r, &dir);
     // Two instants of each recorded.
     assert!(wait_for(Duration::from_secs(15), || {
         let page = get(port, "/").1;
