@@ -188,6 +188,8 @@ fn a_firing_with_nothing_due_is_one_round_trip() {
                 "hmget",
                 "time",
                 "config|resetstat",
+                // Redis 6.2 counts CONFIG RESETSTAT as "config" (subcommands from 7.0).
+                "config",
                 "info"
             ]
             .contains(&name.as_str()),

@@ -271,7 +271,9 @@ fn the_page_in_chromium_shows_each_job_and_its_state() {
     assert!(!row("ok-job").contains("class=\"c failed\""));
     assert!(row("failing-job").contains("class=\"c failed\""));
     assert!(row("failing-job").contains("exit 3"));
-    let shot = dir.join("page.png");
+    // Kept after the test (its scratch directory is not), for a person to look at.
+    let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("listen-page.png");
+    let _ = std::fs::remove_file(&shot);
     let out = chromium(&[
         &format!("--screenshot={}", shot.display()),
         "--window-size=412,900",
