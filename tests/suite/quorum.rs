@@ -1,0 +1,287 @@
+//! Several independent masters (Redlock): three real redis-servers, some SIGSTOPped or killed.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+
+fn three() -> Vec<Redis> {
+    (0..3).map(|_| Redis::start_tcp()).collect()
+}
+
+/// cronlock with `-u` for each master.
+fn on(masters: &[Redis]) -> Command {
+    let mut cmd = cronlock_at("");
+    cmd.env_remove("CRONLOCK_REDIS_URL");
+    for m in masters {
+        cmd.args(["-u", &m.tcp_url()]);
+    }
+    cmd
+}
+
+/// cronlock with every master in CRONLOCK_REDIS_URL, separated by spaces.
+fn on_env(masters: &[Redis]) -> Command {
+    let urls: Vec<String> = masters.iter().map(|m| m.tcp_url()).collect();
+    cronlock_at(&urls.join(" "))
+}
+
+const LOCK: &str = "cronlock:{q}";
+
+#[test]
+fn runs_and_releases_everywhere() {
+    let m = three();
+    let out = run(on_env(&m).args(["q", "--", "true"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    for r in &m {
+        assert!(!r.exists(LOCK));
+        assert!(r.exists("cronlock:{q}:last"));
+    }
+}
+
+#[test]
+fn holds_a_majority_while_running_and_a_second_acquirer_skips() {
+    let m = three();
+    let dir = scratch("quorum-held");
+    let job = on(&m)
+        .current_dir(&dir)
+        .args([
+            "q",
+            "--",
+            "sh",
+            "-c",
+            "touch started; while [ ! -e go ]; do sleep 0.05; done",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(10), || dir
+        .join("started")
+        .exists()));
+    assert!(m.iter().filter(|r| r.exists(LOCK)).count() >= 2);
+    let second = run(on(&m)
+        .current_dir(&dir)
+        .args(["-E", "75", "q", "--", "touch", "second"]));
+    assert_eq!(code(&second), 75, "{}", stderr(&second));
+    assert!(!dir.join("second").exists());
+    let status = run(on(&m).args(["--status", "q"]));
+    let text = stdout(&status);
+    assert!(text.contains("lock 'q' is held"), "{text}");
+    assert!(text.contains("masters (2 of 3 needed):"), "{text}");
+    assert_eq!(text.matches(": held, ttl").count(), 3, "{text}");
+    let list = run(on(&m).args(["--list"]));
+    assert!(
+        stdout(&list).contains("on 3 of 3 masters"),
+        "{}",
+        stdout(&list)
+    );
+    std::fs::write(dir.join("go"), "").unwrap();
+    let out = job.wait_with_output().unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(m.iter().all(|r| !r.exists(LOCK)));
+}
+
+#[test]
+fn one_frozen_master_still_runs_quickly() {
+    let m = three();
+    let dir = scratch("quorum-frozen");
+    m[1].pause();
+    let start = Instant::now();
+    let out = run(on(&m).current_dir(&dir).args(["q", "--", "touch", "ran"]));
+    let took = start.elapsed();
+    m[1].resume();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(dir.join("ran").exists());
+    // Each call to the frozen master is bounded by TTL/30 = 1 s (acquire, then release).
+    assert!(took < Duration::from_millis(2800), "took {took:?}");
+}
+
+#[test]
+fn two_of_three_down_runs_nothing_and_leaves_nothing() {
+    let mut m = three();
+    let dir = scratch("quorum-down");
+    m[0].kill();
+    m[2].kill();
+    let out = run(on(&m).current_dir(&dir).args(["q", "--", "touch", "ran"]));
+    assert_eq!(code(&out), 125);
+    let line = one_line(&out);
+    assert!(
+        line.contains("1 of 3 masters granted it, 2 needed"),
+        "{line}"
+    );
+    assert!(line.contains(&format!("127.0.0.1:{}", m[0].port)), "{line}");
+    assert!(!dir.join("ran").exists());
+    assert!(!m[1].exists(LOCK));
+}
+
+#[test]
+fn losing_the_quorum_mid_run_stops_the_command_before_expiry() {
+    let m = three();
+    let dir = scratch("quorum-lost");
+    let ttl = Duration::from_secs(3);
+    let job = on(&m)
+        .current_dir(&dir)
+        .args([
+            "--ttl",
+            "3s",
+            "q",
+            "--",
+            "sh",
+            "-c",
+            "echo $$ > pid; exec sleep 60",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = read_pid(&dir.join("pid"));
+    m[0].pause();
+    m[1].pause();
+    let paused = Instant::now();
+    let out = job.wait_with_output().unwrap();
+    let ended = paused.elapsed();
+    m[0].resume();
+    m[1].resume();
+    assert_eq!(code(&out), 122, "{}", stderr(&out));
+    assert!(ended < ttl, "ended {ended:?} after the pause");
+    assert!(!alive(pid));
+}
+
+#[test]
+fn fencing_tokens_keep_increasing_whichever_majority_answers() {
+    let mut m = three();
+    let dir = scratch("quorum-fence");
+    // One master's counter is far ahead of the clock: only the write-back carries it to the
+    // next majority.
+    m[0].set("cronlock:{q}:fence", "5000000000000000");
+    let mut last = 0u64;
+    for (round, frozen) in [2usize, 0, 1, 2, 0, 1].into_iter().enumerate() {
+        if round == 3 {
+            // A master restarted empty changes nothing either.
+            m[2].restart();
+        }
+        m[frozen].pause();
+        let out = run(on(&m).current_dir(&dir).args([
+            "q",
+            "--",
+            "sh",
+            "-c",
+            "echo $CRONLOCK_FENCING_TOKEN",
+        ]));
+        m[frozen].resume();
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        let token: u64 = stdout(&out).trim().parse().unwrap();
+        assert!(token > last, "round {round}: {token} after {last}");
+        assert!(token > 5_000_000_000_000_000, "round {round}: {token}");
+        last = token;
+    }
+}
+
+#[test]
+fn ten_contenders_run_once_per_tick() {
+    let m = three();
+    let dir = scratch("quorum-contenders");
+    for tick in 0..2 {
+        let children: Vec<_> = (0..10)
+            .map(|_| {
+                on(&m)
+                    .current_dir(&dir)
+                    .args(["-E", "75", "q", "--", "sh", "-c"])
+                    .arg(format!("echo {tick} >> runs; sleep 1"))
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let codes = exit_codes(children);
+        let runs = std::fs::read_to_string(dir.join("runs")).unwrap();
+        let this_tick = runs.lines().filter(|l| *l == tick.to_string()).count();
+        assert_eq!(this_tick, 1, "tick {tick}: {codes:?}");
+        assert!(codes.iter().all(|c| *c == 0 || *c == 75), "{codes:?}");
+    }
+}
+
+/// A rolling restart without persistence: two masters of three restarted empty 2 s apart under a
+/// holder (`--ttl 3s`, renewals every second), with contenders every 200 ms. The holder writes its
+/// lock back on a master that lost it while a majority confirms it, so nobody else ever gets a
+/// majority, and its job goes on.
+#[test]
+fn a_rolling_restart_of_two_masters_lets_nobody_in() {
+    let mut m = three();
+    let dir = scratch("quorum-rolling");
+    let holder = spawn_holding(on(&m).args(["--ttl", "3s", "q"]), &dir);
+    let urls: Vec<String> = m.iter().map(|r| r.tcp_url()).collect();
+    let d = dir.to_path_buf();
+    let contenders = Contenders::start(
+        move || {
+            let mut c = cronlock_at("");
+            c.env_remove("CRONLOCK_REDIS_URL").current_dir(&d);
+            for u in &urls {
+                c.args(["-u", u]);
+            }
+            c.args(["--ttl", "3s", "-E", "75", "q"]);
+            c
+        },
+        &dir,
+    );
+    m[0].restart();
+    // The scenario's own timing (a rolling restart), not a wait for an event.
+    std::thread::sleep(Duration::from_secs(2));
+    m[1].restart();
+    let restarted = Instant::now();
+    assert!(
+        wait_for(Duration::from_secs(5), || m.iter().all(|r| r.exists(LOCK))),
+        "the holder did not write its lock back on the restarted masters"
+    );
+    // Longer than a TTL after the second restart.
+    while restarted.elapsed() < Duration::from_secs(4) {
+        assert!(alive(holder.id() as i32), "the holder ended");
+        assert!(!dir.join("overlap").exists(), "two jobs overlapped");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let codes = contenders.stop();
+    std::fs::write(dir.join("go"), "").unwrap();
+    let out = holder.wait_with_output().unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(!dir.join("overlap").exists(), "two jobs overlapped");
+    assert!(
+        codes.iter().all(|c| *c == 75 || *c == 125),
+        "a contender ran: {codes:?}"
+    );
+}
+
+/// Several masters: the lock deleted on a minority is not a loss: the renewal the watch asks for
+/// writes it back there at once. Taken by another holder on a majority, it is a loss, noticed at
+/// once (overwritten, not deleted: whatever order the renewals come in, nothing is written back
+/// over another holder's lock).
+#[test]
+fn a_lock_deleted_on_a_minority_is_mended_and_on_a_majority_is_lost() {
+    let m = three();
+    let dir = scratch("quorum-tracked");
+    let holder = spawn_holding(on(&m).args(["--ttl", "30s", "q"]), &dir);
+    // The watch starts 20 ms after the command; a deletion before it is found by its first read.
+    m[0].del(LOCK);
+    let deleted = Instant::now();
+    assert!(
+        wait_for(Duration::from_secs(2), || m[0].exists(LOCK)),
+        "the lock was not written back on the master that lost it"
+    );
+    eprintln!(
+        "minority: written back {:?} after the DEL",
+        deleted.elapsed()
+    );
+    assert!(alive(holder.id() as i32), "a minority's loss ended the job");
+    std::fs::write(dir.join("go"), "").unwrap();
+    let out = holder.wait_with_output().unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let took = stopped_at_once(on(&m), "q2", || {
+        for r in &m[..2] {
+            r.query::<()>(
+                redis::cmd("SET")
+                    .arg("cronlock:{q2}")
+                    .arg("another holder")
+                    .arg("PX")
+                    .arg(30_000),
+            );
+        }
+    });
+    eprintln!("majority: stopped {took:?} after the overwrites");
+}
