@@ -50,3 +50,19 @@ bench_redis() {
   export CRONLOCK_REDIS_URL=redis://127.0.0.1:$P
   for _ in $(seq 100); do redis-cli -p "$P" ping >/dev/null 2>&1 && break; sleep 0.05; done
 }
+
+# The start delays of FILE's lines ("INSTANT START ...": an RFC 3339 instant and a Unix time), in
+# ms: "RUNS P50 P90 P99 MAX".
+bench_delays() {
+  python3 - "$1" <<'PY'
+import sys, datetime
+d = []
+for line in open(sys.argv[1]):
+    inst, start = line.split()[:2]
+    t = datetime.datetime.fromisoformat(inst.replace("Z", "+00:00")).timestamp()
+    d.append((float(start) - t) * 1000)
+d.sort()
+q = lambda p: d[min(len(d) - 1, int(p * len(d)))]
+print(f"{len(d)} {q(0.5):.2f} {q(0.9):.2f} {q(0.99):.2f} {d[-1]:.2f}")
+PY
+}

@@ -150,19 +150,11 @@ PY
 echo
 
 # 3. Start delay.
-delays() {
-  python3 - "$@" <<'PY'
-import sys, datetime
-d = []
-for line in open(sys.argv[1]):
-    inst, start = line.split()[:2]
-    t = datetime.datetime.fromisoformat(inst.replace("Z", "+00:00")).timestamp()
-    d.append((float(start) - t) * 1000)
-d.sort()
-q = lambda p: d[min(len(d) - 1, int(p * len(d)))]
-print(f"- {sys.argv[2]}: {len(d)} runs, p50 **{q(0.5):.1f} ms**, p90 {q(0.9):.1f} ms, "
-      f"p99 **{q(0.99):.1f} ms**, max {d[-1]:.1f} ms.")
-PY
+delays() { # FILE LABEL
+  local runs p50 p90 p99 max
+  read -r runs p50 p90 p99 max < <(bench_delays "$1")
+  printf -- '- %s: %s runs, p50 **%.1f ms**, p90 %.1f ms, p99 **%.1f ms**, max %.1f ms.\n' \
+    "$2" "$runs" "$p50" "$p90" "$p99" "$max"
 }
 echo "### 3. Delay from the instant to the command's start (3 replicas)"
 echo

@@ -57,17 +57,10 @@ for t in ts: t.start()
 for t in ts: t.join()
 print(served[0] / secs)
 PY
-p99() {
-  python3 - "$1" <<'PY'
-import sys, datetime
-d = []
-for line in open(sys.argv[1]):
-    inst, start = line.split()[:2]
-    t = datetime.datetime.fromisoformat(inst.replace("Z", "+00:00")).timestamp()
-    d.append((float(start) - t) * 1000)
-d.sort()
-print(f"{d[min(len(d) - 1, int(0.99 * len(d)))]:.2f} {d[len(d) // 2]:.2f} {len(d)}")
-PY
+p99() { # FILE: "P99 P50 RUNS"
+  local runs p50 p90 p99 max
+  read -r runs p50 p90 p99 max < <(bench_delays "$1")
+  echo "$p99 $p50 $runs"
 }
 LPORT=$(free_port)
 : > "$WORK/rounds"
