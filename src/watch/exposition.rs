@@ -11,9 +11,9 @@ use crate::clock::unix_millis;
 use crate::fleet::metrics::OUTCOMES;
 use crate::host::hostname;
 
+use super::answer::Answer;
+use super::board::{Board, RTT_BOUNDS};
 use super::fleet::Reader;
-use super::http::Answer;
-use super::{Board, RTT_BOUNDS};
 
 /// The states of the ledger an instant can be in.
 const STATES: [&str; 7] = [

@@ -10,7 +10,7 @@ use crate::store::inspect::merge;
 use crate::store::keys::Keys;
 use crate::store::quorum::Masters;
 
-use super::{Fleetwide, JobLine};
+use super::board::{Fleetwide, JobLine};
 
 /// The longest a request waits for Redis in all.
 pub const READ_WITHIN: Duration = Duration::from_millis(1500);

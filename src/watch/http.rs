@@ -15,8 +15,10 @@ use crate::clock::Instant;
 
 use crate::log::{Level, Log};
 
+use super::answer::Answer;
+use super::board::Board;
 use super::fleet::Reader;
-use super::{exposition, page, Board, STUCK, UNANSWERED};
+use super::{exposition, page, probes};
 
 /// The most connections open at once.
 pub const MAX_CONNS: usize = 256;
@@ -34,23 +36,6 @@ struct Conn {
     stream: TcpStream,
     head: Vec<u8>,
     until: Instant,
-}
-
-/// An answer: status, content type, body.
-pub struct Answer {
-    pub status: u16,
-    pub kind: &'static str,
-    pub body: String,
-}
-
-impl Answer {
-    pub fn text(status: u16, body: impl Into<String>) -> Answer {
-        Answer {
-            status,
-            kind: "text/plain; charset=utf-8",
-            body: body.into(),
-        }
-    }
 }
 
 /// Serve until the process ends.
@@ -194,47 +179,10 @@ fn route(method: &str, path: &str, board: &Board, fleet: &mut Reader) -> Answer 
         );
     }
     match path {
-        "/healthz" => healthz(board),
-        "/readyz" => readyz(board),
+        "/healthz" => probes::healthz(board),
+        "/readyz" => probes::readyz(board),
         "/metrics" => exposition::answer(board, fleet),
         _ => page::answer(board, fleet),
-    }
-}
-
-/// 200 while the loop turns.
-fn healthz(board: &Board) -> Answer {
-    let since = board.since_turn();
-    if since > STUCK {
-        return Answer::text(
-            503,
-            format!(
-                "stuck: the replica's loop has not turned for {} ms\n",
-                since.as_millis()
-            ),
-        );
-    }
-    Answer::text(200, "ok\n")
-}
-
-/// 200 while Redis answers and the replica serves.
-fn readyz(board: &Board) -> Answer {
-    let s = board.state();
-    if s.draining {
-        return Answer::text(503, "draining: this replica claims nothing more\n");
-    }
-    if let Some(why) = &s.failing {
-        return Answer::text(503, format!("redis does not answer: {why}\n"));
-    }
-    match s.answered {
-        Some(at) if at.elapsed() <= UNANSWERED => Answer::text(200, "ready\n"),
-        Some(at) => Answer::text(
-            503,
-            format!(
-                "redis has not answered for {} ms\n",
-                at.elapsed().as_millis()
-            ),
-        ),
-        None => Answer::text(503, "not yet: redis has not answered a heartbeat yet\n"),
     }
 }
 

@@ -13,9 +13,9 @@ use crate::fleet::describe::{describe_suspension, round_ms, text_field};
 use crate::fleet::ledger::entry_json;
 use crate::host::hostname;
 
+use super::answer::Answer;
+use super::board::{Board, Fleetwide, JobLine, Running};
 use super::fleet::Reader;
-use super::http::Answer;
-use super::{Board, Fleetwide, JobLine, Running};
 
 /// The newest instants shown per job.
 const CELLS: usize = 32;

@@ -59,18 +59,10 @@ fn edges(module: &str, code: &str, all: &BTreeMap<String, String>) -> BTreeSet<S
             }
         }
     };
-    let words = |rest: &str| -> Vec<String> {
-        rest.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
-            .next()
-            .unwrap_or_default()
-            .split("::")
-            .filter(|w| !w.is_empty())
-            .map(str::to_string)
-            .collect()
-    };
     for (i, _) in code.match_indices("crate::") {
-        let w = words(&code[i + "crate::".len()..]);
-        resolve(w.iter().map(String::as_str).collect(), &mut found);
+        for w in paths(&code[i + "crate::".len()..]) {
+            resolve(w.iter().map(String::as_str).collect(), &mut found);
+        }
     }
     // `super::x` from `a::b` (a file) is `a::x`; from `a` (a mod.rs) it is `x`.
     for (i, _) in code.match_indices("super::") {
@@ -83,12 +75,61 @@ fn edges(module: &str, code: &str, all: &BTreeMap<String, String>) -> BTreeSet<S
             base.pop();
             rest = r;
         }
-        let w = words(rest);
-        let mut path = base.clone();
-        path.extend(w.iter().map(String::as_str));
-        resolve(path, &mut found);
+        for w in paths(rest) {
+            let mut path = base.clone();
+            path.extend(w.iter().map(String::as_str));
+            resolve(path, &mut found);
+        }
     }
     found
+}
+
+/// The module paths named at the start of `rest` (what follows `crate::` or `super::`): one, or
+/// one per item of a `{a, b::c, self}` group (nested groups too).
+fn paths(rest: &str) -> Vec<Vec<String>> {
+    let end = rest
+        .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+        .unwrap_or(rest.len());
+    let head = &rest[..end];
+    let prefix: Vec<String> = head
+        .split("::")
+        .filter(|w| !w.is_empty())
+        .map(str::to_string)
+        .collect();
+    if !(head.is_empty() || head.ends_with("::")) || !rest[end..].starts_with('{') {
+        return vec![prefix];
+    }
+    // The group's items, split at its own commas.
+    let inside = &rest[end + 1..];
+    let (mut depth, mut start, mut out) = (0, 0, Vec::new());
+    for (i, c) in inside.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                out.extend(item_paths(&prefix, &inside[start..i]));
+                return out;
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                out.extend(item_paths(&prefix, &inside[start..i]));
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// One item of a group, under its prefix (`self` is the prefix itself).
+fn item_paths(prefix: &[String], item: &str) -> Vec<Vec<String>> {
+    let item = item.trim();
+    if item == "self" || item.starts_with("self ") {
+        return vec![prefix.to_vec()];
+    }
+    paths(item)
+        .into_iter()
+        .map(|p| prefix.iter().cloned().chain(p).collect())
+        .collect()
 }
 
 /// A cycle through `start`, if any (depth-first).
