@@ -20,6 +20,17 @@ use super::fleet::Reader;
 /// The newest instants shown per job.
 const CELLS: usize = 32;
 
+/// The states of the ledger, in the legend under the table.
+const LEGEND: [&str; 7] = [
+    "running",
+    "succeeded",
+    "failed",
+    "missed",
+    "abandoned",
+    "interrupted",
+    "skipped",
+];
+
 const STYLE: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:1em;color:#222}\
 h1{font-size:1.2em}table{border-collapse:collapse;width:100%}\
 .wrap{overflow-x:auto}th,td{text-align:left;padding:.35em .5em;border-bottom:1px solid #ddd;\
@@ -27,7 +38,10 @@ vertical-align:top}th{background:#f4f4f4}.cells{white-space:nowrap}\
 .c{display:inline-block;width:.8em;height:1.2em;margin-right:2px;border-radius:2px;background:#ccc}\
 .succeeded{background:#2e9e44}.failed{background:#d23c3c}.missed{background:#8a5cc2}\
 .abandoned{background:#e08a00}.interrupted{background:#c76b98}.skipped{background:#9aa5b1}\
-.running{background:#2f7bd9}.warn{color:#b00}.muted{color:#777}";
+.running{background:#2f7bd9}.warn{color:#b00}.muted{color:#777}\
+@media (max-width:640px){thead{display:none}tr.job{display:block;border-bottom:1px solid #ddd;\
+padding:.4em 0}tr.job td{display:block;border:0;padding:.1em .5em}\
+tr.job td::before{content:attr(data-label);font-weight:600;margin-right:.5em}}";
 
 pub fn answer(board: &Board, fleet: &mut Reader) -> Answer {
     let (jobs, running, draining) = {
@@ -70,7 +84,11 @@ pub fn answer(board: &Board, fleet: &mut Reader) -> Answer {
             now as i64,
         );
     }
-    out.push_str("</tbody></table></div></body></html>\n");
+    out.push_str("</tbody></table></div><p class=\"muted\">");
+    for state in LEGEND {
+        let _ = write!(out, "<span class=\"c {state}\"></span> {state} &nbsp; ");
+    }
+    out.push_str("</p></body></html>\n");
     Answer {
         status: 200,
         kind: "text/html; charset=utf-8",
@@ -108,8 +126,10 @@ fn row(
     };
     let _ = write!(
         out,
-        "<tr class=\"job\" data-key=\"{k}\" data-state=\"{state}\"><td>{k}</td><td><code>{s}</code></td>\
-         <td>{next}</td><td>{runs}</td><td>{susp}</td><td class=\"cells\">",
+        "<tr class=\"job\" data-key=\"{k}\" data-state=\"{state}\"><td data-label=\"Job\">{k}</td>\
+         <td data-label=\"Schedule\"><code>{s}</code></td><td data-label=\"Next\">{next}</td>\
+         <td data-label=\"Now\">{runs}</td><td data-label=\"Suspended\">{susp}</td>\
+         <td data-label=\"Instants\" class=\"cells\">",
         k = esc(&job.key),
         s = esc(&job.schedule.text),
         runs = esc(&runs),

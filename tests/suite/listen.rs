@@ -256,7 +256,11 @@ fn the_page_in_chromium_shows_each_job_and_its_state() {
     };
     let out = chromium(&["--dump-dom"]);
     let dom = String::from_utf8_lossy(&out.stdout).into_owned();
-    let rows: Vec<&str> = dom.split("<tr class=\"job\"").skip(1).collect();
+    let rows: Vec<&str> = dom
+        .split("<tr class=\"job\"")
+        .skip(1)
+        .map(|r| r.split("</tr>").next().unwrap_or_default())
+        .collect();
     assert_eq!(rows.len(), 3, "{dom}");
     let row = |key: &str| {
         *rows
