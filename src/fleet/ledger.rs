@@ -8,6 +8,17 @@ use serde_json::{json, Value};
 use crate::clock::rfc3339;
 use crate::fleet::describe::{round_ms, text_field};
 
+/// The states an instant can be in, as the scripts write them.
+pub const STATES: [&str; 7] = [
+    "running",
+    "succeeded",
+    "failed",
+    "missed",
+    "abandoned",
+    "interrupted",
+    "skipped",
+];
+
 /// One instant's entry as JSON: `{instant, instant_time, state, attempts: [...]}`, each attempt
 /// with its times also in RFC 3339. An entry cronlock did not write is shown as `{"value": ...}`.
 pub fn entry_json(instant: i64, raw: &str) -> Value {

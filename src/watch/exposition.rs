@@ -8,23 +8,13 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use crate::clock::unix_millis;
+use crate::fleet::ledger::STATES;
 use crate::fleet::metrics::OUTCOMES;
 use crate::host::hostname;
 
 use super::answer::Answer;
 use super::board::{Board, RTT_BOUNDS};
 use super::fleet::Reader;
-
-/// The states of the ledger an instant can be in.
-const STATES: [&str; 7] = [
-    "running",
-    "succeeded",
-    "failed",
-    "missed",
-    "abandoned",
-    "interrupted",
-    "skipped",
-];
 
 /// Families in order of first appearance, each with its help, type and samples.
 #[derive(Default)]

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::clock::{rfc3339, unix_millis};
 use crate::fleet::describe::{describe_suspension, round_ms, text_field};
-use crate::fleet::ledger::entry_json;
+use crate::fleet::ledger::{entry_json, STATES};
 use crate::host::hostname;
 
 use super::answer::Answer;
@@ -19,17 +19,6 @@ use super::fleet::Reader;
 
 /// The newest instants shown per job.
 const CELLS: usize = 32;
-
-/// The states of the ledger, in the legend under the table.
-const LEGEND: [&str; 7] = [
-    "running",
-    "succeeded",
-    "failed",
-    "missed",
-    "abandoned",
-    "interrupted",
-    "skipped",
-];
 
 const STYLE: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:1em;color:#222}\
 h1{font-size:1.2em}table{border-collapse:collapse;width:100%}\
@@ -85,7 +74,7 @@ pub fn answer(board: &Board, fleet: &mut Reader) -> Answer {
         );
     }
     out.push_str("</tbody></table></div><p class=\"muted\">");
-    for state in LEGEND {
+    for state in STATES {
         let _ = write!(out, "<span class=\"c {state}\"></span> {state} &nbsp; ");
     }
     out.push_str("</p></body></html>\n");
