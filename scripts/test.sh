@@ -155,8 +155,9 @@ pass_on() { # SERVER CLI SUITE...: those suites of the binary
   local server=$1 cli=$2 filters=()
   shift 2
   for want in "$@"; do filters+=("$want::"); done
-  # Two passes at once: two tests at a time each.
-  CRONLOCK_TEST_REDIS_SERVER="$server" CRONLOCK_TEST_REDIS_CLI="$cli" RUST_TEST_THREADS=2 \
+  # Two passes at once, three tests at a time each (Sentinel's and Cluster's failovers are most
+  # of their time, spent waiting).
+  CRONLOCK_TEST_REDIS_SERVER="$server" CRONLOCK_TEST_REDIS_CLI="$cli" RUST_TEST_THREADS=3 \
     "$suite" "${filters[@]}" "${SERVER_SKIP[@]}"
 }
 logs=$(mktemp -d)
