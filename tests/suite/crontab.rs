@@ -12,13 +12,6 @@ fn three_replicas_run_each_instant_of_each_job_once() {
     replicas::each_instant_once(&Redis::start().url(), "replicas", 20);
 }
 
-/// A replica SIGKILLed, or SIGTERMed with a run longer than --drain: its instant runs again on
-/// another replica within TTL + 2 s.
-#[test]
-fn a_dead_or_drained_replicas_run_is_retried_on_another() {
-    replicas::retried_on_another(&Redis::start().url(), "retry");
-}
-
 /// SIGTERM: a running job ends on its own and the replica exits 0, claiming nothing after the
 /// signal; a job longer than --drain is stopped, and the replica exits 143.
 #[test]
@@ -378,4 +371,16 @@ fn a_second_sigterm_stops_at_once_and_a_changed_file_is_read() {
         "{}",
         replica_err(&file)
     );
+}
+
+/// The tests that measure time: they run alone (see `common::alone`).
+mod alone {
+    use super::*;
+
+    /// A replica SIGKILLed, or SIGTERMed with a run longer than --drain: its instant runs again on
+    /// another replica within TTL + 2 s.
+    #[test]
+    fn a_dead_or_drained_replicas_run_is_retried_on_another() {
+        replicas::retried_on_another(&Redis::start().url(), "retry");
+    }
 }

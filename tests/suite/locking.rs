@@ -66,23 +66,6 @@ fn busy_lock_exit_code_is_configurable() {
 }
 
 #[test]
-fn wait_gives_up_after_the_duration() {
-    let r = Redis::start();
-    r.set(LOCK, "someone else");
-    let t = std::time::Instant::now();
-    let out = run(cronlock(&r).args(["-w", "300ms", "-E", "9", "k", "true"]));
-    assert_eq!(code(&out), 9, "{}", stderr(&out));
-    let took = t.elapsed();
-    assert!(took >= Duration::from_millis(300), "{took:?}");
-    assert!(took < Duration::from_secs(3), "{took:?}");
-    // -n overrides -w, like flock
-    let t = std::time::Instant::now();
-    let out = run(cronlock(&r).args(["-w", "5s", "-n", "-E", "9", "k", "true"]));
-    assert_eq!(code(&out), 9);
-    assert!(t.elapsed() < Duration::from_secs(2));
-}
-
-#[test]
 fn wait_takes_the_lock_once_free() {
     let r = Redis::start();
     let mut con = r.con();
@@ -556,5 +539,28 @@ fn fencing_tokens_are_exact_and_never_go_back() {
             );
         }
         r.del(FENCE);
+    }
+}
+
+/// The tests that measure time: they run alone (see `common::alone`).
+mod alone {
+    use super::*;
+
+    #[test]
+    fn wait_gives_up_after_the_duration() {
+        let _alone = measure_alone();
+        let r = Redis::start();
+        r.set(LOCK, "someone else");
+        let t = std::time::Instant::now();
+        let out = run(cronlock(&r).args(["-w", "300ms", "-E", "9", "k", "true"]));
+        assert_eq!(code(&out), 9, "{}", stderr(&out));
+        let took = t.elapsed();
+        assert!(took >= Duration::from_millis(300), "{took:?}");
+        assert!(took < Duration::from_secs(3), "{took:?}");
+        // -n overrides -w, like flock
+        let t = std::time::Instant::now();
+        let out = run(cronlock(&r).args(["-w", "5s", "-n", "-E", "9", "k", "true"]));
+        assert_eq!(code(&out), 9);
+        assert!(t.elapsed() < Duration::from_secs(2));
     }
 }

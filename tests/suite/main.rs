@@ -32,5 +32,6 @@ mod schedule;
 mod secrets;
 mod semaphore;
 mod ship;
+mod timing;
 mod tls;
 mod tracking;

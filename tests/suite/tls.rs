@@ -27,6 +27,7 @@ fn openssl(dir: &Path, args: &[&str]) {
 /// expired); a client certificate; an unrelated CA. Made once per test binary.
 fn certs() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
+    crate::common::alone::enter();
     DIR.get_or_init(|| {
         let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
         // Certificates of earlier runs whose test process is gone.
@@ -192,133 +193,6 @@ fn mutual_tls_with_and_without_a_client_certificate() {
     assert_eq!(stdout(&out), "");
 }
 
-/// Every error: 125, one line naming the problem, the command not run, nothing left behind.
-#[test]
-fn tls_errors_are_one_line_each() {
-    let good = tls_redis("server.crt", false, None);
-    let wrong = tls_redis("wrong.crt", false, None);
-    let expired = tls_redis("expired.crt", false, None);
-    let mtls = tls_redis("server.crt", true, None);
-    let plain = Redis::start_tcp();
-    let c = certs();
-    let dir = scratch("tlserr");
-    let marker = dir.join("ran");
-    let path = |p: &str| c.join(p).display().to_string();
-    let cases: Vec<(&str, String, Vec<String>, &str)> = vec![
-        (
-            "no CA given",
-            good.tls_url("127.0.0.1"),
-            vec![],
-            "not trusted",
-        ),
-        (
-            "another CA",
-            good.tls_url("127.0.0.1"),
-            vec!["--tls-ca-cert".into(), path("other-ca.crt")],
-            "not trusted",
-        ),
-        (
-            "name mismatch",
-            wrong.tls_url("127.0.0.1"),
-            vec!["--tls-ca-cert".into(), path("ca.crt")],
-            "not valid for the host name",
-        ),
-        (
-            "expired",
-            expired.tls_url("127.0.0.1"),
-            vec!["--tls-ca-cert".into(), path("ca.crt")],
-            "expired",
-        ),
-        (
-            "missing CA file",
-            good.tls_url("127.0.0.1"),
-            vec!["--tls-ca-cert".into(), path("no-such.crt")],
-            "no-such.crt",
-        ),
-        (
-            "CA file without a certificate",
-            good.tls_url("127.0.0.1"),
-            vec!["--tls-ca-cert".into(), path("client.key")],
-            "holds no PEM certificate",
-        ),
-        (
-            "key of another certificate",
-            mtls.tls_url("127.0.0.1"),
-            vec![
-                "--tls-ca-cert".into(),
-                path("ca.crt"),
-                "--tls-cert".into(),
-                path("client.crt"),
-                "--tls-key".into(),
-                path("server.key"),
-            ],
-            "does not belong",
-        ),
-        (
-            "certificate without key",
-            mtls.tls_url("127.0.0.1"),
-            vec!["--tls-cert".into(), path("client.crt")],
-            "--tls-key",
-        ),
-        (
-            "key without certificate",
-            mtls.tls_url("127.0.0.1"),
-            vec!["--tls-key".into(), path("client.key")],
-            "--tls-cert",
-        ),
-        (
-            "redis:// at a TLS port",
-            format!("redis://127.0.0.1:{}", good.port),
-            vec![],
-            "rediss://",
-        ),
-        (
-            "rediss:// at a plain port",
-            format!("rediss://127.0.0.1:{}", plain.port),
-            vec!["--tls-ca-cert".into(), path("ca.crt")],
-            "plain port",
-        ),
-        (
-            "rediss+unix",
-            "rediss+unix:///tmp/redis.sock".into(),
-            vec![],
-            "not a thing",
-        ),
-        (
-            "TLS options on a plain URL",
-            format!("redis://127.0.0.1:{}", plain.port),
-            vec!["--tls-ca-cert".into(), path("ca.crt")],
-            "rediss://",
-        ),
-    ];
-    for (name, url, extra, needle) in cases {
-        let t = std::time::Instant::now();
-        let out = run(tls_cronlock(&url)
-            .args(&extra)
-            .args(["--connect-timeout", "1s", "k", "touch"])
-            .arg(&marker));
-        assert_eq!(code(&out), 125, "{name}: {}", stderr(&out));
-        let err = one_line(&out);
-        assert!(err.contains(needle), "{name}: {err}");
-        assert!(!marker.exists(), "{name}: the command ran");
-        // Never hangs: bounded by --connect-timeout (plus the best-effort undo of a lost reply).
-        assert!(
-            t.elapsed() < Duration::from_secs(4),
-            "{name}: took {:?}",
-            t.elapsed()
-        );
-    }
-    assert!(plain.keys().is_empty(), "left behind: {:?}", plain.keys());
-    let out = run(tls_cronlock(&good.tls_url("127.0.0.1")).args([
-        "--tls-ca-cert",
-        &path("ca.crt"),
-        "--status",
-        "k",
-    ]));
-    assert!(stdout(&out).contains("is free"), "{}", stdout(&out));
-    assert!(!stdout(&out).contains(LOCK));
-}
-
 #[test]
 fn the_system_store_is_used_and_an_empty_one_falls_back_to_bundled_roots() {
     let s = tls_redis("server.crt", false, None);
@@ -371,36 +245,6 @@ fn a_run_through_tls_sentinels() {
     assert!(line.contains(SERVICE), "{line}");
 }
 
-/// Through a relay that drips the server's bytes (one every 200 ms) from the handshake on, or
-/// from the acquire's reply on: the acquire fails (125) within the plain-TCP bound (the attempt
-/// and the undo, each --connect-timeout), one line, the command never ran, no lock left.
-#[test]
-fn a_dripped_tls_handshake_or_acquire_times_out() {
-    let s = tls_redis("server.crt", false, None);
-    for (after, what, says) in [
-        (0, "handshake", "no TLS answer in time"),
-        (2, "acquire", "did not answer in time"),
-    ] {
-        let relay = Relay::start(s.port, Some(after));
-        let dir = scratch("tls-drip");
-        let marker = dir.join("ran");
-        let t = std::time::Instant::now();
-        let out = run(tls_cronlock(&format!("rediss://127.0.0.1:{}", relay.port))
-            .env("CRONLOCK_TLS_CA_CERT", ca())
-            .args(["--connect-timeout", "1s", "k", "touch"])
-            .arg(&marker));
-        let took = t.elapsed();
-        assert_eq!(code(&out), 125, "{what}: {}", stderr(&out));
-        assert!(one_line(&out).contains(says), "{what}: {}", stderr(&out));
-        assert!(took < Duration::from_millis(3500), "{what}: took {took:?}");
-        assert!(!marker.exists(), "{what}: the command ran");
-        assert!(
-            wait_for(Duration::from_secs(2), || !s.exists(LOCK)),
-            "{what}: a lock was left behind"
-        );
-    }
-}
-
 /// Renewals through a relay that starts dripping once the job runs: the job is stopped (122)
 /// before the lock's validity (TTL 3 s from the last confirmed renewal) ends, and cronlock exits
 /// within the TTL plus 1.5 s, as over plain TCP.
@@ -437,4 +281,168 @@ fn dripped_tls_renewals_stop_the_job_in_time() {
         "cronlock exited {exited:?} after the drip began"
     );
     assert!(stderr(&out).contains("lock lost"), "{}", stderr(&out));
+}
+
+/// The tests that measure time: they run alone (see `common::alone`).
+mod alone {
+    use super::*;
+
+    /// Through a relay that drips the server's bytes (one every 200 ms) from the handshake on, or
+    /// from the acquire's reply on: the acquire fails (125) within the plain-TCP bound (the attempt
+    /// and the undo, each --connect-timeout), one line, the command never ran, no lock left.
+    #[test]
+    fn a_dripped_tls_handshake_or_acquire_times_out() {
+        let _alone = measure_alone();
+        let s = tls_redis("server.crt", false, None);
+        for (after, what, says) in [
+            (0, "handshake", "no TLS answer in time"),
+            (2, "acquire", "did not answer in time"),
+        ] {
+            let relay = Relay::start(s.port, Some(after));
+            let dir = scratch("tls-drip");
+            let marker = dir.join("ran");
+            let t = std::time::Instant::now();
+            let out = run(tls_cronlock(&format!("rediss://127.0.0.1:{}", relay.port))
+                .env("CRONLOCK_TLS_CA_CERT", ca())
+                .args(["--connect-timeout", "1s", "k", "touch"])
+                .arg(&marker));
+            let took = t.elapsed();
+            assert_eq!(code(&out), 125, "{what}: {}", stderr(&out));
+            assert!(one_line(&out).contains(says), "{what}: {}", stderr(&out));
+            assert!(took < Duration::from_millis(3500), "{what}: took {took:?}");
+            assert!(!marker.exists(), "{what}: the command ran");
+            assert!(
+                wait_for(Duration::from_secs(2), || !s.exists(LOCK)),
+                "{what}: a lock was left behind"
+            );
+        }
+    }
+
+    /// Every error: 125, one line naming the problem, the command not run, nothing left behind.
+    #[test]
+    fn tls_errors_are_one_line_each() {
+        let _alone = measure_alone();
+        let good = tls_redis("server.crt", false, None);
+        let wrong = tls_redis("wrong.crt", false, None);
+        let expired = tls_redis("expired.crt", false, None);
+        let mtls = tls_redis("server.crt", true, None);
+        let plain = Redis::start_tcp();
+        let c = certs();
+        let dir = scratch("tlserr");
+        let marker = dir.join("ran");
+        let path = |p: &str| c.join(p).display().to_string();
+        let cases: Vec<(&str, String, Vec<String>, &str)> = vec![
+            (
+                "no CA given",
+                good.tls_url("127.0.0.1"),
+                vec![],
+                "not trusted",
+            ),
+            (
+                "another CA",
+                good.tls_url("127.0.0.1"),
+                vec!["--tls-ca-cert".into(), path("other-ca.crt")],
+                "not trusted",
+            ),
+            (
+                "name mismatch",
+                wrong.tls_url("127.0.0.1"),
+                vec!["--tls-ca-cert".into(), path("ca.crt")],
+                "not valid for the host name",
+            ),
+            (
+                "expired",
+                expired.tls_url("127.0.0.1"),
+                vec!["--tls-ca-cert".into(), path("ca.crt")],
+                "expired",
+            ),
+            (
+                "missing CA file",
+                good.tls_url("127.0.0.1"),
+                vec!["--tls-ca-cert".into(), path("no-such.crt")],
+                "no-such.crt",
+            ),
+            (
+                "CA file without a certificate",
+                good.tls_url("127.0.0.1"),
+                vec!["--tls-ca-cert".into(), path("client.key")],
+                "holds no PEM certificate",
+            ),
+            (
+                "key of another certificate",
+                mtls.tls_url("127.0.0.1"),
+                vec![
+                    "--tls-ca-cert".into(),
+                    path("ca.crt"),
+                    "--tls-cert".into(),
+                    path("client.crt"),
+                    "--tls-key".into(),
+                    path("server.key"),
+                ],
+                "does not belong",
+            ),
+            (
+                "certificate without key",
+                mtls.tls_url("127.0.0.1"),
+                vec!["--tls-cert".into(), path("client.crt")],
+                "--tls-key",
+            ),
+            (
+                "key without certificate",
+                mtls.tls_url("127.0.0.1"),
+                vec!["--tls-key".into(), path("client.key")],
+                "--tls-cert",
+            ),
+            (
+                "redis:// at a TLS port",
+                format!("redis://127.0.0.1:{}", good.port),
+                vec![],
+                "rediss://",
+            ),
+            (
+                "rediss:// at a plain port",
+                format!("rediss://127.0.0.1:{}", plain.port),
+                vec!["--tls-ca-cert".into(), path("ca.crt")],
+                "plain port",
+            ),
+            (
+                "rediss+unix",
+                "rediss+unix:///tmp/redis.sock".into(),
+                vec![],
+                "not a thing",
+            ),
+            (
+                "TLS options on a plain URL",
+                format!("redis://127.0.0.1:{}", plain.port),
+                vec!["--tls-ca-cert".into(), path("ca.crt")],
+                "rediss://",
+            ),
+        ];
+        for (name, url, extra, needle) in cases {
+            let t = std::time::Instant::now();
+            let out = run(tls_cronlock(&url)
+                .args(&extra)
+                .args(["--connect-timeout", "1s", "k", "touch"])
+                .arg(&marker));
+            assert_eq!(code(&out), 125, "{name}: {}", stderr(&out));
+            let err = one_line(&out);
+            assert!(err.contains(needle), "{name}: {err}");
+            assert!(!marker.exists(), "{name}: the command ran");
+            // Never hangs: bounded by --connect-timeout (plus the best-effort undo of a lost reply).
+            assert!(
+                t.elapsed() < Duration::from_secs(4),
+                "{name}: took {:?}",
+                t.elapsed()
+            );
+        }
+        assert!(plain.keys().is_empty(), "left behind: {:?}", plain.keys());
+        let out = run(tls_cronlock(&good.tls_url("127.0.0.1")).args([
+            "--tls-ca-cert",
+            &path("ca.crt"),
+            "--status",
+            "k",
+        ]));
+        assert!(stdout(&out).contains("is free"), "{}", stdout(&out));
+        assert!(!stdout(&out).contains(LOCK));
+    }
 }

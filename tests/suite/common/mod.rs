@@ -2,8 +2,9 @@
 //! a bound on the whole run, and the processes tests start. What they start is split by kind:
 //! `servers` (redis-server), `sentinel`, `cluster`, `hostile` (a proxy, a relay), `scenarios`
 //! (told by several suites), `replicas` (`--crontab`), `story` (catch-up, retries, suspend),
-//! `prom` (Prometheus's tools).
+//! `prom` (Prometheus's tools). `alone` keeps the tests that measure time apart from the others.
 
+pub mod alone;
 pub mod cluster;
 pub mod hostile;
 pub mod prom;
@@ -13,6 +14,7 @@ pub mod sentinel;
 pub mod servers;
 pub mod story;
 
+pub use alone::measure_alone;
 pub use cluster::*;
 pub use hostile::*;
 pub use scenarios::*;
@@ -30,6 +32,7 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_cronlock");
 
 /// Poll `cond` every 5 ms until it holds or `timeout` passes; returns whether it held.
 pub fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    alone::enter();
     let end = Instant::now() + timeout;
     loop {
         if cond() {
@@ -94,6 +97,7 @@ pub fn limit_run() {
 }
 
 pub fn scratch(name: &str) -> Scratch {
+    alone::enter();
     limit_run();
     static N: AtomicU32 = AtomicU32::new(0);
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
@@ -127,6 +131,7 @@ pub fn free_port() -> u16 {
 /// The binary under test: this build's, or `CRONLOCK_TEST_BIN` (to show that a test fails on an
 /// older build).
 pub fn bin() -> String {
+    alone::enter();
     std::env::var("CRONLOCK_TEST_BIN").unwrap_or_else(|_| BIN.to_string())
 }
 
@@ -147,6 +152,7 @@ pub fn cronlock_debug(redis: &Redis) -> Command {
 }
 
 fn cronlock_of(bin: &str, url: &str) -> Command {
+    alone::enter();
     limit_run();
     let mut cmd = Command::new(bin);
     // The binary under test starts with the default dispositions of the signals tests send,
@@ -269,6 +275,7 @@ pub fn shared<T: Send + Sync + 'static>(
     cell: &'static std::sync::OnceLock<&'static T>,
     make: fn() -> T,
 ) -> &'static T {
+    alone::enter();
     cell.get_or_init(|| {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {

@@ -166,6 +166,7 @@ pub fn retried_on_another(url: &str, name: &str) {
             .matches("command exited with status 0")
             .count()
             >= 1));
+        let _alone = super::measure_alone();
         std::fs::write(dir.join("go"), "").unwrap();
         assert!(wait_for(Duration::from_secs(15), || !attempts(&log).is_empty()));
         let first = attempts(&log)[0].clone();

@@ -117,6 +117,7 @@ pub fn stopped_at_once(mut cmd: Command, key: &str, vanish: impl FnOnce()) -> Du
     });
     rx.recv_timeout(Duration::from_secs(10))
         .expect("cronlock did not start watching its lock");
+    let _alone = super::measure_alone();
     vanish();
     let gone = Instant::now();
     let mut status = None;
