@@ -333,17 +333,6 @@ fn child_stdin_is_inherited() {
 }
 
 #[test]
-fn redis_url_falls_back_to_redis_url_env() {
-    let r = Redis::start();
-    let out = run(cronlock(&r)
-        .env_remove("CRONLOCK_REDIS_URL")
-        .env("REDIS_URL", r.url())
-        .args(["k", "true"]));
-    assert_eq!(code(&out), 0, "{}", stderr(&out));
-    assert_fenced(r.get(FENCE));
-}
-
-#[test]
 fn help_and_version_exit_0() {
     let r = Redis::start();
     let out = run(cronlock(&r).arg("--help"));
@@ -353,51 +342,6 @@ fn help_and_version_exit_0() {
     let out = run(cronlock(&r).arg("--version"));
     assert_eq!(code(&out), 0);
     assert!(stdout(&out).starts_with("cronlock "));
-}
-
-#[test]
-fn unix_socket_urls_work() {
-    let r = Redis::start();
-    let url = format!("redis+unix://{}", r.sock.display());
-    let out = run(cronlock(&r).args(["-u", &url, "k", "true"]));
-    assert_eq!(code(&out), 0, "{}", stderr(&out));
-    assert_fenced(r.get(FENCE));
-}
-
-#[test]
-fn database_number_in_url_is_used() {
-    let r = Redis::start_tcp();
-    let url = format!("redis://127.0.0.1:{}/3", r.port);
-    let out = run(cronlock(&r).args(["-u", &url, "k", "true"]));
-    assert_eq!(code(&out), 0, "{}", stderr(&out));
-    assert!(!r.exists(FENCE), "db 0 must be untouched");
-    let mut con = r.con();
-    redis::cmd("SELECT").arg(3).query::<()>(&mut con).unwrap();
-    let f: Option<String> = redis::cmd("GET").arg(FENCE).query(&mut con).unwrap();
-    assert_fenced(f);
-}
-
-#[test]
-fn acl_user_and_password_in_url() {
-    let r = Redis::start_tcp();
-    let mut con = r.con();
-    redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("alice")
-        .arg("on")
-        .arg(">alice-pw")
-        .arg("~*")
-        .arg("+@all")
-        .query::<()>(&mut con)
-        .unwrap();
-    let url = format!("redis://alice:alice-pw@127.0.0.1:{}", r.port);
-    let out = run(cronlock(&r).args(["-u", &url, "k", "true"]));
-    assert_eq!(code(&out), 0, "{}", stderr(&out));
-    assert_fenced(r.get(FENCE));
-    let bad = format!("redis://alice:not-alice-pw@127.0.0.1:{}", r.port);
-    let out = run(cronlock(&r).args(["-u", &bad, "k", "true"]));
-    assert_eq!(code(&out), 125);
-    assert!(!stderr(&out).contains("not-alice-pw"), "{}", stderr(&out));
 }
 
 #[test]
@@ -466,16 +410,6 @@ fn the_guard_is_named_in_ps() {
     assert_eq!(stdout(&out), "cronlock-guard\n");
 }
 
-#[test]
-fn help_never_shows_the_url_from_the_environment() {
-    let r = Redis::start();
-    let out = run(cronlock(&r)
-        .env("CRONLOCK_REDIS_URL", "redis://:env-secret-pw@127.0.0.1:1")
-        .arg("--help"));
-    assert_eq!(code(&out), 0);
-    assert!(!stdout(&out).contains("env-secret-pw"));
-}
-
 /// One run under `limit`, its command printing the fencing token it got: the token, or the run's
 /// output when it was refused.
 fn token_of(r: &Redis, limit: &str) -> Result<u64, std::process::Output> {
@@ -542,25 +476,8 @@ fn fencing_tokens_are_exact_and_never_go_back() {
     }
 }
 
-/// The tests that measure time: they run alone (see `common::alone`).
-mod alone {
-    use super::*;
+/// The locking tests of the URL: where it is read from, its forms and what it carries.
+mod urls;
 
-    #[test]
-    fn wait_gives_up_after_the_duration() {
-        let _alone = measure_alone();
-        let r = Redis::start();
-        r.set(LOCK, "someone else");
-        let t = std::time::Instant::now();
-        let out = run(cronlock(&r).args(["-w", "300ms", "-E", "9", "k", "true"]));
-        assert_eq!(code(&out), 9, "{}", stderr(&out));
-        let took = t.elapsed();
-        assert!(took >= Duration::from_millis(300), "{took:?}");
-        assert!(took < Duration::from_secs(3), "{took:?}");
-        // -n overrides -w, like flock
-        let t = std::time::Instant::now();
-        let out = run(cronlock(&r).args(["-w", "5s", "-n", "-E", "9", "k", "true"]));
-        assert_eq!(code(&out), 9);
-        assert!(t.elapsed() < Duration::from_secs(2));
-    }
-}
+/// The tests that measure time: they run alone (`common::alone`).
+mod alone;
