@@ -141,90 +141,131 @@ pub fn each_instant_once(url: &str, name: &str, secs: u64) {
 /// A replica SIGKILLed mid-run takes its run with it; another replica runs the instant again
 /// (`--retries 1`) within TTL + 2 s (before the next instant: a later instant, once due, is the
 /// one a firing runs, never a backlog). A replica SIGTERMed with a run longer than --drain stops it,
-/// records it `interrupted`, and another replica runs it again.
+/// records it `interrupted`, and another replica runs it again. The two cases run at once, each
+/// with its own replicas, and measure alone together.
 pub fn retried_on_another(url: &str, name: &str) {
-    for (case, how) in [("killed", libc::SIGKILL), ("drained", libc::SIGTERM)] {
-        let dir = scratch(&format!("{name}-{case}"));
-        let log = dir.join("log");
-        let key = format!("{name}-{case}");
-        let file = crontab(
-            &dir,
-            &format!(
-                "*/5 * * * * * --ttl 1s --catch-up 1m --retries 1 {key} \
-                 [ -e {go} ] || exit 0; \
-                 echo $CRONLOCK_INSTANT $CRONLOCK_ATTEMPT $CRONLOCK_TEST_REPLICA $$ >> {}; \
-                 exec sleep 60\n",
-                log.display(),
-                go = dir.join("go").display()
-            ),
-        );
-        let args = ["--drain", "300ms", "--grace", "500ms"];
-        let mut replicas: Vec<Child> = (0..2).map(|_| replica(url, &file, &args)).collect();
-        // Their catch-up at start runs the past instant, quickly; the test's run is the next
-        // instant's, fired on time.
-        assert!(wait_for(Duration::from_secs(10), || replica_err(&file)
-            .matches("command exited with status 0")
-            .count()
-            >= 1));
-        let _alone = super::measure_alone();
-        std::fs::write(dir.join("go"), "").unwrap();
-        assert!(wait_for(Duration::from_secs(15), || !attempts(&log).is_empty()));
-        let first = attempts(&log)[0].clone();
-        assert_eq!(first[1], "1", "{first:?}");
-        // The replica that runs it (the environment says which).
-        let own: u32 = first[2].parse().unwrap();
-        let i = replicas
-            .iter()
-            .position(|c| {
-                std::fs::read_to_string(format!("/proc/{}/environ", c.id()))
-                    .is_ok_and(|e| e.contains(&format!("CRONLOCK_TEST_REPLICA={own}\0")))
+    use std::sync::mpsc;
+    let cases = [("killed", libc::SIGKILL), ("drained", libc::SIGTERM)];
+    // Taken once both cases are ready, held until both have ended (the scope joins them).
+    let mut alone = None;
+    std::thread::scope(|s| {
+        let (ready, readied) = mpsc::channel();
+        let goes: Vec<mpsc::Sender<()>> = cases
+            .map(|(case, how)| {
+                let (go, gone) = mpsc::channel();
+                let ready = ready.clone();
+                s.spawn(move || {
+                    retried_case(url, name, case, how, || {
+                        let _ = ready.send(());
+                        gone.recv_timeout(Duration::from_secs(300))
+                            .expect("the test did not say go");
+                    })
+                });
+                go
             })
-            .unwrap();
-        let mut victim = replicas.remove(i);
-        let stopped = Instant::now();
-        signal(victim.id() as i32, how);
-        let status = victim.wait().unwrap();
-        let command: i32 = first[3].parse().unwrap();
-        assert!(
-            wait_for(Duration::from_secs(5), || !alive(command)),
-            "{case}: the run's command outlived its replica"
-        );
-        if how == libc::SIGTERM {
-            assert_eq!(status.code(), Some(143), "{}", replica_err(&file));
+            .into();
+        drop(ready);
+        // Both cases' replicas serve; a case that failed on the way ends its thread, and the
+        // scope's end fails the test with its panic.
+        let both = readied.recv_timeout(Duration::from_secs(60)).is_ok()
+            && readied.recv_timeout(Duration::from_secs(60)).is_ok();
+        alone = both.then(super::measure_alone);
+        for go in goes {
+            let _ = go.send(());
         }
-        // Attempt 2 of the same instant, on the other replica, within TTL + 2 s.
-        assert!(
-            wait_for(Duration::from_secs(3), || attempts(&log)
-                .iter()
-                .any(|a| a[0] == first[0] && a[1] == "2")),
-            "{case}: {:?}\n{}",
-            attempts(&log),
-            replica_err(&file)
-        );
-        assert!(stopped.elapsed() < Duration::from_secs(3));
-        let again = attempts(&log)
-            .into_iter()
-            .find(|a| a[0] == first[0] && a[1] == "2")
-            .unwrap();
-        assert_ne!(again[2], first[2], "{case}: rerun on the same replica");
-        let s = run(cronlock_at(url).args(["--status", "--json", &key]));
-        let v: serde_json::Value = serde_json::from_str(&stdout(&s)).unwrap();
-        let entry = v["ledger"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|e| e["instant_time"] == first[0].as_str())
-            .unwrap()
-            .clone();
-        let want = if how == libc::SIGKILL {
-            "abandoned"
-        } else {
-            "interrupted"
-        };
-        assert_eq!(entry["attempts"][0]["state"], want, "{entry}");
-        for mut c in replicas {
-            signal(c.id() as i32, libc::SIGKILL);
-            c.wait().unwrap();
-        }
+    });
+    drop(alone);
+}
+
+/// One case of [`retried_on_another`]: `SIGKILL` or `SIGTERM` for the replica running the job;
+/// `ready` is called once the replicas serve, and returns when the case may go on.
+fn retried_case(url: &str, name: &str, case: &str, how: i32, ready: impl FnOnce()) {
+    let dir = scratch(&format!("{name}-{case}"));
+    let log = dir.join("log");
+    let key = format!("{name}-{case}");
+    let file = crontab(
+        &dir,
+        &format!(
+            "*/5 * * * * * --ttl 1s --catch-up 1m --retries 1 {key} \
+             [ -e {go} ] || exit 0; \
+             echo $CRONLOCK_INSTANT $CRONLOCK_ATTEMPT $CRONLOCK_TEST_REPLICA $$ >> {}; \
+             exec sleep 60\n",
+            log.display(),
+            go = dir.join("go").display()
+        ),
+    );
+    let args = ["--drain", "300ms", "--grace", "500ms"];
+    let mut replicas: Vec<Child> = (0..2).map(|_| replica(url, &file, &args)).collect();
+    // Their catch-up at start runs the past instant, quickly; the test's run is the next
+    // instant's, fired on time.
+    assert!(wait_for(Duration::from_secs(10), || replica_err(&file)
+        .matches("command exited with status 0")
+        .count()
+        >= 1));
+    ready();
+    std::fs::write(dir.join("go"), "").unwrap();
+    assert!(wait_for(Duration::from_secs(15), || !attempts(&log).is_empty()));
+    let first = attempts(&log)[0].clone();
+    assert_eq!(first[1], "1", "{first:?}");
+    // The replica that runs it (the environment says which).
+    let own: u32 = first[2].parse().unwrap();
+    let i = replicas
+        .iter()
+        .position(|c| {
+            std::fs::read_to_string(format!("/proc/{}/environ", c.id()))
+                .is_ok_and(|e| e.contains(&format!("CRONLOCK_TEST_REPLICA={own}\0")))
+        })
+        .unwrap();
+    let mut victim = replicas.remove(i);
+    let stopped = Instant::now();
+    signal(victim.id() as i32, how);
+    let status = victim.wait().unwrap();
+    let command: i32 = first[3].parse().unwrap();
+    assert!(
+        wait_for(Duration::from_secs(5), || !alive(command)),
+        "{case}: the run's command outlived its replica"
+    );
+    if how == libc::SIGTERM {
+        assert_eq!(status.code(), Some(143), "{}", replica_err(&file));
     }
+    // Attempt 2 of the same instant, on the other replica, within TTL + 2 s.
+    assert!(
+        wait_for(Duration::from_secs(3), || attempts(&log)
+            .iter()
+            .any(|a| a[0] == first[0] && a[1] == "2")),
+        "{case}: {:?}\n{}",
+        attempts(&log),
+        replica_err(&file)
+    );
+    assert!(stopped.elapsed() < Duration::from_secs(3));
+    let again = attempts(&log)
+        .into_iter()
+        .find(|a| a[0] == first[0] && a[1] == "2")
+        .unwrap();
+    assert_ne!(again[2], first[2], "{case}: rerun on the same replica");
+    let want = if how == libc::SIGKILL {
+        "abandoned"
+    } else {
+        "interrupted"
+    };
+    assert_first_attempt(url, &key, &first[0], want);
+    for mut c in replicas {
+        signal(c.id() as i32, libc::SIGKILL);
+        c.wait().unwrap();
+    }
+}
+
+/// The first attempt at `instant` (as `CRONLOCK_INSTANT` says it) of KEY, in `--status`, ended
+/// as `want` says.
+fn assert_first_attempt(url: &str, key: &str, instant: &str, want: &str) {
+    let s = run(cronlock_at(url).args(["--status", "--json", key]));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&s)).unwrap();
+    let entry = v["ledger"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["instant_time"] == instant)
+        .unwrap()
+        .clone();
+    assert_eq!(entry["attempts"][0]["state"], want, "{entry}");
 }
