@@ -350,41 +350,52 @@ mod rules {
                     assert_eq!(pair[1] - pair[0], 3600, "{zone} {change} hourly");
                 }
             }
-            // Fixed times: each local time of the change's day within the six hours runs
-            // exactly once: a skipped one at the change (the gap's end), a repeated one at its
-            // first occurrence (before the change), any other at itself.
-            let tz = TimeZone::get(zone).unwrap();
-            let local = |t: i64| Timestamp::from_second(t).unwrap().to_zoned(tz.clone());
-            let (lo, hi) = (local(from).datetime(), local(to).datetime());
-            let (after, before) = (local(c).datetime(), local(c - 1).datetime());
-            let day = local(c).date();
-            let mut seen_times = 0;
-            for minutes in (0..24 * 60).step_by(15) {
-                let (h, m) = ((minutes / 60) as i8, (minutes % 60) as i8);
-                let civil = day.at(h, m, 0, 0);
-                if civil <= lo || civil > hi {
-                    continue;
-                }
-                seen_times += 1;
-                let expr = format!("{m} {h} * * *");
-                let got = span(&expr, true);
-                let shown: Vec<String> = got.iter().map(|t| show(*t)).collect();
-                assert_eq!(got.len(), 1, "{zone} {change} {expr}: {shown:?}");
-                let skipped = moved > 0 && civil > before && civil < after;
-                let repeated = moved < 0 && civil >= after && civil <= before;
-                if skipped {
-                    assert_eq!(got[0], c, "{zone} {expr}: not the gap's end");
-                } else {
-                    assert_eq!(local(got[0]).datetime(), civil, "{zone} {expr}");
-                    if repeated {
-                        assert!(got[0] < c, "{zone} {expr}: not the first occurrence");
-                    }
+            fixed_times_run_once((zone, change, moved), (from, to), &span);
+        }
+    }
+
+    /// Fixed times around the change `change` (at `at(change)`, moving clocks by `moved`
+    /// minutes) in `zone`, over `from..to`: each runs once (`span` lists a rule's instants).
+    fn fixed_times_run_once(
+        (zone, change, moved): (&str, &str, i32),
+        (from, to): (i64, i64),
+        span: &dyn Fn(&str, bool) -> Vec<i64>,
+    ) {
+        let c = at(change);
+        // Fixed times: each local time of the change's day within the six hours runs
+        // exactly once: a skipped one at the change (the gap's end), a repeated one at its
+        // first occurrence (before the change), any other at itself.
+        let tz = TimeZone::get(zone).unwrap();
+        let local = |t: i64| Timestamp::from_second(t).unwrap().to_zoned(tz.clone());
+        let (lo, hi) = (local(from).datetime(), local(to).datetime());
+        let (after, before) = (local(c).datetime(), local(c - 1).datetime());
+        let day = local(c).date();
+        let mut seen_times = 0;
+        for minutes in (0..24 * 60).step_by(15) {
+            let (h, m) = ((minutes / 60) as i8, (minutes % 60) as i8);
+            let civil = day.at(h, m, 0, 0);
+            if civil <= lo || civil > hi {
+                continue;
+            }
+            seen_times += 1;
+            let expr = format!("{m} {h} * * *");
+            let got = span(&expr, true);
+            let shown: Vec<String> = got.iter().map(|t| show(*t)).collect();
+            assert_eq!(got.len(), 1, "{zone} {change} {expr}: {shown:?}");
+            let skipped = moved > 0 && civil > before && civil < after;
+            let repeated = moved < 0 && civil >= after && civil <= before;
+            if skipped {
+                assert_eq!(got[0], c, "{zone} {expr}: not the gap's end");
+            } else {
+                assert_eq!(local(got[0]).datetime(), civil, "{zone} {expr}");
+                if repeated {
+                    assert!(got[0] < c, "{zone} {expr}: not the first occurrence");
                 }
             }
-            assert!(
-                seen_times >= 12,
-                "{zone} {change}: {seen_times} fixed times checked"
-            );
         }
+        assert!(
+            seen_times >= 12,
+            "{zone} {change}: {seen_times} fixed times checked"
+        );
     }
 }

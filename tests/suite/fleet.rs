@@ -69,6 +69,25 @@ fn twenty_waiters_each_run_once_without_overlap() {
     assert!(tokens.windows(2).all(|w| w[0] > w[1]), "{tokens:?}");
 }
 
+/// `--list` (text and JSON) shows KEY `k` and a lock made by hand, `other`.
+fn lists_k_and_a_hand_made_lock(r: &Redis) {
+    r.set("cronlock:{other}", "hand-made");
+    let out = run(cronlock(r).args(["--list"]));
+    let text = stdout(&out);
+    assert_eq!(text.lines().count(), 2, "{text}");
+    assert!(text.lines().any(|l| l.starts_with("k\t")), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("other\t")), "{text}");
+    let out = run(cronlock(r).args(["--list", "--json"]));
+    let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let keys: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["k", "other"]);
+}
+
 #[test]
 fn status_list_and_force_release() {
     let r = Redis::start();
@@ -122,21 +141,7 @@ fn status_list_and_force_release() {
     assert_eq!(v["fencing_token"], fence(&r));
     assert!(v["ttl_ms"].as_i64().unwrap() > 0);
 
-    r.set("cronlock:{other}", "hand-made");
-    let out = run(cronlock(&r).args(["--list"]));
-    let text = stdout(&out);
-    assert_eq!(text.lines().count(), 2, "{text}");
-    assert!(text.lines().any(|l| l.starts_with("k\t")), "{text}");
-    assert!(text.lines().any(|l| l.starts_with("other\t")), "{text}");
-    let out = run(cronlock(&r).args(["--list", "--json"]));
-    let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
-    let keys: Vec<&str> = v
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l["key"].as_str().unwrap())
-        .collect();
-    assert_eq!(keys, ["k", "other"]);
+    lists_k_and_a_hand_made_lock(&r);
 
     // Force-release: prints who held it; the holder's watchdog stops its command (122).
     let out = run(cronlock(&r).args(["--force-release", "k"]));

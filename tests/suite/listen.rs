@@ -300,59 +300,9 @@ fn a_flood_of_clients_never_costs_an_instant() {
         == 200));
     let done = Arc::new(AtomicBool::new(false));
     let served = Arc::new(AtomicU64::new(0));
-    let slow = {
-        let done = done.clone();
-        std::thread::spawn(move || {
-            let open = || TcpStream::connect(("127.0.0.1", port)).ok();
-            let mut socks: Vec<Option<TcpStream>> = (0..200).map(|_| open()).collect();
-            while !done.load(Ordering::Relaxed) {
-                for s in socks.iter_mut() {
-                    let alive = s.as_mut().is_some_and(|s| s.write_all(b"G").is_ok());
-                    if !alive {
-                        *s = open();
-                    }
-                }
-                std::thread::sleep(Duration::from_secs(1));
-            }
-        })
-    };
-    let fast: Vec<_> = (0..4)
-        .map(|_| {
-            let (done, served) = (done.clone(), served.clone());
-            std::thread::spawn(move || {
-                let begun = Instant::now();
-                let mut sent = 0u64;
-                while !done.load(Ordering::Relaxed) {
-                    // 500 a second from each of 4 threads.
-                    let due = begun + Duration::from_micros(sent * 2000);
-                    if let Some(wait) = due.checked_duration_since(Instant::now()) {
-                        std::thread::sleep(wait);
-                    }
-                    sent += 1;
-                    let path = if sent.is_multiple_of(50) {
-                        "/metrics"
-                    } else {
-                        "/healthz"
-                    };
-                    if get(port, path).0 == 200 {
-                        served.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            })
-        })
-        .collect();
-    let begun = Instant::now();
-    let mut rss_kib = 0u64;
-    while begun.elapsed() < Duration::from_secs(8) {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
-        let rss = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .unwrap();
-        rss_kib = rss_kib.max(rss);
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let slow = dribblers(port, done.clone());
+    let fast = requesters(port, &done, &served);
+    let rss_kib = peak_rss_kib(child.id(), Duration::from_secs(8));
     done.store(true, Ordering::Relaxed);
     slow.join().unwrap();
     for t in fast {
@@ -378,6 +328,79 @@ fn a_flood_of_clients_never_costs_an_instant() {
         assert_eq!(ats, &want, "{key}: an instant missed or run twice");
         assert!(ats.len() >= 7, "{key}: {ats:?}");
     }
+}
+
+/// 200 clients that each send one byte a second (and connect again when dropped), until `done`.
+fn dribblers(
+    port: u16,
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    use std::sync::atomic::Ordering;
+    std::thread::spawn(move || {
+        let open = || TcpStream::connect(("127.0.0.1", port)).ok();
+        let mut socks: Vec<Option<TcpStream>> = (0..200).map(|_| open()).collect();
+        while !done.load(Ordering::Relaxed) {
+            for s in socks.iter_mut() {
+                let alive = s.as_mut().is_some_and(|s| s.write_all(b"G").is_ok());
+                if !alive {
+                    *s = open();
+                }
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    })
+}
+
+/// 2,000 requests a second from 4 threads (`/healthz`, every 50th `/metrics`) until `done`; the
+/// answered ones counted in `served`.
+fn requesters(
+    port: u16,
+    done: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+    served: &std::sync::Arc<std::sync::atomic::AtomicU64>,
+) -> Vec<std::thread::JoinHandle<()>> {
+    use std::sync::atomic::Ordering;
+    (0..4)
+        .map(|_| {
+            let (done, served) = (done.clone(), served.clone());
+            std::thread::spawn(move || {
+                let begun = Instant::now();
+                let mut sent = 0u64;
+                while !done.load(Ordering::Relaxed) {
+                    // 500 a second from each of 4 threads.
+                    let due = begun + Duration::from_micros(sent * 2000);
+                    if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                        std::thread::sleep(wait);
+                    }
+                    sent += 1;
+                    let path = if sent.is_multiple_of(50) {
+                        "/metrics"
+                    } else {
+                        "/healthz"
+                    };
+                    if get(port, path).0 == 200 {
+                        served.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+/// The largest RSS of process `pid` over `span`, looked at every 200 ms, in KiB.
+fn peak_rss_kib(pid: u32, span: Duration) -> u64 {
+    let begun = Instant::now();
+    let mut peak = 0u64;
+    while begun.elapsed() < span {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let rss = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap();
+        peak = peak.max(rss);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    peak
 }
 
 /// The tests that measure time: they run alone (`common::alone`).

@@ -49,37 +49,7 @@ fn the_shipped_rules_pass_promtool_on_series_cronlock_wrote() {
     assert_eq!(lost.wait().unwrap().code(), Some(122));
     files.push(prom(&metrics, "lost-job"));
 
-    // A retry in progress: attempt 1 failed, attempt 2 is running when the file is read.
-    let fire = |script: &str| {
-        cronlock(&r)
-            .args([
-                "--schedule",
-                MONTHLY,
-                "--catch-up",
-                "100d",
-                "--retries",
-                "1",
-            ])
-            .args(["--metrics-dir", m, "retry-job", "-c", script])
-            .spawn()
-            .unwrap()
-    };
-    assert_eq!(fire("exit 1").wait().unwrap().code(), Some(1));
-    let go = dir.join("go");
-    let mut second = fire(&format!(
-        "while [ ! -e {} ]; do sleep 0.01; done",
-        go.display()
-    ));
-    let mut running = String::new();
-    assert!(wait_for(Duration::from_secs(10), || {
-        running = std::fs::read_to_string(metrics.join("cronlock_retry-job.prom")).unwrap();
-        samples(&running)
-            .iter()
-            .any(|(n, _, v)| n == "cronlock_running" && *v == 1.0)
-    }));
-    std::fs::write(&go, "").unwrap();
-    assert_eq!(second.wait().unwrap().code(), Some(0));
-    files.push(running);
+    files.push(retry_running(&r, &dir, m));
 
     // A suspended KEY: the firing skips and says so.
     let out = run(cronlock(&r).args(["--suspend", "--reason", "test", "paused-job"]));
@@ -121,4 +91,40 @@ fn the_shipped_rules_pass_promtool_on_series_cronlock_wrote() {
         ("CronlockSuspendedTooLong", [vec![], vec![suspended]]),
     ]);
     prom::rules_test(&dir, &all, &alerts);
+}
+
+/// The metrics file of a retry in progress: attempt 1 failed, attempt 2 is running when the file
+/// is read (from `dir`'s `metrics` directory, `m`).
+fn retry_running(r: &Redis, dir: &Path, m: &str) -> String {
+    let metrics = dir.join("metrics");
+    let fire = |script: &str| {
+        cronlock(r)
+            .args([
+                "--schedule",
+                MONTHLY,
+                "--catch-up",
+                "100d",
+                "--retries",
+                "1",
+            ])
+            .args(["--metrics-dir", m, "retry-job", "-c", script])
+            .spawn()
+            .unwrap()
+    };
+    assert_eq!(fire("exit 1").wait().unwrap().code(), Some(1));
+    let go = dir.join("go");
+    let mut second = fire(&format!(
+        "while [ ! -e {} ]; do sleep 0.01; done",
+        go.display()
+    ));
+    let mut running = String::new();
+    assert!(wait_for(Duration::from_secs(10), || {
+        running = std::fs::read_to_string(metrics.join("cronlock_retry-job.prom")).unwrap();
+        samples(&running)
+            .iter()
+            .any(|(n, _, v)| n == "cronlock_running" && *v == 1.0)
+    }));
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(second.wait().unwrap().code(), Some(0));
+    running
 }

@@ -233,18 +233,7 @@ fn an_unprivileged_replica_trusts_its_own_files_and_roots() {
             .stderr(std::fs::File::create(&err_file).unwrap());
         // It dies with the test, even one that fails.
         tie(&mut cmd);
-        // The copy was just written: a process another test forks meanwhile may hold it open
-        // for a moment (ETXTBSY), so the spawn is tried again for a while.
-        let mut spawned = None;
-        assert!(wait_for(Duration::from_secs(10), || match cmd.spawn() {
-            Ok(c) => {
-                spawned = Some(c);
-                true
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => false,
-            Err(e) => panic!("cannot start the replica: {e}"),
-        }));
-        let c = spawned.unwrap();
+        let c = spawn_fresh_copy(&mut cmd);
         let err = || std::fs::read_to_string(&err_file).unwrap_or_default();
         if serves {
             assert!(
@@ -276,6 +265,21 @@ fn an_unprivileged_replica_trusts_its_own_files_and_roots() {
         }
     }
     let _ = std::fs::remove_dir_all(&base);
+}
+
+/// Spawn `cmd`, a copy of the binary just written: a process another test forks meanwhile may
+/// hold it open for a moment (ETXTBSY), so the spawn is tried again for a while.
+fn spawn_fresh_copy(cmd: &mut Command) -> std::process::Child {
+    let mut spawned = None;
+    assert!(wait_for(Duration::from_secs(10), || match cmd.spawn() {
+        Ok(c) => {
+            spawned = Some(c);
+            true
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => false,
+        Err(e) => panic!("cannot start the replica: {e}"),
+    }));
+    spawned.unwrap()
 }
 
 /// A file holding the Redis URL (or the ping URL) follows the same rule, in the same words.

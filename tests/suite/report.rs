@@ -123,30 +123,7 @@ fn pings_for_success_failure_lost_lock_and_skip() {
 
     // The job's output is never sent unless asked; with --ping-body, its tail goes with the end.
     assert!(s.bodies().iter().all(String::is_empty), "{:?}", s.bodies());
-    let s = Server::start(Endpoint::Answers);
-    let out = run(cronlock(&r)
-        .args(["--ping", &s.url(), "--ping-body", "k", "-c"])
-        .arg(
-            "head -c 20000 /dev/zero | tr '\\0' x; echo; echo done-out; echo done-err >&2; exit 2",
-        ));
-    assert_eq!(code(&out), 2, "{}", stderr(&out));
-    assert!(
-        stdout(&out).ends_with("done-out\n"),
-        "the output still reaches cronlock's stdout"
-    );
-    assert!(stdout(&out).len() > 20_000);
-    assert_eq!(stderr(&out), "done-err\n");
-    assert_eq!(s.wait_for(2)[1], "POST /ping/s3cr3t-uuid/2");
-    let body = &s.bodies()[1];
-    assert!(
-        body.len() <= 10 * 1024 && body.len() > 10_000,
-        "{}",
-        body.len()
-    );
-    assert!(
-        body.contains("done-out") && body.contains("done-err"),
-        "{body}"
-    );
+    ping_body_carries_the_tail(&r);
 
     // A lost lock pings /122.
     let s = Server::start(Endpoint::Answers);
@@ -181,6 +158,35 @@ fn pings_for_success_failure_lost_lock_and_skip() {
     let out = run(cronlock(&r).args(["--ping", &s.url(), "k", "/no/such/command"]));
     assert_eq!(code(&out), 127);
     assert_eq!(s.wait_for(1), ["POST /ping/s3cr3t-uuid/127"]);
+}
+
+/// With --ping-body, the tail of the job's output (stdout and stderr, at most 10 KiB) goes with
+/// the end ping, and the output still reaches cronlock's own.
+fn ping_body_carries_the_tail(r: &Redis) {
+    let s = Server::start(Endpoint::Answers);
+    let out = run(cronlock(r)
+        .args(["--ping", &s.url(), "--ping-body", "k", "-c"])
+        .arg(
+            "head -c 20000 /dev/zero | tr '\\0' x; echo; echo done-out; echo done-err >&2; exit 2",
+        ));
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(
+        stdout(&out).ends_with("done-out\n"),
+        "the output still reaches cronlock's stdout"
+    );
+    assert!(stdout(&out).len() > 20_000);
+    assert_eq!(stderr(&out), "done-err\n");
+    assert_eq!(s.wait_for(2)[1], "POST /ping/s3cr3t-uuid/2");
+    let body = &s.bodies()[1];
+    assert!(
+        body.len() <= 10 * 1024 && body.len() > 10_000,
+        "{}",
+        body.len()
+    );
+    assert!(
+        body.contains("done-out") && body.contains("done-err"),
+        "{body}"
+    );
 }
 
 #[test]

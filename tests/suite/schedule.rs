@@ -231,26 +231,7 @@ fn check_outcomes() {
         "{text}"
     );
 
-    // In progress: OK, then WARNING once it runs longer than --max-age.
-    let dir = scratch("check");
-    let mut job = cronlock(&r)
-        .args(["report", "-c"])
-        .arg(format!("touch {}/go; sleep 30", dir.display()))
-        .spawn()
-        .unwrap();
-    assert!(wait_for(Duration::from_secs(5), || dir.join("go").exists()));
-    let (c, text) = check(&r, &["--max-age", "1h", "report"]);
-    assert_eq!(c, 0, "{text}");
-    assert!(text.contains("report is running on "), "{text}");
-    std::thread::sleep(Duration::from_millis(1100));
-    let (c, text) = check(&r, &["--max-age", "1s", "report"]);
-    assert_eq!(c, 1, "{text}");
-    assert!(
-        text.starts_with("CRONLOCK WARNING - report has been running on "),
-        "{text}"
-    );
-    signal(job.id() as i32, libc::SIGTERM);
-    job.wait().unwrap();
+    check_in_progress(&r);
 
     // A schedule names the instant that was missed.
     assert_eq!(code(&run(cronlock(&r).args(["nightly", "true"]))), 0);
@@ -270,9 +251,36 @@ fn check_outcomes() {
         "{text}"
     );
 
-    // Redis unreachable, or bad usage: UNKNOWN (3), never 125.
+    check_unknown(&r);
+}
+
+/// `--check` of a run in progress: OK, then WARNING once it runs longer than --max-age.
+fn check_in_progress(r: &Redis) {
+    let dir = scratch("check");
+    let mut job = cronlock(r)
+        .args(["report", "-c"])
+        .arg(format!("touch {}/go; sleep 30", dir.display()))
+        .spawn()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(5), || dir.join("go").exists()));
+    let (c, text) = check(r, &["--max-age", "1h", "report"]);
+    assert_eq!(c, 0, "{text}");
+    assert!(text.contains("report is running on "), "{text}");
+    std::thread::sleep(Duration::from_millis(1100));
+    let (c, text) = check(r, &["--max-age", "1s", "report"]);
+    assert_eq!(c, 1, "{text}");
+    assert!(
+        text.starts_with("CRONLOCK WARNING - report has been running on "),
+        "{text}"
+    );
+    signal(job.id() as i32, libc::SIGTERM);
+    job.wait().unwrap();
+}
+
+/// `--check` with Redis unreachable, or bad usage: UNKNOWN (3), never 125.
+fn check_unknown(r: &Redis) {
     let port = free_port();
-    let out = run(cronlock(&r)
+    let out = run(cronlock(r)
         .env(
             "CRONLOCK_REDIS_URL",
             format!("redis://:secret@127.0.0.1:{port}"),
@@ -285,7 +293,7 @@ fn check_outcomes() {
         stdout(&out)
     );
     assert!(!stdout(&out).contains("secret"));
-    let (c, text) = check(&r, &["--max-age", "soon", "report"]);
+    let (c, text) = check(r, &["--max-age", "soon", "report"]);
     assert_eq!(c, 3, "{text}");
     assert!(
         text.starts_with("CRONLOCK UNKNOWN - ") && text.contains("--max-age"),

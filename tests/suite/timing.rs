@@ -93,7 +93,10 @@ fn every_test_in_alone_measures_alone() {
         if !path.ends_with("/alone.rs") || path.contains("/common/") {
             continue;
         }
-        for (name, body) in bodies(text) {
+        let tests_here = bodies(text)
+            .into_iter()
+            .filter(|(name, _)| text.contains(&format!("#[test]\nfn {name}(")));
+        for (name, body) in tests_here {
             let helpers = all
                 .iter()
                 .filter(|(helper, _)| body.contains(&format!("{helper}(")));

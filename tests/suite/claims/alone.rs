@@ -55,16 +55,7 @@ fn a_replica_killed_between_claim_and_spawn_loses_nothing() {
     let r = Redis::start();
     let dir = scratch("between");
     let held = dir.join("held");
-    // 24 jobs are 3 shares (`rank.rs`): at every instant each of the 3 replicas claims one, so
-    // the holding replica wins a claim at its first instant (with one share it was its turn at
-    // an instant only one time in three, and 20 s were sometimes not enough).
-    let mut text = String::new();
-    for j in 0..24 {
-        let sub = dir.join(format!("j{j}"));
-        std::fs::create_dir(&sub).unwrap();
-        text += &careful_job(&sub, &format!("between{j}"), 5);
-    }
-    let file = crontab(&dir, &text);
+    let file = between_crontab(&dir);
     let hook = held.to_str().unwrap();
     let others: Vec<Child> = (0..2).map(|_| replica(&r.url(), &file, &[])).collect();
     // The holding replica starts 1.5 s after an instant the others ran: its own catch-up at
@@ -118,16 +109,7 @@ fn a_replica_killed_between_claim_and_spawn_loses_nothing() {
         .find(|l| l.ends_with(" 2"))
         .unwrap();
     let instant = retried.split_whitespace().nth(1).unwrap().to_string();
-    let s = run(cronlock_at(&r.url()).args(["--status", "--json", &key]));
-    let v: serde_json::Value = serde_json::from_str(&stdout(&s)).unwrap();
-    let entry = v["ledger"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["instant_time"] == instant.as_str())
-        .unwrap()
-        .clone();
-    assert_eq!(entry["attempts"][0]["state"], "abandoned", "{entry}");
+    crate::common::replicas::assert_first_attempt(&r.url(), &key, &instant, "abandoned");
     assert!(wait_for(Duration::from_secs(5), || instants(&log)
         .iter()
         .any(|l| *l == format!("done {instant}"))));
@@ -135,4 +117,18 @@ fn a_replica_killed_between_claim_and_spawn_loses_nothing() {
         kill_hard(c);
     }
     done_once(&log);
+}
+
+/// The crontab of 24 careful jobs (`between0`..`between23`, every 5 s), each logging in
+/// `dir/jN/log`. 24 jobs are 3 shares (`rank.rs`): at every instant each of the 3 replicas
+/// claims one, so the holding replica wins a claim at its first instant (with one share it was
+/// its turn at an instant only one time in three, and 20 s were sometimes not enough).
+fn between_crontab(dir: &Path) -> std::path::PathBuf {
+    let mut text = String::new();
+    for j in 0..24 {
+        let sub = dir.join(format!("j{j}"));
+        std::fs::create_dir(&sub).unwrap();
+        text += &careful_job(&sub, &format!("between{j}"), 5);
+    }
+    crontab(dir, &text)
 }

@@ -39,8 +39,6 @@ pub struct Hostile {
 impl Hostile {
     /// A proxy in front of `upstream`'s TCP port.
     pub fn start(upstream: u16) -> Hostile {
-        use std::io::{Read, Write};
-        use std::net::TcpStream;
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -50,88 +48,12 @@ impl Hostile {
         let (m, st, sent) = (mode.clone(), stop.clone(), replies.clone());
         std::thread::spawn(move || {
             while !st.load(Ordering::SeqCst) {
-                let Ok((mut client, _)) = listener.accept() else {
+                let Ok((client, _)) = listener.accept() else {
                     std::thread::sleep(Duration::from_millis(5));
                     continue;
                 };
                 let (m, st, sent) = (m.clone(), st.clone(), sent.clone());
-                std::thread::spawn(move || {
-                    client.set_nonblocking(false).unwrap();
-                    let _ = client.set_read_timeout(Some(Duration::from_millis(100)));
-                    let Ok(mut server) = TcpStream::connect(("127.0.0.1", upstream)) else {
-                        return;
-                    };
-                    let _ = server.set_read_timeout(Some(Duration::from_secs(5)));
-                    let mut buf = vec![0u8; 64 * 1024];
-                    while !st.load(Ordering::SeqCst) {
-                        let n = match client.read(&mut buf) {
-                            Ok(0) => return,
-                            Ok(n) => n,
-                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                            Err(_) => return,
-                        };
-                        let mode = {
-                            let mut m = m.lock().unwrap();
-                            let mode = *m;
-                            if let Mischief::BeforeOnce(_) = mode {
-                                *m = Mischief::Pass;
-                            }
-                            mode
-                        };
-                        let reply = match mode {
-                            Mischief::Ok => b"+OK\r\n".to_vec(),
-                            Mischief::True => b"#t\r\n".to_vec(),
-                            Mischief::Huge => {
-                                if client.write_all(b"$1000000000\r\n").is_err() {
-                                    return;
-                                }
-                                let chunk = vec![b'x'; 64 * 1024];
-                                // At most the declared gigabyte, for at most 60 s.
-                                let end = Instant::now() + Duration::from_secs(60);
-                                for _ in 0..(1_000_000_000 / chunk.len()) {
-                                    if Instant::now() > end || client.write_all(&chunk).is_err() {
-                                        return;
-                                    }
-                                }
-                                return;
-                            }
-                            _ => {
-                                if server.write_all(&buf[..n]).is_err() {
-                                    return;
-                                }
-                                let Ok(got) = server.read(&mut buf) else {
-                                    return;
-                                };
-                                let real = buf[..got].to_vec();
-                                match mode {
-                                    Mischief::Before(f) | Mischief::BeforeOnce(f) => {
-                                        [f, &real[..]].concat()
-                                    }
-                                    Mischief::After(f) => [&real[..], f].concat(),
-                                    Mischief::Late(f) => {
-                                        if client.write_all(&real).is_err() {
-                                            return;
-                                        }
-                                        std::thread::sleep(Duration::from_millis(20));
-                                        f.to_vec()
-                                    }
-                                    _ => real,
-                                }
-                            }
-                        };
-                        sent.fetch_add(1, Ordering::SeqCst);
-                        if mode == Mischief::Drip {
-                            for b in reply {
-                                if st.load(Ordering::SeqCst) || client.write_all(&[b]).is_err() {
-                                    return;
-                                }
-                                std::thread::sleep(Duration::from_millis(300));
-                            }
-                        } else if client.write_all(&reply).is_err() {
-                            return;
-                        }
-                    }
-                });
+                std::thread::spawn(move || proxy_one(client, upstream, (m, st, sent)));
             }
         });
         Hostile {
@@ -156,6 +78,107 @@ impl Hostile {
     }
 }
 
+/// Shared with every connection of a [`Hostile`]: the mischief, the stop flag, the replies sent.
+type Proxied = (
+    std::sync::Arc<std::sync::Mutex<Mischief>>,
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    std::sync::Arc<AtomicU32>,
+);
+
+/// One client of the proxy, relayed through the mischief until it, the server or the proxy ends.
+fn proxy_one(mut client: std::net::TcpStream, upstream: u16, (m, st, sent): Proxied) {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    client.set_nonblocking(false).unwrap();
+    let _ = client.set_read_timeout(Some(Duration::from_millis(100)));
+    let Ok(mut server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+        return;
+    };
+    let _ = server.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut buf = vec![0u8; 64 * 1024];
+    while !st.load(Ordering::SeqCst) {
+        let n = match client.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(_) => return,
+        };
+        let mode = {
+            let mut m = m.lock().unwrap();
+            let mode = *m;
+            if let Mischief::BeforeOnce(_) = mode {
+                *m = Mischief::Pass;
+            }
+            mode
+        };
+        let Some(reply) = reply_for(mode, &mut client, &mut server, &mut buf, n) else {
+            return;
+        };
+        sent.fetch_add(1, Ordering::SeqCst);
+        if mode == Mischief::Drip {
+            for b in reply {
+                if st.load(Ordering::SeqCst) || client.write_all(&[b]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        } else if client.write_all(&reply).is_err() {
+            return;
+        }
+    }
+}
+
+/// What the client gets for the command in `buf[..n]` under `mode` (None: the connection is
+/// over); the server is asked, unless the mischief answers for it.
+fn reply_for(
+    mode: Mischief,
+    client: &mut std::net::TcpStream,
+    server: &mut std::net::TcpStream,
+    buf: &mut [u8],
+    n: usize,
+) -> Option<Vec<u8>> {
+    use std::io::{Read, Write};
+    Some(match mode {
+        Mischief::Ok => b"+OK\r\n".to_vec(),
+        Mischief::True => b"#t\r\n".to_vec(),
+        Mischief::Huge => {
+            if client.write_all(b"$1000000000\r\n").is_err() {
+                return None;
+            }
+            let chunk = vec![b'x'; 64 * 1024];
+            // At most the declared gigabyte, for at most 60 s.
+            let end = Instant::now() + Duration::from_secs(60);
+            for _ in 0..(1_000_000_000 / chunk.len()) {
+                if Instant::now() > end || client.write_all(&chunk).is_err() {
+                    return None;
+                }
+            }
+            return None;
+        }
+        _ => {
+            if server.write_all(&buf[..n]).is_err() {
+                return None;
+            }
+            let Ok(got) = server.read(buf) else {
+                return None;
+            };
+            let real = buf[..got].to_vec();
+            match mode {
+                Mischief::Before(f) | Mischief::BeforeOnce(f) => [f, &real[..]].concat(),
+                Mischief::After(f) => [&real[..], f].concat(),
+                Mischief::Late(f) => {
+                    if client.write_all(&real).is_err() {
+                        return None;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                    f.to_vec()
+                }
+                _ => real,
+            }
+        }
+    })
+}
+
 impl Drop for Hostile {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
@@ -177,8 +200,7 @@ impl Relay {
     /// server's bytes once its client has sent `n` TLS application-data records (0: from the
     /// first byte, the handshake; 2: after the client's Finished and its first command).
     pub fn start(upstream: u16, drip_after: Option<usize>) -> Relay {
-        use std::io::{Read, Write};
-        use std::net::{Shutdown, TcpStream};
+        use std::net::TcpStream;
         use std::sync::atomic::{AtomicBool, AtomicUsize};
         use std::sync::Arc;
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -201,60 +223,17 @@ impl Relay {
                 // Client to server, counting the client's application-data records (TLS record
                 // type 23: in TLS 1.3 the client's Finished is one too).
                 let (mut from, mut to) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-                let (counted, st2) = (records.clone(), st.clone());
-                std::thread::spawn(move || {
-                    let mut buf = [0u8; 16 * 1024];
-                    let mut pending: Vec<u8> = Vec::new();
-                    while !st2.load(Ordering::SeqCst) {
-                        let n = match from.read(&mut buf) {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => n,
-                        };
-                        pending.extend_from_slice(&buf[..n]);
-                        while pending.len() >= 5 {
-                            let len = u16::from_be_bytes([pending[3], pending[4]]) as usize;
-                            if pending.len() < 5 + len {
-                                break;
-                            }
-                            if pending[0] == 23 {
-                                counted.fetch_add(1, Ordering::SeqCst);
-                            }
-                            pending.drain(..5 + len);
-                        }
-                        if to.write_all(&buf[..n]).is_err() {
-                            break;
-                        }
-                    }
-                    let _ = to.shutdown(Shutdown::Both);
-                });
+                let counted = records.clone();
+                let st2 = st.clone();
+                std::thread::spawn(move || count_records(&mut from, &mut to, &counted, &st2));
                 // Server to client, dripping when told.
                 let (mut from, mut to) = (server, client);
                 let (all, st2) = (all.clone(), st.clone());
-                std::thread::spawn(move || {
-                    let mut buf = [0u8; 16 * 1024];
-                    while !st2.load(Ordering::SeqCst) {
-                        let n = match from.read(&mut buf) {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => n,
-                        };
-                        let drip = all.load(Ordering::SeqCst)
-                            || drip_after.is_some_and(|k| records.load(Ordering::SeqCst) >= k);
-                        if !drip {
-                            if to.write_all(&buf[..n]).is_err() {
-                                break;
-                            }
-                            continue;
-                        }
-                        for b in &buf[..n] {
-                            if st2.load(Ordering::SeqCst) || to.write_all(&[*b]).is_err() {
-                                let _ = to.shutdown(Shutdown::Both);
-                                return;
-                            }
-                            std::thread::sleep(Duration::from_millis(200));
-                        }
-                    }
-                    let _ = to.shutdown(Shutdown::Both);
-                });
+                let drip = move || {
+                    all.load(Ordering::SeqCst)
+                        || drip_after.is_some_and(|k| records.load(Ordering::SeqCst) >= k)
+                };
+                std::thread::spawn(move || drip_back(&mut from, &mut to, drip, &st2));
             }
         });
         Relay {
@@ -268,6 +247,72 @@ impl Relay {
     pub fn drip_now(&self) {
         self.dripping.store(true, Ordering::SeqCst);
     }
+}
+
+/// Relay the client's bytes to the server, counting its TLS application-data records (type 23:
+/// in TLS 1.3 the client's Finished is one too) in `counted`.
+fn count_records(
+    from: &mut std::net::TcpStream,
+    to: &mut std::net::TcpStream,
+    counted: &std::sync::atomic::AtomicUsize,
+    st2: &std::sync::atomic::AtomicBool,
+) {
+    use std::io::{Read, Write};
+    let mut buf = [0u8; 16 * 1024];
+    let mut pending: Vec<u8> = Vec::new();
+    while !st2.load(Ordering::SeqCst) {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        pending.extend_from_slice(&buf[..n]);
+        while pending.len() >= 5 {
+            let len = u16::from_be_bytes([pending[3], pending[4]]) as usize;
+            if pending.len() < 5 + len {
+                break;
+            }
+            if pending[0] == 23 {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }
+            pending.drain(..5 + len);
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Both);
+}
+
+/// Relay the server's bytes to the client: at once, or one every 200 ms while `drip` says so.
+fn drip_back(
+    from: &mut std::net::TcpStream,
+    to: &mut std::net::TcpStream,
+    drip: impl Fn() -> bool,
+    st2: &std::sync::atomic::AtomicBool,
+) {
+    use std::io::{Read, Write};
+    use std::net::Shutdown;
+    let mut buf = [0u8; 16 * 1024];
+    while !st2.load(Ordering::SeqCst) {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if !drip() {
+            if to.write_all(&buf[..n]).is_err() {
+                break;
+            }
+            continue;
+        }
+        for b in &buf[..n] {
+            if st2.load(Ordering::SeqCst) || to.write_all(&[*b]).is_err() {
+                let _ = to.shutdown(Shutdown::Both);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    let _ = to.shutdown(Shutdown::Both);
 }
 
 impl Drop for Relay {

@@ -257,7 +257,7 @@ fn retried_case(url: &str, name: &str, case: &str, how: i32, ready: impl FnOnce(
 
 /// The first attempt at `instant` (as `CRONLOCK_INSTANT` says it) of KEY, in `--status`, ended
 /// as `want` says.
-fn assert_first_attempt(url: &str, key: &str, instant: &str, want: &str) {
+pub fn assert_first_attempt(url: &str, key: &str, instant: &str, want: &str) {
     let s = run(cronlock_at(url).args(["--status", "--json", key]));
     let v: serde_json::Value = serde_json::from_str(&stdout(&s)).unwrap();
     let entry = v["ledger"]

@@ -202,34 +202,7 @@ pub fn suspend(url: &str, key: &str) {
     // Not even a plain run, nor a waiting one.
     let out = run(cronlock_at(url).args(["-E", "75", "--wait", "5s", key, "--", "true"]));
     assert_eq!(code(&out), 75, "{}", stderr(&out));
-    let s = status(url, key);
-    assert_eq!(s["suspended"]["reason"], "db move", "{s}");
-    assert!(s["ledger"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|e| e["state"] == "skipped"));
-    let text = run(cronlock_at(url).args(["--status", key]));
-    assert!(stdout(&text).contains("suspended:"), "{}", stdout(&text));
-    let check = run(cronlock_at(url).args(["--check", key]));
-    assert_eq!(code(&check), 1, "{}", stdout(&check));
-    assert!(stdout(&check).contains("WARNING"), "{}", stdout(&check));
-    assert!(stdout(&check).contains("suspended"), "{}", stdout(&check));
-    let list = run(cronlock_at(url).args(["--list"]));
-    assert!(
-        stdout(&list)
-            .lines()
-            .any(|l| l.starts_with(&format!("{key}\t")) && l.contains("suspended")),
-        "{}",
-        stdout(&list)
-    );
-    let list = run(cronlock_at(url).args(["--list", "--json"]));
-    let rows: serde_json::Value = serde_json::from_str(&stdout(&list)).unwrap();
-    assert!(rows
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|r| r["key"] == key && r["suspended"]["reason"] == "db move"));
+    says_suspended(url, key);
 
     // Let an instant pass while suspended, unfired: it is skipped, not caught up.
     assert!(wait_for(Duration::from_secs(5), || now_ms()
@@ -266,4 +239,37 @@ pub fn suspend(url: &str, key: &str) {
         "{ran} ran, resumed at {resumed_at}"
     );
     assert_eq!(instant.1["state"], "succeeded");
+}
+
+/// `--status` (JSON and text), `--check` and `--list` (text and JSON) say KEY is suspended for
+/// "db move", and the ledger has a skipped instant.
+fn says_suspended(url: &str, key: &str) {
+    let s = status(url, key);
+    assert_eq!(s["suspended"]["reason"], "db move", "{s}");
+    assert!(s["ledger"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["state"] == "skipped"));
+    let text = run(cronlock_at(url).args(["--status", key]));
+    assert!(stdout(&text).contains("suspended:"), "{}", stdout(&text));
+    let check = run(cronlock_at(url).args(["--check", key]));
+    assert_eq!(code(&check), 1, "{}", stdout(&check));
+    assert!(stdout(&check).contains("WARNING"), "{}", stdout(&check));
+    assert!(stdout(&check).contains("suspended"), "{}", stdout(&check));
+    let list = run(cronlock_at(url).args(["--list"]));
+    assert!(
+        stdout(&list)
+            .lines()
+            .any(|l| l.starts_with(&format!("{key}\t")) && l.contains("suspended")),
+        "{}",
+        stdout(&list)
+    );
+    let list = run(cronlock_at(url).args(["--list", "--json"]));
+    let rows: serde_json::Value = serde_json::from_str(&stdout(&list)).unwrap();
+    assert!(rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["key"] == key && r["suspended"]["reason"] == "db move"));
 }

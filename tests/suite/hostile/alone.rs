@@ -61,37 +61,7 @@ fn a_resolver_that_never_answers_is_bounded() {
     .unwrap();
     let dummy = Redis::start();
     let marker = dir.join("ran");
-    let cmd = cronlock(&dummy);
-    let program = cmd.get_program().to_owned();
-    let envs: Vec<_> = cmd
-        .get_envs()
-        .map(|(k, v)| (k.to_owned(), v.map(|v| v.to_owned())))
-        .collect();
-    let mut ns = std::process::Command::new("unshare");
-    ns.args([
-        "-m",
-        "sh",
-        "-c",
-        "mount --bind \"$0\" /etc/resolv.conf && exec \"$@\"",
-    ])
-    .arg(&resolv)
-    .arg(program)
-    .args([
-        "-u",
-        "redis://redis.cronlock-test.invalid:6379",
-        "--connect-timeout",
-        "1s",
-    ])
-    .args(["k", "touch"])
-    .arg(&marker)
-    .stdin(std::process::Stdio::null());
-    for (k, v) in envs {
-        match v {
-            Some(v) => ns.env(k, v),
-            None => ns.env_remove(k),
-        };
-    }
-    ns.env_remove("CRONLOCK_REDIS_URL");
+    let mut ns = under_resolver(&resolv, cronlock(&dummy), &marker);
     let t = Instant::now();
     let out = run(&mut ns);
     let took = t.elapsed();
@@ -114,6 +84,47 @@ fn a_resolver_that_never_answers_is_bounded() {
         asked.load(std::sync::atomic::Ordering::SeqCst) > 0,
         "the resolver was never asked: the test did not test the look-up"
     );
+}
+
+/// `cmd` (a cronlock, its environment kept) in a mount namespace where `resolv` is
+/// /etc/resolv.conf, asked to lock `k` at a name only a resolver can answer for, and to touch
+/// `marker` if it ran.
+fn under_resolver(
+    resolv: &std::path::Path,
+    cmd: std::process::Command,
+    marker: &std::path::Path,
+) -> std::process::Command {
+    let program = cmd.get_program().to_owned();
+    let envs: Vec<_> = cmd
+        .get_envs()
+        .map(|(k, v)| (k.to_owned(), v.map(|v| v.to_owned())))
+        .collect();
+    let mut ns = std::process::Command::new("unshare");
+    ns.args([
+        "-m",
+        "sh",
+        "-c",
+        "mount --bind \"$0\" /etc/resolv.conf && exec \"$@\"",
+    ])
+    .arg(resolv)
+    .arg(program)
+    .args([
+        "-u",
+        "redis://redis.cronlock-test.invalid:6379",
+        "--connect-timeout",
+        "1s",
+    ])
+    .args(["k", "touch"])
+    .arg(marker)
+    .stdin(std::process::Stdio::null());
+    for (k, v) in envs {
+        match v {
+            Some(v) => ns.env(k, v),
+            None => ns.env_remove(k),
+        };
+    }
+    ns.env_remove("CRONLOCK_REDIS_URL");
+    ns
 }
 
 /// A Unix socket whose listener never accepts (its queue full): the connect is bounded by

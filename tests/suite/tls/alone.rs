@@ -47,7 +47,43 @@ fn tls_errors_are_one_line_each() {
     let dir = scratch("tlserr");
     let marker = dir.join("ran");
     let path = |p: &str| c.join(p).display().to_string();
-    let cases: Vec<(&str, String, Vec<String>, &str)> = vec![
+    let mut cases = certificate_cases((&good, &wrong, &expired), &path);
+    cases.extend(option_cases((&good, &mtls, &plain), &path));
+    for (name, url, extra, needle) in cases {
+        let t = std::time::Instant::now();
+        let out = run(tls_cronlock(&url)
+            .args(&extra)
+            .args(["--connect-timeout", "1s", "k", "touch"])
+            .arg(&marker));
+        assert_eq!(code(&out), 125, "{name}: {}", stderr(&out));
+        let err = one_line(&out);
+        assert!(err.contains(needle), "{name}: {err}");
+        assert!(!marker.exists(), "{name}: the command ran");
+        // Never hangs: bounded by --connect-timeout (plus the best-effort undo of a lost reply).
+        assert!(
+            t.elapsed() < Duration::from_secs(4),
+            "{name}: took {:?}",
+            t.elapsed()
+        );
+    }
+    assert!(plain.keys().is_empty(), "left behind: {:?}", plain.keys());
+    let out = run(tls_cronlock(&good.tls_url("127.0.0.1")).args([
+        "--tls-ca-cert",
+        &path("ca.crt"),
+        "--status",
+        "k",
+    ]));
+    assert!(stdout(&out).contains("is free"), "{}", stdout(&out));
+    assert!(!stdout(&out).contains(LOCK));
+}
+
+/// The cases of [`tls_errors_are_one_line_each`]: what, the URL, the options, and what the line
+/// says. These: the server's certificate, or the CA file, is wrong.
+fn certificate_cases<'a>(
+    (good, wrong, expired): (&Redis, &Redis, &Redis),
+    path: &dyn Fn(&str) -> String,
+) -> Vec<(&'a str, String, Vec<String>, &'a str)> {
+    vec![
         (
             "no CA given",
             good.tls_url("127.0.0.1"),
@@ -84,6 +120,15 @@ fn tls_errors_are_one_line_each() {
             vec!["--tls-ca-cert".into(), path("client.key")],
             "holds no PEM certificate",
         ),
+    ]
+}
+
+/// More cases: the client's certificate and key, and the URL's scheme against the port.
+fn option_cases<'a>(
+    (good, mtls, plain): (&Redis, &Redis, &Redis),
+    path: &dyn Fn(&str) -> String,
+) -> Vec<(&'a str, String, Vec<String>, &'a str)> {
+    vec![
         (
             "key of another certificate",
             mtls.tls_url("127.0.0.1"),
@@ -133,31 +178,5 @@ fn tls_errors_are_one_line_each() {
             vec!["--tls-ca-cert".into(), path("ca.crt")],
             "rediss://",
         ),
-    ];
-    for (name, url, extra, needle) in cases {
-        let t = std::time::Instant::now();
-        let out = run(tls_cronlock(&url)
-            .args(&extra)
-            .args(["--connect-timeout", "1s", "k", "touch"])
-            .arg(&marker));
-        assert_eq!(code(&out), 125, "{name}: {}", stderr(&out));
-        let err = one_line(&out);
-        assert!(err.contains(needle), "{name}: {err}");
-        assert!(!marker.exists(), "{name}: the command ran");
-        // Never hangs: bounded by --connect-timeout (plus the best-effort undo of a lost reply).
-        assert!(
-            t.elapsed() < Duration::from_secs(4),
-            "{name}: took {:?}",
-            t.elapsed()
-        );
-    }
-    assert!(plain.keys().is_empty(), "left behind: {:?}", plain.keys());
-    let out = run(tls_cronlock(&good.tls_url("127.0.0.1")).args([
-        "--tls-ca-cert",
-        &path("ca.crt"),
-        "--status",
-        "k",
-    ]));
-    assert!(stdout(&out).contains("is free"), "{}", stdout(&out));
-    assert!(!stdout(&out).contains(LOCK));
+    ]
 }
