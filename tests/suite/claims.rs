@@ -286,14 +286,6 @@ fn time_of(t: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The CPU a process used itself (user and system clock ticks, /proc/PID/stat).
-fn own_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let after = stat.rsplit_once(") ").unwrap().1;
-    let f: Vec<&str> = after.split_whitespace().collect();
-    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
-}
-
 /// Replicas whose turn an instant is not keep it waiting without spinning, and none spins at its
 /// heartbeats' slots: three replicas serving jobs every second use a few clock ticks each, not a
 /// core (nor a tenth of one).

@@ -344,21 +344,11 @@ fn a_second_sigterm_stops_at_once_and_a_changed_file_is_read() {
     assert!(wait_for(Duration::from_secs(5), || replica_err(&file)
         .contains("claiming nothing more")));
     // Draining, it sleeps: its jobs' instants pass unclaimed, and it does not spin on them.
-    let cpu = |pid: u32| -> u64 {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        let fields: Vec<&str> = stat
-            .rsplit(')')
-            .next()
-            .unwrap()
-            .split_whitespace()
-            .collect();
-        fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
-    };
-    let before = cpu(c.id());
+    let before = own_ticks(c.id());
     let idle = Instant::now();
     assert!(wait_for(Duration::from_secs(5), || idle.elapsed()
         > Duration::from_millis(2500)));
-    let ticks = cpu(c.id()) - before;
+    let ticks = own_ticks(c.id()) - before;
     assert!(
         ticks < 50,
         "{ticks} clock ticks of CPU in 2.5 s of draining"

@@ -386,21 +386,17 @@ fn requesters(
         .collect()
 }
 
-/// The largest RSS of process `pid` over `span`, looked at every 200 ms, in KiB.
+/// The largest RSS process `pid` had (its high-water mark, VmHWM), in KiB, once `span` has
+/// passed.
 fn peak_rss_kib(pid: u32, span: Duration) -> u64 {
     let begun = Instant::now();
-    let mut peak = 0u64;
-    while begun.elapsed() < span {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-        let rss = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .unwrap();
-        peak = peak.max(rss);
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    peak
+    wait_for(span + Duration::from_secs(1), || begun.elapsed() >= span);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
 }
 
 /// The tests that measure time: they run alone (`common::alone`).

@@ -213,6 +213,14 @@ pub fn alive(pid: i32) -> bool {
     }
 }
 
+/// The CPU a process used itself (user and system clock ticks, /proc/PID/stat).
+pub fn own_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = stat.rsplit_once(") ").unwrap().1;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
 /// Send `sig` to `pid`.
 pub fn signal(pid: i32, sig: i32) {
     // SAFETY: sending a signal to a process the test started.
