@@ -63,20 +63,55 @@ export CRONLOCK_TEST_BIN="$PWD/target/$TARGET/release/cronlock"
 export CRONLOCK_TEST_RELEASE=1
 
 failed=()
-# Each pass below says what failed in the summary line at the end, whatever happens on the way
-# (a server that cannot be fetched is a failure there, never an early exit without it).
+# Every pass's output is kept here too, so that the end of the run repeats why each failed test
+# failed (what it printed, its panic), however long the output after it.
+logs=$(mktemp -d)
+# The failures sections of the passes' outputs: each failed test's output and panic, at most 60
+# lines a test and 400 in all.
+failures() {
+  local f
+  for f in "$logs"/*.out; do
+    [ -e "$f" ] || continue
+    awk -v pass="$(basename "$f" .out)" '
+      /^failures:$/ && !seen { seen = 1; inside = 1; print "test.sh: --- why the pass (" pass ") failed:"; next }
+      /^failures:$/ || /^test result:/ { inside = 0 }
+      inside && /^---- / { n = 0 }
+      inside && n++ < 60 { print }' "$f"
+  done | head -400
+}
 summary() {
   local rc=$?
   if [ ${#failed[@]} -gt 0 ]; then
+    failures >&2
+    rm -rf "$logs"
     printf 'test.sh: failed: %s\n' "${failed[@]}" >&2
     exit 1
-  elif [ "$rc" -ne 0 ]; then
+  fi
+  rm -rf "$logs"
+  if [ "$rc" -ne 0 ]; then
     echo "test.sh: stopped early (status $rc): see above" >&2
     exit "$rc"
   fi
   echo "test.sh: every suite passed" >&2
 }
 trap summary EXIT
+# Stopped from outside (a hang-up, ^C, a CI timeout's SIGTERM), the run says so, stops the
+# passes running in the background and fails: they were cut short, so nothing says they passed.
+kill_tree() { # PID: SIGTERM to it and everything under it, the youngest first
+  local c
+  for c in $(pgrep -P "$1"); do kill_tree "$c"; done
+  kill -TERM "$1" 2>/dev/null || true
+}
+stopped() {
+  failed+=("the run, stopped by SIG$1")
+  local c
+  for c in $(pgrep -P $$); do kill_tree "$c"; done
+  exit 1
+}
+for sig in HUP INT TERM; do
+  # shellcheck disable=SC2064 # the signal's name, fixed now
+  trap "stopped $sig" "$sig"
+done
 # The tests whose outcome depends on the server run again against Redis 6.2 (what many managed
 # services run) and Valkey 8.1 (the distributions' replacement). Named here (the suites of
 # tests/suite/, selected by name), with why:
@@ -170,12 +205,12 @@ pass_on() { # SERVER PART: the server's suites of the binary, PART `rest` or `al
   CRONLOCK_TEST_REDIS_SERVER="${bin[0]}" CRONLOCK_TEST_REDIS_CLI="${bin[1]}" RUST_TEST_THREADS=3 \
     "$suite" "${filters[@]}" "${SERVER_SKIP[@]}"
 }
-logs=$(mktemp -d)
+pids=()
 start_passes() { # PART: the passes on the other servers, in the background, output in $logs
   pids=()
   for s in "${servers[@]}"; do
     echo "test.sh: the server's tests ($1) against $(server_name "$s")" >&2
-    pass_on "$s" "$1" >"$logs/$s" 2>&1 &
+    pass_on "$s" "$1" >"$logs/$1 on $(server_name "$s").out" 2>&1 &
     pids+=("$!:$s")
   done
 }
@@ -184,7 +219,7 @@ end_passes() { # PART: wait for them; show what they said
     local s=${p#*:}
     wait "${p%%:*}" || failed+=("the server's tests ($1) on $(server_name "$s")")
     echo "test.sh: --- the pass ($1) on $(server_name "$s"):" >&2
-    cat "$logs/$s" >&2
+    cat "$logs/$1 on $(server_name "$s").out" >&2
   done
 }
 ours=$(redis-server --version | cut -d' ' -f3)
@@ -200,12 +235,13 @@ first=("$@")
 if [ $# -eq 0 ]; then first=(-- --skip ::alone::); fi
 start_passes rest
 RUST_TEST_THREADS=${RUST_TEST_THREADS:-6} \
-  cargo test --locked --no-fail-fast "${first[@]}" || failed+=("the suite on $ours")
+  cargo test --locked --no-fail-fast "${first[@]}" 2>&1 | tee "$logs/rest on $ours.out" ||
+  failed+=("the suite on $ours")
 end_passes rest
 start_passes alone
 if [ $# -eq 0 ]; then
   echo "test.sh: the tests that measure time, on $ours" >&2
-  RUST_TEST_THREADS=4 "$suite" ::alone:: || failed+=("the tests that measure time on $ours")
+  RUST_TEST_THREADS=4 "$suite" ::alone:: 2>&1 | tee "$logs/alone on $ours.out" ||
+    failed+=("the tests that measure time on $ours")
 fi
 end_passes alone
-rm -rf "$logs"

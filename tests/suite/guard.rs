@@ -377,70 +377,6 @@ fn which(name: &str) -> String {
         .unwrap_or_else(|| panic!("{name} is required for the tests"))
 }
 
-/// cronlock and its guard SIGKILLed together (as a crashing host kills them): the command goes
-/// with them, and the job cgroup they leave (empty: nobody is left to remove it) is removed by
-/// the next run that starts, so a crash-looping host does not pile them up. A live run's cgroup
-/// is never touched.
-#[test]
-fn cgroups_left_by_killed_runs_are_removed_by_the_next_run() {
-    let r = Redis::start();
-    // A live run beside it, whose cgroup must survive the sweep.
-    let live_dir = scratch("sweep-live");
-    let mut live = cronlock(&r);
-    live.args(["--ttl", "30s", "other", "-c"])
-        .arg(job(&live_dir));
-    let mut live = live.spawn().unwrap();
-    read_pid(&live_dir.join("pid"));
-    let live_cg = job_cgroup(&live_dir);
-
-    // (No setsid escapee: with its guard gone too, nothing would end one, and a cgroup with a
-    // process in it is not empty.)
-    let dir = scratch("sweep");
-    let mut c = cronlock(&r);
-    let mut c = c
-        .args(["--ttl", "2s", "k", "-c"])
-        .arg(format!(
-            "cd {} && grep ^0:: /proc/$$/cgroup > cgroup && echo $$ > pid && exec sleep 60",
-            dir.display()
-        ))
-        .spawn()
-        .unwrap();
-    let cmd = read_pid(&dir.join("pid"));
-    let Some(left) = job_cgroup(&dir) else {
-        lacks("a writable cgroup v2 hierarchy", "the orphaned-cgroup test")
-    };
-    let guard = parent_of(cmd);
-    signal(guard, libc::SIGKILL);
-    signal(c.id() as i32, libc::SIGKILL);
-    let _ = c.wait();
-    assert!(
-        wait_for(Duration::from_secs(3), || !alive(cmd)),
-        "the command survived"
-    );
-    assert!(
-        left.exists(),
-        "nothing was left behind: the test tests nothing"
-    );
-    // The next runs (once the killed run's lock expired) remove it.
-    let mut last = String::new();
-    assert!(
-        wait_for(Duration::from_secs(20), || {
-            let out = run(cronlock(&r).args(["-v", "k", "true"]));
-            last = stderr(&out);
-            assert!(matches!(code(&out), 0), "{last}");
-            !left.exists()
-        }),
-        "{} was left behind: {last}",
-        left.display()
-    );
-    if let Some(cg) = live_cg {
-        assert!(cg.exists(), "a live run's cgroup was removed");
-    }
-    std::fs::write(live_dir.join("stop"), "").unwrap();
-    signal(live.id() as i32, libc::SIGTERM);
-    let _ = live.wait();
-}
-
 /// So few processes allowed (`ulimit -u`, as an unprivileged user: root is exempt) that the
 /// guard, or then the command's process, cannot be made: the command never ran, so it is
 /// cronlock's own failure (125, as timeout(1)'s failed fork), one line, the lock released.
@@ -483,3 +419,4 @@ fn no_process_for_the_guard_or_the_command_is_cronlocks_failure() {
 
 /// The tests that measure time: they run alone (`common::alone`).
 mod alone;
+mod sweep;

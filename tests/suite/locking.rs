@@ -398,7 +398,8 @@ fn a_signal_while_waiting_ends_the_wait_without_running() {
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let out = child.wait_with_output().unwrap();
     assert_eq!(code(&out), 128 + libc::SIGTERM);
-    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    // Far under the 30 s the wait would last.
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     assert!(!marker.exists());
     assert_eq!(r.get(LOCK).as_deref(), Some("someone else"));
 }

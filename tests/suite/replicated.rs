@@ -259,42 +259,6 @@ fn min_replicas_with_a_frozen_replica_runs_nothing() {
     assert!(!primary.exists("cronlock:{frozen}"));
 }
 
-#[test]
-fn min_replicas_stops_the_command_when_renewals_are_not_replicated() {
-    let primary = Redis::start_tcp();
-    let replica = Redis::replica_of(&primary);
-    let dir = scratch("replicas-midrun");
-    let ttl = Duration::from_secs(3);
-    let job = cronlock(&primary)
-        .current_dir(&dir)
-        .args([
-            "--min-replicas",
-            "1",
-            "--ttl",
-            "3s",
-            "midrun",
-            "--",
-            "sh",
-            "-c",
-        ])
-        .arg("echo $$ > pid; exec sleep 60")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = read_pid(&dir.join("pid"));
-    replica.pause();
-    let paused = Instant::now();
-    let out = job.wait_with_output().unwrap();
-    let ended = paused.elapsed();
-    replica.resume();
-    assert_eq!(code(&out), 122, "{}", stderr(&out));
-    // The lock's last confirmed renewal was before the pause: the command is gone before that
-    // renewal's expiry.
-    assert!(ended < ttl, "ended {ended:?} after the pause");
-    assert!(!alive(pid));
-    assert!(stderr(&out).contains("--min-replicas"), "{}", stderr(&out));
-}
-
 /// A holder with `--ttl 6s` (and `extra` options) through the sentinels, contenders every 200 ms
 /// (`-E 75`), and `fault` done to the topology once the holder runs; then the contenders go on
 /// for longer than a TTL. No two jobs ever overlap, and the holder's job goes on to exit 0.

@@ -67,7 +67,10 @@ pub fn measure_alone() -> Alone {
          in the pass of its own"
     );
     if HELD.with(|held| held.borrow().as_ref().is_some_and(|h| h.alone)) {
-        return Alone { nested: true };
+        return Alone {
+            nested: true,
+            since: Instant::now(),
+        };
     }
     HELD.with(|held| {
         // Give the shared side back first: two tests waiting to measure while each still
@@ -75,13 +78,18 @@ pub fn measure_alone() -> Alone {
         held.borrow_mut().take();
         *held.borrow_mut() = Some(take(name, true));
     });
-    Alone { nested: false }
+    Alone {
+        nested: false,
+        since: Instant::now(),
+    }
 }
 
 /// A test measuring alone; dropped, the test shares the lock again until its thread ends
 /// (unless it was measuring alone already when this one was taken).
 pub struct Alone {
     nested: bool,
+    /// When the lock was taken for itself.
+    since: Instant,
 }
 
 impl Drop for Alone {
@@ -91,10 +99,23 @@ impl Drop for Alone {
         }
         let thread = std::thread::current();
         let name = thread.name().unwrap_or("?");
+        record(name, self.since.elapsed());
         HELD.with(|held| {
             held.borrow_mut().take();
             *held.borrow_mut() = Some(take(name, false));
         });
+    }
+}
+
+/// With `CRONLOCK_TEST_ALONE_LOG` set to a file, each measuring's length goes there as a line
+/// `TEST SECONDS`: what the measuring pass of `scripts/test.sh` spends, test by test.
+fn record(test: &str, measured: Duration) {
+    use std::io::Write;
+    let Some(path) = std::env::var_os("CRONLOCK_TEST_ALONE_LOG") else {
+        return;
+    };
+    if let Ok(mut f) = OpenOptions::new().create(true).append(true).open(path) {
+        let _ = writeln!(f, "{test} {:.2}", measured.as_secs_f64());
     }
 }
 

@@ -165,3 +165,51 @@ fn a_unix_socket_that_never_accepts_is_bounded() {
     assert!(took < Duration::from_millis(3500), "took {took:?}");
     assert!(!marker.exists(), "the command ran");
 }
+
+/// Acquire + undo, each bounded by --connect-timeout: 2 s, plus the exit.
+#[test]
+fn a_dripped_acquire_reply_times_out() {
+    let err = acquire_fails(Mischief::Drip, Duration::from_millis(3500));
+    assert!(err.contains("did not answer in time"), "{err}");
+}
+
+#[test]
+fn a_huge_acquire_reply_is_refused_at_once() {
+    let err = acquire_fails(Mischief::Huge, Duration::from_secs(2));
+    assert!(err.contains("larger than"), "{err}");
+}
+
+#[test]
+fn a_wrong_shaped_acquire_reply_is_not_a_lock() {
+    for m in [Mischief::Ok, Mischief::True] {
+        let err = acquire_fails(m, Duration::from_secs(2));
+        assert!(err.contains("did not answer like a Redis server"), "{err}");
+    }
+}
+
+#[test]
+fn a_dripped_renewal_reply_stops_the_job_in_time() {
+    renewal_fails(Mischief::Drip);
+}
+
+#[test]
+fn a_huge_renewal_reply_stops_the_job_in_time() {
+    renewal_fails(Mischief::Huge);
+}
+
+/// `+OK` and RESP3 `#t` are not "still ours".
+#[test]
+fn a_wrong_shaped_renewal_reply_is_not_a_renewal() {
+    for m in [Mischief::Ok, Mischief::True] {
+        renewal_fails(m);
+    }
+}
+
+/// A renewal reply preceded by `:1` ("still ours") or followed by a frame: never a confirmed
+/// renewal, whichever frame would be read next. The job is stopped (122) before the lock could
+/// lapse.
+#[test]
+fn unasked_frames_at_renewals_never_confirm_one() {
+    renewal_fails(Mischief::Before(b":1\r\n"));
+    renewal_fails(Mischief::After(UNASKED[0]));
+}

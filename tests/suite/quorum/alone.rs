@@ -57,3 +57,36 @@ fn a_lock_deleted_on_a_minority_is_mended_and_on_a_majority_is_lost() {
     });
     eprintln!("majority: stopped {took:?} after the overwrites");
 }
+
+#[test]
+fn losing_the_quorum_mid_run_stops_the_command_before_expiry() {
+    let m = three();
+    let dir = scratch("quorum-lost");
+    let ttl = Duration::from_secs(3);
+    let job = on(&m)
+        .current_dir(&dir)
+        .args([
+            "--ttl",
+            "3s",
+            "q",
+            "--",
+            "sh",
+            "-c",
+            "echo $$ > pid; exec sleep 60",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = read_pid(&dir.join("pid"));
+    let _alone = measure_alone();
+    m[0].pause();
+    m[1].pause();
+    let paused = Instant::now();
+    let out = job.wait_with_output().unwrap();
+    let ended = paused.elapsed();
+    m[0].resume();
+    m[1].resume();
+    assert_eq!(code(&out), 122, "{}", stderr(&out));
+    assert!(ended < ttl, "ended {ended:?} after the pause");
+    assert!(!alive(pid));
+}

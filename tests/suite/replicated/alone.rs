@@ -18,3 +18,40 @@ fn a_deleted_lock_is_noticed_on_the_named_primary() {
     });
     eprintln!("sentinel: stopped {took:?} after the DEL");
 }
+
+#[test]
+fn min_replicas_stops_the_command_when_renewals_are_not_replicated() {
+    let primary = Redis::start_tcp();
+    let replica = Redis::replica_of(&primary);
+    let dir = scratch("replicas-midrun");
+    let ttl = Duration::from_secs(3);
+    let job = cronlock(&primary)
+        .current_dir(&dir)
+        .args([
+            "--min-replicas",
+            "1",
+            "--ttl",
+            "3s",
+            "midrun",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg("echo $$ > pid; exec sleep 60")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = read_pid(&dir.join("pid"));
+    let _alone = measure_alone();
+    replica.pause();
+    let paused = Instant::now();
+    let out = job.wait_with_output().unwrap();
+    let ended = paused.elapsed();
+    replica.resume();
+    assert_eq!(code(&out), 122, "{}", stderr(&out));
+    // The lock's last confirmed renewal was before the pause: the command is gone before that
+    // renewal's expiry.
+    assert!(ended < ttl, "ended {ended:?} after the pause");
+    assert!(!alive(pid));
+    assert!(stderr(&out).contains("--min-replicas"), "{}", stderr(&out));
+}

@@ -180,3 +180,42 @@ fn option_cases<'a>(
         ),
     ]
 }
+
+/// Renewals through a relay that starts dripping once the job runs: the job is stopped (122)
+/// before the lock's validity (TTL 3 s from the last confirmed renewal) ends, and cronlock exits
+/// within the TTL plus 1.5 s, as over plain TCP.
+#[test]
+fn dripped_tls_renewals_stop_the_job_in_time() {
+    let s = tls_redis("server.crt", false, None);
+    let relay = Relay::start(s.port, None);
+    let dir = scratch("tls-drip-renew");
+    let ttl = Duration::from_secs(3);
+    let mut cmd = tls_cronlock(&format!("rediss://127.0.0.1:{}", relay.port));
+    cmd.env("CRONLOCK_TLS_CA_CERT", ca())
+        .args(["--ttl", "3s", "--connect-timeout", "1s", "k", "-c"])
+        .arg(format!("echo $$ > {}/pid; exec sleep 30", dir.display()))
+        .stderr(Stdio::piped());
+    let holder = cmd.spawn().unwrap();
+    let job = read_pid(&dir.join("pid"));
+    let _alone = measure_alone();
+    let turned = std::time::Instant::now();
+    relay.drip_now();
+    let mut died = None;
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            died = (!alive(job)).then(std::time::Instant::now);
+            died.is_some()
+        }),
+        "the job outlived the lock"
+    );
+    let died = died.unwrap() - turned;
+    let out = holder.wait_with_output().unwrap();
+    let exited = turned.elapsed();
+    assert_eq!(code(&out), 122, "{}", stderr(&out));
+    assert!(died < ttl, "the job died {died:?} after the drip began");
+    assert!(
+        exited < ttl + Duration::from_millis(1500),
+        "cronlock exited {exited:?} after the drip began"
+    );
+    assert!(stderr(&out).contains("lock lost"), "{}", stderr(&out));
+}
