@@ -26,9 +26,12 @@ use crate::store::inspect::{self, Snapshot};
 use crate::store::keys::Keys;
 use crate::store::lock::{self, Attempt, Held, Holder, Instants, ReleaseOptions, Released};
 use crate::store::members;
-use crate::store::round::{confirmed, failed_alone, refused, Answer, Lost};
+use crate::store::round::{confirmed, failed, refused, split, Answer, Lost};
 pub use crate::store::round::{Outcome, Refused};
 use crate::store::topology::{Failure, Link, Redis};
+
+/// How many rounds one acquisition takes at most when the votes split (see [`Masters::acquire`]).
+const SPLIT_ROUNDS: u32 = 3;
 
 /// The masters, each with its own link.
 pub struct Masters {
@@ -104,7 +107,11 @@ impl Masters {
         }
     }
 
-    /// One acquisition round (see the module comment).
+    /// One acquisition (see the module comment): a round, and with several masters, when the
+    /// contenders' votes split so that nobody got a majority (each round undone), up to
+    /// [`SPLIT_ROUNDS`] in all, each after a random pause and under a fresh holder (the undone
+    /// one's marker refuses it where it was undone), so that one of them wins the next: a split
+    /// would otherwise leave the lock to nobody. Within `within` in all.
     pub fn acquire(
         &mut self,
         within: Duration,
@@ -114,6 +121,33 @@ impl Masters {
         instants: Option<&Instants>,
         limit: u32,
     ) -> Outcome {
+        let started = Instant::now();
+        let mut fresh: Option<Holder> = None;
+        for round in 1.. {
+            let holder = fresh.as_ref().unwrap_or(holder);
+            let (outcome, split) = self.round(within, keys, holder, ttl, instants, limit);
+            // 5-40 ms: contenders that split pause differently, so that one goes first.
+            let pause = Duration::from_millis(5 + (uuid::Uuid::new_v4().as_u128() % 36) as u64);
+            if !split || round >= SPLIT_ROUNDS || started.elapsed() + pause >= within {
+                return outcome;
+            }
+            let command = holder.command.clone();
+            std::thread::sleep(pause);
+            fresh = Some(Holder::new(&command));
+        }
+        unreachable!("the rounds end by returning")
+    }
+
+    /// One acquisition round, and whether it split (see [`Masters::acquire`]).
+    fn round(
+        &mut self,
+        within: Duration,
+        keys: &Keys,
+        holder: &Holder,
+        ttl: Duration,
+        instants: Option<&Instants>,
+        limit: u32,
+    ) -> (Outcome, bool) {
         let budget = self.budget(within, ttl);
         let sent_at = Instant::now();
         let answers = self.each(|_, link| -> Answer {
@@ -125,7 +159,12 @@ impl Masters {
                 budget.saturating_sub(sent_at.elapsed()),
             )
         });
-        self.settle(&answers, sent_at, (within, budget), (keys, holder, ttl))
+        let outcome = self.settle(&answers, sent_at, (within, budget), (keys, holder, ttl));
+        let split = limit == 1
+            && self.len() > 1
+            && matches!(outcome, Ok(Attempt::Busy(..)))
+            && split(&answers, self.majority());
+        (outcome, split)
     }
 
     /// Several acquisition rounds of plain locks (`--limit 1`): on one master, their attempts go
@@ -175,7 +214,15 @@ impl Masters {
         if let Some(refusal) = refused(answers, self.majority()) {
             return refusal;
         }
-        self.failed(answers, &undone, keys, within, ttl)
+        let shown: Vec<&str> = (0..self.len()).map(|i| self.shown(i)).collect();
+        let majority = self.majority();
+        failed(
+            answers,
+            &undone,
+            &keys.name,
+            (within, ttl),
+            (majority, &shown),
+        )
     }
 
     /// The lock, when a majority granted it in time (and, with several masters, took the
@@ -212,53 +259,6 @@ impl Masters {
             .unwrap_or(held.fence);
         held.sent_at = sent_at;
         (self.len() == 1 || self.raise(answers, &held, budget)).then_some(held)
-    }
-
-    /// The one line for an acquire that neither got the lock nor found it busy.
-    fn failed(
-        &self,
-        answers: &[Answer],
-        undone: &[Option<Result<bool, Failure>>],
-        keys: &Keys,
-        within: Duration,
-        ttl: Duration,
-    ) -> Outcome {
-        let name = &keys.name;
-        if let ([answer], [undone]) = (answers, undone) {
-            return failed_alone(answer, undone, name, within, ttl);
-        }
-        let granted = answers
-            .iter()
-            .filter(|a| matches!(a, Ok(Attempt::Held(_))))
-            .count();
-        let problems: Vec<String> = answers
-            .iter()
-            .enumerate()
-            .filter_map(|(i, a)| match a {
-                Err(Lost { failure, .. }) => Some(format!("{}: {failure}", self.shown(i))),
-                _ => None,
-            })
-            .collect();
-        let what = if problems.is_empty() {
-            format!("the masters that granted it did so too late ({granted})")
-        } else {
-            format!(
-                "{granted} of {} masters granted it, {} needed ({})",
-                answers.len(),
-                self.majority(),
-                problems.join("; ")
-            )
-        };
-        // Asking again cannot help only when every master refused for good.
-        let transient = !answers
-            .iter()
-            .all(|a| matches!(a, Err(Lost { failure, .. }) if !failure.transient()));
-        Err(Refused {
-            text: format!(
-                "cannot acquire lock '{name}': {what}; it was released where it was taken"
-            ),
-            transient,
-        })
     }
 
     /// Write the token back to every master of the majority; true when a majority took it.

@@ -165,3 +165,86 @@ pub(super) fn confirmed(
         }),
     }
 }
+
+/// The one line for an acquire that neither got the lock nor found it busy; `shown`: each
+/// master's URL, redacted.
+pub(super) fn failed(
+    answers: &[Answer],
+    undone: &[Option<Result<bool, Failure>>],
+    name: &str,
+    (within, ttl): (Duration, Duration),
+    (majority, shown): (usize, &[&str]),
+) -> Outcome {
+    if let ([answer], [undone]) = (answers, undone) {
+        return failed_alone(answer, undone, name, within, ttl);
+    }
+    let granted = answers
+        .iter()
+        .filter(|a| matches!(a, Ok(Attempt::Held(_))))
+        .count();
+    let problems: Vec<String> = answers
+        .iter()
+        .enumerate()
+        .filter_map(|(i, a)| match a {
+            Err(Lost { failure, .. }) => Some(format!("{}: {failure}", shown[i])),
+            _ => None,
+        })
+        .collect();
+    let what = if problems.is_empty() {
+        format!("the masters that granted it did so too late ({granted})")
+    } else {
+        format!(
+            "{granted} of {} masters granted it, {} needed ({})",
+            answers.len(),
+            majority,
+            problems.join("; ")
+        )
+    };
+    // Asking again cannot help only when every master refused for good.
+    let transient = !answers
+        .iter()
+        .all(|a| matches!(a, Err(Lost { failure, .. }) if !failure.transient()));
+    Err(Refused {
+        text: format!("cannot acquire lock '{name}': {what}; it was released where it was taken"),
+        transient,
+    })
+}
+
+/// Whether a round that found the lock busy did so only because the contenders' votes split: no
+/// one holder (by its value) was answered by a majority of the masters.
+pub(super) fn split(answers: &[Answer], majority: usize) -> bool {
+    let holders: Vec<&str> = answers
+        .iter()
+        .filter_map(|a| match a {
+            Ok(Attempt::Busy(_, value, _)) => Some(value.as_str()),
+            _ => None,
+        })
+        .collect();
+    !holders
+        .iter()
+        .any(|h| holders.iter().filter(|o| *o == h).count() >= majority)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn busy(holder: &str) -> Answer {
+        Ok(Attempt::Busy(None, holder.into(), None))
+    }
+
+    #[test]
+    fn votes_split_when_no_holder_has_a_majority() {
+        assert!(split(&[busy("a"), busy("b"), busy("c")], 2));
+        assert!(split(&[busy("a"), busy("b")], 2));
+        assert!(!split(&[busy("a"), busy("b"), busy("a")], 2));
+        assert!(!split(
+            &[busy("a"), busy("a"), busy("b"), busy("c"), busy("a")],
+            3
+        ));
+        assert!(split(
+            &[busy("a"), busy("a"), busy("b"), busy("b"), busy("c")],
+            3
+        ));
+    }
+}

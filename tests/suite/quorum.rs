@@ -152,6 +152,36 @@ fn ten_contenders_run_once_per_tick() {
     }
 }
 
+/// Votes that split (the lock held by A on one master, by B on another, free on the third): nobody
+/// has a majority, so the contender that took the third undoes it and asks again, under a fresh
+/// holder, a few times (up to 3 rounds, within --connect-timeout) before it finds the lock busy:
+/// contenders that split at once do the same, and one of them wins a later round. Each round
+/// leaves its own undo marker on the third master.
+#[test]
+fn split_votes_are_asked_again_a_few_times() {
+    let m = three();
+    let hold = |r: &Redis, who: &str| {
+        r.query::<()>(redis::cmd("SET").arg(LOCK).arg(who).arg("PX").arg(20_000));
+    };
+    hold(&m[0], "a");
+    hold(&m[1], "b");
+    let out = run(on(&m).args(["-E", "75", "q", "--", "true"]));
+    assert_eq!(code(&out), 75, "{}", stderr(&out));
+    let markers = m[2]
+        .keys()
+        .into_iter()
+        .filter(|k| k.starts_with(&format!("{LOCK}:abandoned:")))
+        .count();
+    assert_eq!(markers, 3, "{:?}", m[2].keys());
+    assert!(!m[2].exists(LOCK), "the third master's vote was not undone");
+    // Held by A on a majority: busy at once, one round.
+    hold(&m[2], "a");
+    m[0].del(LOCK);
+    hold(&m[0], "a");
+    let out = run(on(&m).args(["-E", "75", "q", "--", "true"]));
+    assert_eq!(code(&out), 75, "{}", stderr(&out));
+}
+
 /// A rolling restart without persistence: two masters of three restarted empty 2 s apart under a
 /// holder (`--ttl 3s`, renewals every second), with contenders every 200 ms. The holder writes its
 /// lock back on a master that lost it while a majority confirms it, so nobody else ever gets a
