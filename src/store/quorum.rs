@@ -125,7 +125,7 @@ impl Masters {
         let mut fresh: Option<Holder> = None;
         for round in 1.. {
             let holder = fresh.as_ref().unwrap_or(holder);
-            let (outcome, split) = self.round(within, keys, holder, ttl, instants, limit);
+            let (outcome, split) = self.round(within, (keys, holder, ttl), (instants, limit));
             // 5-40 ms: contenders that split pause differently, so that one goes first.
             let pause = Duration::from_millis(5 + (uuid::Uuid::new_v4().as_u128() % 36) as u64);
             if !split || round >= SPLIT_ROUNDS || started.elapsed() + pause >= within {
@@ -142,11 +142,8 @@ impl Masters {
     fn round(
         &mut self,
         within: Duration,
-        keys: &Keys,
-        holder: &Holder,
-        ttl: Duration,
-        instants: Option<&Instants>,
-        limit: u32,
+        (keys, holder, ttl): (&Keys, &Holder, Duration),
+        (instants, limit): (Option<&Instants>, u32),
     ) -> (Outcome, bool) {
         let budget = self.budget(within, ttl);
         let sent_at = Instant::now();
