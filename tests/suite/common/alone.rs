@@ -107,15 +107,24 @@ impl Drop for Alone {
     }
 }
 
-/// With `CRONLOCK_TEST_ALONE_LOG` set to a file, each measuring's length goes there as a line
-/// `TEST SECONDS`: what the measuring pass of `scripts/test.sh` spends, test by test.
+/// With `CRONLOCK_TEST_ALONE_LOG` set to a file, each measuring goes there as a line `TEST
+/// SECONDS ENDED` (ENDED: Unix seconds): what the measuring pass of `scripts/test.sh` spends, test
+/// by test, and when the lock was free between them.
 fn record(test: &str, measured: Duration) {
     use std::io::Write;
     let Some(path) = std::env::var_os("CRONLOCK_TEST_ALONE_LOG") else {
         return;
     };
     if let Ok(mut f) = OpenOptions::new().create(true).append(true).open(path) {
-        let _ = writeln!(f, "{test} {:.2}", measured.as_secs_f64());
+        let ended = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let _ = writeln!(
+            f,
+            "{test} {:.2} {:.2}",
+            measured.as_secs_f64(),
+            ended.as_secs_f64()
+        );
     }
 }
 
