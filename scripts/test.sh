@@ -64,7 +64,9 @@ export CRONLOCK_TEST_RELEASE=1
 
 failed=()
 # Every pass's output is kept here too, so that the end of the run repeats why each failed test
-# failed (what it printed, its panic), however long the output after it.
+# failed (what it printed, its panic), however long the output after it. (Through a process
+# substitution, not a pipe: a pipe's end waits for every process that inherited the output, and
+# a test's orphans may hold it for half a minute after the pass.)
 logs=$(mktemp -d)
 # The failures sections of the passes' outputs: each failed test's output and panic, at most 60
 # lines a test and 400 in all.
@@ -245,13 +247,13 @@ first=("$@")
 if [ $# -eq 0 ]; then first=(-- --skip ::alone::); fi
 start_passes rest
 RUST_TEST_THREADS=${RUST_TEST_THREADS:-6} \
-  cargo test --locked --no-fail-fast "${first[@]}" 2>&1 | tee "$logs/rest on $ours.out" ||
+  cargo test --locked --no-fail-fast "${first[@]}" > >(tee "$logs/rest on $ours.out") 2>&1 ||
   failed+=("the suite on $ours")
 end_passes rest
 start_passes alone
 if [ $# -eq 0 ]; then
   echo "test.sh: the tests that measure time, on $ours" >&2
-  RUST_TEST_THREADS=4 "$suite" ::alone:: 2>&1 | tee "$logs/alone on $ours.out" ||
+  RUST_TEST_THREADS=4 "$suite" ::alone:: > >(tee "$logs/alone on $ours.out") 2>&1 ||
     failed+=("the tests that measure time on $ours")
 fi
 end_passes alone

@@ -115,7 +115,7 @@ pub fn abandoned(url: &str, key: &str, retries: u32) {
     let mut holder = cronlock_at(url)
         .args(["--schedule", MONTHLY, "--catch-up", "100d", "--ttl", "2s"])
         .args(["--retries", &retries.to_string(), key, "-c"])
-        .arg(format!("echo $$ $PPID > {}; sleep 60", pids.display()))
+        .arg(format!("echo $$ $PPID > {}; exec sleep 60", pids.display()))
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
