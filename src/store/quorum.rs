@@ -126,9 +126,12 @@ impl Masters {
         for round in 1.. {
             let holder = fresh.as_ref().unwrap_or(holder);
             let (outcome, split) = self.round(within, (keys, holder, ttl), (instants, limit));
+            if !split || round >= SPLIT_ROUNDS {
+                return outcome;
+            }
             // 5-40 ms: contenders that split pause differently, so that one goes first.
             let pause = Duration::from_millis(5 + (uuid::Uuid::new_v4().as_u128() % 36) as u64);
-            if !split || round >= SPLIT_ROUNDS || started.elapsed() + pause >= within {
+            if started.elapsed() + pause >= within {
                 return outcome;
             }
             let command = holder.command.clone();

@@ -142,17 +142,38 @@ impl MemoryCgroup {
 
 impl Drop for MemoryCgroup {
     fn drop(&mut self) {
-        for _ in 0..100 {
-            let procs = std::fs::read_to_string(self.procs()).unwrap_or_default();
+        remove_cgroup(&self.dir);
+    }
+}
+
+/// SIGKILL everything in the cgroup `dir` and in the cgroups under it, and remove them all
+/// (within a second; best effort).
+fn remove_cgroup(dir: &Path) {
+    let kids = |d: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(d)
+            .map(|e| {
+                e.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.is_dir())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for _ in 0..100 {
+        for d in kids(dir).iter().map(PathBuf::as_path).chain([dir]) {
+            let procs = std::fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default();
             procs
                 .lines()
                 .filter_map(|p| p.parse().ok())
                 .for_each(|p| signal(p, libc::SIGKILL));
-            if std::fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
         }
+        kids(dir).iter().for_each(|d| {
+            let _ = std::fs::remove_dir(d);
+        });
+        if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

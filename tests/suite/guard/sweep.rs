@@ -46,32 +46,7 @@ impl Parent {
 
 impl Drop for Parent {
     fn drop(&mut self) {
-        let kids = |d: &Path| -> Vec<PathBuf> {
-            std::fs::read_dir(d)
-                .map(|e| {
-                    e.flatten()
-                        .map(|e| e.path())
-                        .filter(|p| p.is_dir())
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        for _ in 0..100 {
-            for d in kids(&self.dir).iter().chain([&self.dir]) {
-                let procs = std::fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default();
-                procs
-                    .lines()
-                    .filter_map(|p| p.parse().ok())
-                    .for_each(|p| signal(p, libc::SIGKILL));
-            }
-            kids(&self.dir).iter().for_each(|d| {
-                let _ = std::fs::remove_dir(d);
-            });
-            if std::fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        remove_cgroup(&self.dir);
     }
 }
 
