@@ -218,13 +218,15 @@ fn open_gate(child: std::process::Child, dir: &Scratch) -> std::process::Output 
     child.wait_with_output().unwrap()
 }
 
+/// Whoever notices first (the release, or the lock's watch, which stops the command: 122, see
+/// `tracking`), the other holder's lock is left alone.
 #[test]
 fn a_lock_taken_over_is_not_deleted_by_us() {
     let r = Redis::start();
     let (child, go) = start_gated(&r, "takeover");
     r.set(LOCK, "another holder");
     let out = open_gate(child, &go);
-    assert_eq!(code(&out), 0);
+    assert!(matches!(code(&out), 0 | 122), "{}", stderr(&out));
     assert_eq!(r.get(LOCK).as_deref(), Some("another holder"));
     assert!(stderr(&out).contains("no longer ours"), "{}", stderr(&out));
 }
