@@ -4,9 +4,10 @@
 #   1. Redis client commands per scheduled run, 20 jobs every second, 3 and 10 replicas (MONITOR,
 #      the scripts' own calls left out);
 #   2. interleaved rounds (each round runs 1, 3 and 10 replicas once, in random order, 20 jobs
-#      every second for 8 s): fleet CPU per run (the replicas and everything they reaped, from
-#      their rusage) and Redis's CPU per run (INFO cpu deltas, Redis's idle housekeeping over the
-#      same time measured first and subtracted); medians and spreads;
+#      every second for about 12 s): fleet CPU per run (the replicas and everything they reaped,
+#      from their rusage) and Redis's CPU per run (INFO cpu deltas, Redis's idle housekeeping over
+#      the same time measured first and subtracted), over the whole round and over 8 s of steady
+#      service; medians and spreads;
 #   3. delay from the instant to the command's start, 5 jobs every second (p50/p99 over SECS
 #      seconds, 3 replicas) and 20 jobs at each instant;
 #   4. sustained: 200 and 300 jobs every second on 3 replicas, the share started within 1 s;
@@ -94,8 +95,8 @@ import sys
 n, runs, total = (int(x) for x in sys.argv[1:4])
 kinds = ", ".join(f"{c} {k}" for c, k in (l.split() for l in open(sys.argv[4])))
 print(f"- {n} replicas: {runs} runs, {total} client commands ({kinds}): **{total / runs:.2f} "
-      f"per run** (a claim, a release, and the heartbeats: each replica's every 0.5 s up to 5 "
-      f"replicas, every 0.1 s x N above).")
+      f"per run** (a claim, a release, and the heartbeats: each replica's every second up to 5 "
+      f"replicas, every 0.2 s x N above).")
 PY
 done
 echo
@@ -114,10 +115,15 @@ for round in $(seq "$ROUNDS"); do
     on_the_second
     c0=$(cpu); t0=$(date +%s.%N)
     start_replicas "$n" "$WORK/cpu.crontab" --max-jobs 64
+    # Steady: from half a second after the third instant, for 8 instants.
+    sleep 2; python3 -c 'import time; time.sleep(1.5 - time.time() % 1)'
+    ra=$(wc -l < "$WORK/cpu.runs"); ca=$(cpu); ta=$(date +%s.%N)
     sleep 8
+    rb=$(wc -l < "$WORK/cpu.runs"); cb=$(cpu); tb=$(date +%s.%N)
     stop_replicas
     c1=$(cpu); t1=$(date +%s.%N)
-    echo "$n $(wc -l < "$WORK/cpu.runs") $(fleet_cpu) $c0 $c1 $t0 $t1" >> "$WORK/rounds"
+    echo "$n $(wc -l < "$WORK/cpu.runs") $(fleet_cpu) $c0 $c1 $t0 $t1 $((rb - ra)) $ca $cb $ta $tb" \
+      >> "$WORK/rounds"
   done
 done
 python3 - "$WORK/rounds" "$idle" <<'PY'
@@ -125,21 +131,26 @@ import sys, statistics
 idle = float(sys.argv[2])
 per = {}
 for line in open(sys.argv[1]):
-    n, runs, fleet, c0, c1, t0, t1 = line.split()
-    runs = int(runs)
+    n, runs, fleet, c0, c1, t0, t1, sruns, ca, cb, ta, tb = line.split()
+    runs, sruns = int(runs), int(sruns)
     redis = float(c1) - float(c0) - idle * (float(t1) - float(t0))
-    per.setdefault(int(n), []).append((float(fleet) / runs * 1000, redis / runs * 1000, runs))
+    steady = float(cb) - float(ca) - idle * (float(tb) - float(ta))
+    per.setdefault(int(n), []).append((float(fleet) / runs * 1000, redis / runs * 1000, runs,
+                                       steady / sruns * 1000))
 def show(xs):
     return f"median **{statistics.median(xs):.3f}** (min {min(xs):.3f}, max {max(xs):.3f})"
-print(f"{len(per[1])} rounds of 8 s, each running 1, 3 and 10 replicas in random order; Redis's "
-      f"idle housekeeping ({idle * 1000:.2f} ms of CPU a second) subtracted.")
+print(f"{len(per[1])} rounds, each running 1, 3 and 10 replicas in random order; Redis's idle "
+      f"housekeeping ({idle * 1000:.2f} ms of CPU a second) subtracted. A round: the replicas "
+      f"start, serve for 11.5 s to 12.5 s and stop; \"whole round\" counts all of it (starts and "
+      f"drains included), \"steady\" the 8 s from half a second after their third instant.")
 print()
-print("| replicas | runs a round | fleet CPU per run (ms) | Redis CPU per run (ms) |")
-print("|---|---|---|---|")
+print("| replicas | runs a round | fleet CPU per run (ms) | Redis CPU per run, whole round (ms) "
+      "| Redis CPU per run, steady (ms) |")
+print("|---|---|---|---|---|")
 for n in sorted(per):
     rows = per[n]
     print(f"| {n} | {statistics.median(r[2] for r in rows):.0f} | {show([r[0] for r in rows])} "
-          f"| {show([r[1] for r in rows])} |")
+          f"| {show([r[1] for r in rows])} | {show([r[3] for r in rows])} |")
 one = [r[0] for r in per[1]]
 for n in (3, 10):
     ratios = [a[0] / b for a, b in zip(per[n], one)]

@@ -9,7 +9,7 @@ use crate::config::CronJob;
 use crate::exit::Exit;
 use crate::log::{Level, Log};
 
-use super::beat::BEAT;
+use super::beat::period;
 use super::claim::{Answer, Ask, Verdict};
 use super::table::Table;
 use super::{runs, Phase, Replicant};
@@ -35,13 +35,12 @@ impl Replicant<'_> {
                     continue;
                 }
                 Answer::View { group, view } => {
-                    self.show_beat(view.as_ref().err().map(String::as_str));
+                    if let Ok(view) = &view {
+                        self.beat.every = period(view.live.len(), table.shortest_ttl());
+                    }
+                    self.show_beat(view.as_ref().err().map(String::as_str), self.beat.every);
                     match view {
                         Ok(view) => {
-                            // 100 ms more per replica above 5: a fleet's heartbeats stay at about
-                            // 10 calls a second.
-                            let n = view.live.len().max(5) as u32;
-                            self.beat.every = BEAT * n / 5;
                             table.set_view(group, view);
                         }
                         Err(text) => self.log.event(

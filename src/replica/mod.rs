@@ -41,7 +41,7 @@ use crate::config::{CronJob, Replica};
 use crate::exit::Exit;
 use crate::log::Log;
 use crate::signals::{self, SigSet};
-use beat::{Beat, BEAT, BEAT_AGAIN};
+use beat::{period, Beat, BEAT_AGAIN};
 use claim::{Answer, Ask};
 use claimer::Claims;
 use runs::{Heard, Run};
@@ -106,8 +106,8 @@ pub fn serve(
         uuid::Uuid::new_v4().simple()
     );
     let mut table = Table::new(&replica.jobs, true, &me);
-    table.lapse = BEAT * 3;
     let mut r = Replicant::new(replica, me, json, log)?;
+    r.beat = Beat::first(period(1, table.shortest_ttl()));
     log.info(
         "replica_started",
         &format!(
@@ -202,7 +202,7 @@ impl<'a> Replicant<'a> {
             full_told: false,
             trouble_told: false,
             me,
-            beat: Beat::first(),
+            beat: Beat::first(period(1, Duration::ZERO)),
             hold: std::env::var_os(runs::HOLD_AFTER_CLAIM).map(Into::into),
             board,
             shown_loaded: None,

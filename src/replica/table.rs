@@ -131,6 +131,12 @@ impl Table {
         }
     }
 
+    /// The shortest `--ttl` of the jobs (the heartbeats' period follows it: `beat::period`).
+    pub fn shortest_ttl(&self) -> Duration {
+        let ttls = self.jobs.iter().map(|j| j.cron.config.timing.ttl);
+        ttls.min().unwrap_or(Duration::from_secs(30))
+    }
+
     /// The groups the jobs claim in, each with a job's configuration to reach it.
     pub fn groups(&self) -> Vec<(Group, std::sync::Arc<crate::config::RunConfig>)> {
         let mut out: Vec<(Group, std::sync::Arc<crate::config::RunConfig>)> = Vec::new();

@@ -82,10 +82,11 @@ impl Replicant<'_> {
         }
     }
 
-    /// A heartbeat was answered (or failed, with why).
-    pub(super) fn show_beat(&self, failed: Option<&str>) {
+    /// A heartbeat was answered (or failed, with why); the next is due within `every`.
+    pub(super) fn show_beat(&self, failed: Option<&str>, every: Duration) {
         if let Some(board) = &self.board {
             let mut s = board.state();
+            s.beat_every = every;
             match failed {
                 None => {
                     s.answered = Some(crate::clock::Instant::now());

@@ -221,6 +221,8 @@ fn plain_call<'a>(
             .map_or(0, ms)
             .to_string(),
         instants.map_or(0, |s| s.candidates.len()).to_string(),
+        holder.quoted(),
+        holder.attempt_members(),
     ];
     if let Some(s) = instants {
         args.extend(s.candidates.iter().chain(&s.earlier).map(i64::to_string));

@@ -50,6 +50,21 @@ impl Holder {
             value,
         }
     }
+
+    /// The holder value as a JSON string (quoted and escaped), as the ledger entry holds it.
+    pub fn quoted(&self) -> String {
+        serde_json::Value::from(self.value.as_str()).to_string()
+    }
+
+    /// The ledger's members for this holder's attempt: `"host":...,"run_id":...` (the run id is
+    /// the token).
+    pub fn attempt_members(&self) -> String {
+        format!(
+            "\"host\":{},\"run_id\":{}",
+            serde_json::Value::from(self.host.as_str()),
+            serde_json::Value::from(self.token.as_str())
+        )
+    }
 }
 
 #[cfg(test)]
@@ -72,5 +87,16 @@ mod tests {
         assert_eq!(v["token"], h.token.as_str());
         assert_eq!(v["command"], "report.sh --all");
         assert_eq!(v["pid"], std::process::id());
+    }
+
+    #[test]
+    fn the_ledger_forms_are_json() {
+        let h = Holder::new("say \"hi\" \\ \u{1}");
+        let quoted: serde_json::Value = serde_json::from_str(&h.quoted()).unwrap();
+        assert_eq!(quoted, h.value.as_str());
+        let members: serde_json::Value =
+            serde_json::from_str(&format!("{{{}}}", h.attempt_members())).unwrap();
+        assert_eq!(members["host"], h.host.as_str());
+        assert_eq!(members["run_id"], h.token.as_str());
     }
 }

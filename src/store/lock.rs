@@ -418,6 +418,7 @@ fn release_call(held: &Held, opts: &ReleaseOptions) -> (Vec<String>, Vec<String>
             "0"
         }
         .to_string(),
+        held.holder.quoted(),
     ];
     (all, args)
 }

@@ -15,8 +15,9 @@ use crate::fleet::schedule::Schedule;
 /// least every 2 s (it looks at the crontab's modification time), so a loop three times that
 /// late is stuck.
 pub const STUCK: Duration = Duration::from_secs(6);
-/// `/readyz` answers 503 when Redis has not answered a heartbeat (sent every 0.5 s, or more
-/// rarely in fleets above 5 replicas) for this long, or the last one failed.
+/// `/readyz` answers 503 when Redis has not answered a heartbeat (sent every second, or more
+/// rarely in fleets above 5 replicas) for this long (or for 2.5 periods, if longer), or the last
+/// one failed.
 pub const UNANSWERED: Duration = Duration::from_millis(2500);
 
 /// One job of the table, as the page and the metrics show it (and where its state is read).
@@ -69,8 +70,9 @@ pub struct State {
     pub rtt: [u64; RTT_BOUNDS.len() + 1],
     pub rtt_sum: f64,
     pub redis_errors: u64,
-    /// The last heartbeat: when it was answered, or why it failed.
+    /// The last heartbeat: when it was answered, or why it failed; the heartbeats' period.
     pub answered: Option<Instant>,
+    pub beat_every: Duration,
     pub failing: Option<String>,
 }
 

@@ -29,7 +29,9 @@ pub fn readyz(board: &Board) -> Answer {
         return Answer::text(503, format!("redis does not answer: {why}\n"));
     }
     match s.answered {
-        Some(at) if at.elapsed() <= UNANSWERED => Answer::text(200, "ready\n"),
+        Some(at) if at.elapsed() <= UNANSWERED.max(s.beat_every * 5 / 2) => {
+            Answer::text(200, "ready\n")
+        }
         Some(at) => Answer::text(
             503,
             format!(

@@ -107,6 +107,54 @@ fn a_ledger_entry_of_the_wrong_shape_is_refused_and_nothing_is_written() {
     assert!(!r.exists("cronlock:{odd}:fence"));
 }
 
+/// A first attempt's ledger entry is written and ended as text (without cjson, which costs Redis
+/// more than the rest of a claim): whatever the command line holds (quotes, backslashes, a tab,
+/// a control character, non-ASCII), the entry is JSON with the run's attempt, ended, and the
+/// holder value whole.
+#[test]
+fn a_ledger_entry_holds_any_command_line() {
+    let r = Redis::start();
+    let text = "echo \"$CRONLOCK_RUN_ID\"; : 'q\" b\\ t\t c\u{1} \u{e9} \u{2713} /'";
+    let out = run(cronlock(&r)
+        .args(["--schedule", MONTHLY, "--catch-up", "100d", "-E", "75"])
+        .args(["textual", "-c", text]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let run_id = stdout(&out).trim().to_string();
+    // The earlier instants inside the window are recorded missed; one ran.
+    let raw: Vec<String> = r.query(redis::cmd("HVALS").arg("cronlock:{textual}:ledger"));
+    let entries: Vec<serde_json::Value> = raw
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let ran: Vec<&serde_json::Value> = entries.iter().filter(|e| e["state"] != "missed").collect();
+    assert_eq!(ran.len(), 1, "{raw:?}");
+    let e = ran[0];
+    assert_eq!(e["state"], "succeeded", "{e}");
+    let holder: serde_json::Value = serde_json::from_str(e["holder"].as_str().unwrap()).unwrap();
+    assert_eq!(holder["token"], run_id.as_str(), "{e}");
+    // The command line as the shell would read it: the text's single quotes are quoted again.
+    let quoted = "q\" b\\ t\t c\u{1} \u{e9} \u{2713} /";
+    assert!(holder["command"].as_str().unwrap().contains(quoted), "{e}");
+    let attempts = e["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 1, "{e}");
+    let a = &attempts[0];
+    assert_eq!(a["run_id"], run_id.as_str(), "{e}");
+    assert_eq!(
+        (&a["state"], &a["exit"]),
+        (&"succeeded".into(), &0.into()),
+        "{e}"
+    );
+    assert!(
+        a["fence"].as_str().unwrap().parse::<u64>().unwrap() > 0,
+        "{e}"
+    );
+    assert!(
+        a["started"].as_i64().unwrap() <= a["ended"].as_i64().unwrap(),
+        "{e}"
+    );
+    assert!(!a["host"].as_str().unwrap().is_empty(), "{e}");
+}
+
 /// 200 hosts (processes) fire at once on a due instant: exactly one runs it.
 #[test]
 fn two_hundred_firings_at_once_run_the_instant_once() {

@@ -6,8 +6,10 @@
 -- 'current', the record while --suspend is in force; 'pauses', the past ones as [[since, until]])
 -- ARGV[1] holder value, ARGV[2] ttl in ms, ARGV[3] the --schedule ('' without one),
 -- ARGV[4] --catch-up window in ms (0: none), ARGV[5] --retries, ARGV[6] ledger expiry in ms
--- (0: none), ARGV[7] how many candidates follow, ARGV[8...] with a schedule: its instants around
--- the client's clock, in Unix ms, then earlier instants inside the window (for 'missed')
+-- (0: none), ARGV[7] how many candidates follow, ARGV[8] the holder value as a JSON string,
+-- ARGV[9] the attempt's host and run id as JSON members ('"host":"...","run_id":"..."'; both for
+-- the ledger entry written without cjson), ARGV[10...] with a schedule: its instants around the
+-- client's clock, in Unix ms, then earlier instants inside the window (for 'missed')
 -- Returns {fencing token (a decimal string), 0, false, instant, 0} when taken, {0, ms until the holder's lock expires,
 -- holder value, instant, 0} when held (waiters use it to sleep no longer than the holder's expiry;
 -- -v names the holder), and {0, 0, false, instant, recorded instant} when the run for that
@@ -88,7 +90,7 @@ if ARGV[3] ~= '' then
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   if window == 0 then
     -- The run belongs to the scheduled instant nearest to Redis's clock, whatever the hosts'.
-    for i = 8, 7 + n do
+    for i = 10, 9 + n do
       local c = tonumber(ARGV[i])
       if instant == 0 or math.abs(c - now) < math.abs(instant - now) then
         instant = c
@@ -97,7 +99,7 @@ if ARGV[3] ~= '' then
   else
     -- The latest instant at or before Redis's clock, unless the host fired a little early.
     local past, ahead = 0, 0
-    for i = 8, 7 + n do
+    for i = 10, 9 + n do
       local c = tonumber(ARGV[i])
       if c <= now then
         if c > past then past = c end
@@ -188,16 +190,25 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 if instant ~= 0 then
   redis.call('HSET', KEYS[4], 'instant', string.format('%d', instant), 'schedule', ARGV[3])
-  -- The ledger: this attempt, and the instants inside the window nobody ran.
-  entry = entry or {state = 'running', attempts = {}}
-  entry.state = 'running'
-  entry.holder = ARGV[1]
-  local h = cjson.decode(ARGV[1])
-  entry.attempts[#entry.attempts + 1] = {host = h.host, run_id = h.token, fence = token,
-    started = now, state = 'running'}
-  redis.call('HSET', KEYS[6], string.format('%d', instant), cjson.encode(entry))
+  -- The ledger: this attempt, and the instants inside the window nobody ran. A first attempt's
+  -- entry is written as text, in the shape release.lua ends without decoding it (cjson costs
+  -- Redis more than the rest of a claim); a later attempt's goes through cjson.
+  local text
+  if entry then
+    entry.state = 'running'
+    entry.holder = ARGV[1]
+    local h = cjson.decode(ARGV[1])
+    entry.attempts[#entry.attempts + 1] = {host = h.host, run_id = h.token, fence = token,
+      started = now, state = 'running'}
+    text = cjson.encode(entry)
+  else
+    text = '{"attempts":[{' .. ARGV[9] .. ',"fence":"' .. token .. '","started":'
+      .. string.format('%d', now) .. ',"state":"running"}],"holder":' .. ARGV[8]
+      .. ',"state":"running"}'
+  end
+  redis.call('HSET', KEYS[6], string.format('%d', instant), text)
   if window > 0 then
-    for i = 8, #ARGV do
+    for i = 10, #ARGV do
       local c = tonumber(ARGV[i])
       local field = string.format('%d', c)
       if c < instant and now - c <= window and redis.call('HEXISTS', KEYS[6], field) == 0 then

@@ -9,7 +9,10 @@
 -- KEYS[5] the ledger of instants; ARGV[7] with --schedule, this run's instant ('' for none),
 -- ARGV[8] its exit status: the attempt is marked succeeded (0) or failed, when it is still ours;
 -- ARGV[9] '1' when cronlock was asked to end (SIGTERM, SIGINT: a drain, a shutdown) and the
--- command did not succeed: the attempt is 'interrupted', which --retries runs again
+-- command did not succeed: the attempt is 'interrupted', which --retries runs again;
+-- ARGV[10] our holder value as a JSON string: an entry in the shape acquire.lua writes for a
+-- first attempt (ending in that attempt, the holder and the state) is ended as text, any other
+-- through cjson
 -- With --limit above 1 (KEYS[1] is then our slot): KEYS[6] the limit record, KEYS[7...] every
 -- slot; the record goes with the last slot, and lives at least as long as a slot kept for min-hold.
 -- Returns 1 deleted, 2 kept for min-hold, 0 not ours (touched nothing of the lock).
@@ -63,15 +66,25 @@ if ARGV[3] ~= '' then
 end
 if ARGV[7] ~= '' then
   -- The ledger: our attempt at the instant ended (even when the lock was lost: a failure).
-  local raw = redis.call('HGET', KEYS[5], ARGV[7])
-  local ok, e = pcall(cjson.decode, raw or '')
+  local raw = redis.call('HGET', KEYS[5], ARGV[7]) or ''
+  local code = tonumber(ARGV[8])
+  local state = (code == 0) and 'succeeded' or (ARGV[9] == '1' and 'interrupted' or 'failed')
+  local tail = '"state":"running"}],"holder":' .. ARGV[10] .. ',"state":"running"}'
+  if #raw > #tail and string.sub(raw, -#tail) == tail then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    redis.call('HSET', KEYS[5], ARGV[7], string.sub(raw, 1, #raw - #tail) .. '"ended":'
+      .. string.format('%d', now) .. ',"exit":' .. string.format('%d', code) .. ',"state":"'
+      .. state .. '"}],"holder":' .. ARGV[10] .. ',"state":"' .. state .. '"}')
+    return result
+  end
+  local ok, e = pcall(cjson.decode, raw)
   if ok and type(e) == 'table' and e.holder == ARGV[1] and type(e.attempts) == 'table'
     and #e.attempts > 0 then
     local t = redis.call('TIME')
     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    local code = tonumber(ARGV[8])
     local last = e.attempts[#e.attempts]
-    e.state = (code == 0) and 'succeeded' or (ARGV[9] == '1' and 'interrupted' or 'failed')
+    e.state = state
     last.state, last.ended, last.exit = e.state, now, code
     redis.call('HSET', KEYS[5], ARGV[7], cjson.encode(e))
   end
