@@ -75,6 +75,15 @@ impl Beat {
         unix_millis() as i64 >= next_slot(self.at_ms, self.every) || self.since() >= self.every
     }
 
+    /// When the next is due, `sooner` (a change to tell, a view to renew): [`BEAT_AGAIN`] after
+    /// this one at the latest; else at the next slot.
+    pub fn due_for(&self, sooner: bool) -> Instant {
+        if !sooner {
+            return self.due();
+        }
+        self.due().min(self.at + BEAT_AGAIN)
+    }
+
     /// When the next is due: at the next slot, and a period after this one at the latest.
     pub fn due(&self) -> Instant {
         let slot = next_slot(self.at_ms, self.every);

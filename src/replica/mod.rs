@@ -258,13 +258,16 @@ impl<'a> Replicant<'a> {
     fn wake(&self, table: &Table, phase: Phase, file_check: Instant) -> Instant {
         let now = Instant::now();
         let at = match phase {
-            Phase::Serving => table
-                .next_wake()
-                .map(|ms| {
+            // A change of "full" not yet told, or a view to renew, within BEAT_AGAIN: the loop
+            // must not sleep through it (instants would wait for the next slot).
+            Phase::Serving => {
+                let beat = self.beat.due_for(self.sooner(table));
+                let at = table.next_wake().map(|ms| {
                     let left = (ms - unix_millis() as i64).max(0) as u64;
-                    (now + Duration::from_millis(left)).min(self.beat.due())
-                })
-                .or(Some(self.beat.due())),
+                    (now + Duration::from_millis(left)).min(beat)
+                });
+                at.or(Some(beat))
+            }
             Phase::Draining { until } => Some(until),
             Phase::Stopping { kill_at } => Some(kill_at),
             Phase::Killed => None,
@@ -302,14 +305,27 @@ impl<'a> Replicant<'a> {
         }
     }
 
+    /// Whether this replica is at `--max-jobs` (its runs and its claims in flight).
+    fn full(&self) -> bool {
+        self.runs.len() + self.in_flight >= self.replica.max_jobs as usize
+    }
+
+    /// Whether a heartbeat should go before the next slot (at most every [`BEAT_AGAIN`]): "full"
+    /// changed, or this replica has room while an instant waits for another replica and its view
+    /// names some replica full (the fleet is busy: views a period old disagree on who is full,
+    /// and an instant each replica thinks another's would wait for the next slot).
+    fn sooner(&self, table: &Table) -> bool {
+        let full = self.full();
+        full != self.beat.full || (!full && table.waits_on_a_full_fleet())
+    }
+
     /// Send this replica's heartbeat to each group its jobs claim in: at its slot (`beat.rs`),
     /// when "full" changed (at most every [`BEAT_AGAIN`]), or, `leaving`, to leave the ranking.
     fn heartbeat(&mut self, table: &mut Table, leaving: bool) {
-        let busy = self.runs.len() + self.in_flight;
-        let full = busy >= self.replica.max_jobs as usize;
+        let full = self.full();
         let (every, since) = (self.beat.every, self.beat.since());
         let due = self.beat.is_due();
-        if !leaving && !due && (full == self.beat.full || since < BEAT_AGAIN) {
+        if !leaving && !due && (!self.sooner(table) || since < BEAT_AGAIN) {
             return;
         }
         let lapse = if leaving { Duration::ZERO } else { every * 3 };

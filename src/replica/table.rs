@@ -189,6 +189,16 @@ impl Table {
         }
     }
 
+    /// Whether an instant waits for another replica while this one's view of its fleet names a
+    /// replica at `--max-jobs`.
+    pub fn waits_on_a_full_fleet(&self) -> bool {
+        self.jobs.iter().any(|j| {
+            !j.claiming
+                && j.due.is_some_and(|d| !d.anyone && !self.mine(j, d.at))
+                && self.fresh(&j.group).is_some_and(|v| !v.full.is_empty())
+        })
+    }
+
     /// How many instants wait for a claim.
     pub fn waiting(&self) -> usize {
         self.jobs
