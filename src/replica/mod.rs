@@ -106,8 +106,7 @@ pub fn serve(
         uuid::Uuid::new_v4().simple()
     );
     let mut table = Table::new(&replica.jobs, true, &me);
-    let mut r = Replicant::new(replica, me, json, log)?;
-    r.beat = Beat::first(period(1, table.shortest_ttl()));
+    let mut r = Replicant::new(replica, me, json, log, period(1, table.shortest_ttl()))?;
     log.info(
         "replica_started",
         &format!(
@@ -177,7 +176,14 @@ pub fn serve(
 
 impl<'a> Replicant<'a> {
     /// The loop's state at start, its claims thread started.
-    fn new(replica: &'a Replica, me: String, json: bool, log: &'a Log) -> Result<Replicant<'a>> {
+    /// `every`: the heartbeats' first period (the first goes at once).
+    fn new(
+        replica: &'a Replica,
+        me: String,
+        json: bool,
+        log: &'a Log,
+        every: Duration,
+    ) -> Result<Replicant<'a>> {
         let exe = std::env::current_exe().map_err(|e| {
             anyhow!(
                 "cannot find cronlock's own binary: {}",
@@ -202,7 +208,7 @@ impl<'a> Replicant<'a> {
             full_told: false,
             trouble_told: false,
             me,
-            beat: Beat::first(period(1, Duration::ZERO)),
+            beat: Beat::first(every),
             hold: std::env::var_os(runs::HOLD_AFTER_CLAIM).map(Into::into),
             board,
             shown_loaded: None,

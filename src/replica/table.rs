@@ -192,10 +192,14 @@ impl Table {
     /// Whether an instant waits for another replica while this one's view of its fleet names a
     /// replica at `--max-jobs`.
     pub fn waits_on_a_full_fleet(&self) -> bool {
+        // The rank (a hash) last: only for an instant waiting in a busy fleet.
         self.jobs.iter().any(|j| {
             !j.claiming
-                && j.due.is_some_and(|d| !d.anyone && !self.mine(j, d.at))
-                && self.fresh(&j.group).is_some_and(|v| !v.full.is_empty())
+                && j.due.is_some_and(|d| {
+                    !d.anyone
+                        && self.fresh(&j.group).is_some_and(|v| !v.full.is_empty())
+                        && !self.mine(j, d.at)
+                })
         })
     }
 
