@@ -19,6 +19,44 @@ pub const STATES: [&str; 7] = [
     "skipped",
 ];
 
+/// Why an instant was recorded `missed` (the entry's `reason`, and the `reason` label of
+/// `cronlock_instants_missed_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MissedReason {
+    /// It waited for room (`--max-jobs`) on the replicas that could claim it, until its next
+    /// instant (or the end of its `--catch-up` window).
+    NoRoom,
+    /// Its claims could not reach Redis in time.
+    Unreachable,
+    /// The replica's loop came to it only after it could no longer start (the machine was
+    /// saturated, or the replica was frozen).
+    Late,
+}
+
+impl MissedReason {
+    pub const ALL: [MissedReason; 3] = [Self::NoRoom, Self::Unreachable, Self::Late];
+
+    /// The word in the ledger and the metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::NoRoom => "no_room",
+            Self::Unreachable => "redis_unreachable",
+            Self::Late => "late",
+        }
+    }
+
+    /// Why, for people.
+    pub fn says(self) -> &'static str {
+        match self {
+            Self::NoRoom => "no replica had room to start it in time (--max-jobs)",
+            Self::Unreachable => "its claims could not reach redis in time",
+            Self::Late => {
+                "the replica came to it only after it could no longer start (overloaded or frozen)"
+            }
+        }
+    }
+}
+
 /// One instant's entry as JSON: `{instant, instant_time, state, attempts: [...]}`, each attempt
 /// with its times also in RFC 3339. An entry cronlock did not write is shown as `{"value": ...}`.
 pub fn entry_json(instant: i64, raw: &str) -> Value {
@@ -51,6 +89,9 @@ pub fn entry_json(instant: i64, raw: &str) -> Value {
     if let Some(v) = entry.get_mut("value") {
         doc["value"] = v.take();
     }
+    if let Some(reason) = entry.get("reason").filter(|r| r.is_string()) {
+        doc["reason"] = reason.clone();
+    }
     doc
 }
 
@@ -64,7 +105,11 @@ pub fn json(ledger: &[(i64, String)]) -> Value {
 
 /// An instant's state in a few words: `succeeded (attempt 2 of 2)`, `missed`.
 pub fn state_words(entry: &Value) -> String {
-    let state = text_field(entry, "state");
+    let mut state = text_field(entry, "state");
+    let word = |r: &&str| !r.is_empty() && r.chars().all(|c| c.is_ascii_lowercase() || c == '_');
+    if let Some(reason) = entry["reason"].as_str().filter(word) {
+        state = format!("{state} ({reason})");
+    }
     match entry["attempts"].as_array().map_or(0, Vec::len) {
         0 | 1 => state,
         n => format!("{state} after {n} attempts"),

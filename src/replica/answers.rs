@@ -1,13 +1,16 @@
-//! What the replica does with the claims thread's answers: start a won run (or give the claim
-//! back), note a lost claim (its line under `-v`, the job's metrics file, a look again for
-//! `--retries`), take a heartbeat's view, and record an instant given up as missed.
+//! What the replica does with the claims thread's answers: start a won run (or undo the claim),
+//! note a lost claim (its line under `-v`, the job's metrics file, a look again for
+//! `--retries`), take a heartbeat's view, a check's answer, and record an instant given up as
+//! missed.
 
 use std::time::Duration;
 
 use crate::clock::{rfc3339, unix_millis};
 use crate::config::CronJob;
 use crate::exit::Exit;
+use crate::fleet::ledger::MissedReason;
 use crate::log::{Level, Log};
+use crate::store::lock::{Held, Undo};
 
 use super::beat::period;
 use super::claim::{Answer, Ask, Verdict};
@@ -29,9 +32,28 @@ impl Replicant<'_> {
                     key,
                     config,
                     instant,
+                    reason,
                     recorded,
                 } => {
-                    self.missed(&key, &config, instant, recorded);
+                    self.missed((&key, &config, instant), reason, recorded);
+                    continue;
+                }
+                Answer::Checked { items } => {
+                    for (key, at, decided) in items {
+                        table.checked(&key, at, decided);
+                    }
+                    continue;
+                }
+                Answer::Unclaimed { key, result } => {
+                    if let Err(text) = result {
+                        self.log.warn(
+                            "undo_failed",
+                            &format!(
+                                "{key}: cannot undo a claim that did not become a run: {text}; \
+                                 its lock lapses by itself"
+                            ),
+                        );
+                    }
                     continue;
                 }
                 Answer::View { group, view } => {
@@ -63,15 +85,16 @@ impl Replicant<'_> {
             table.answered(&key, !failed, self.log);
             let first_news = failed && !std::mem::replace(&mut self.trouble_told, failed);
             let Some(job) = table.job(&key).map(|j| j.cron.clone()) else {
-                // Removed by a reload meanwhile: a won claim is given back.
+                // Removed by a reload meanwhile: a won claim is undone.
                 if let Verdict::Won(held) = verdict {
-                    self.claims.send(Ask::Release { config, held });
+                    self.unclaim(config, held);
                 }
                 continue;
             };
             match verdict {
-                Verdict::Won(held) if phase != Phase::Serving => {
-                    self.claims.send(Ask::Release { config, held });
+                // Won while draining (or sick): undone, so another replica runs it at once.
+                Verdict::Won(held) if phase != Phase::Serving || self.sick.is_some() => {
+                    self.unclaim(config, held);
                 }
                 Verdict::Won(held) => self.start(&job, held),
                 Verdict::Failed(text) if first_news => self.log.warn(
@@ -100,13 +123,14 @@ impl Replicant<'_> {
                 full: false,
             });
         }
-        for (key, instant) in std::mem::take(&mut table.gave_up) {
+        for (key, instant, reason) in std::mem::take(&mut table.gave_up) {
             if let Some(job) = table.job(&key) {
                 let config = job.cron.config.clone();
                 self.claims.send(Ask::Missed {
                     key,
                     config,
                     instant,
+                    reason,
                 });
             }
         }
@@ -115,9 +139,8 @@ impl Replicant<'_> {
     /// An instant recorded missed: one line, and the job's metrics file says so.
     fn missed(
         &mut self,
-        key: &str,
-        config: &crate::config::RunConfig,
-        instant: i64,
+        (key, config, instant): (&str, &crate::config::RunConfig, i64),
+        reason: MissedReason,
         recorded: Result<bool, String>,
     ) {
         let at = rfc3339(instant.max(0) as u64);
@@ -126,13 +149,14 @@ impl Replicant<'_> {
                 self.log.warn(
                     "missed",
                     &format!(
-                        "{key}: the {at} instant was missed: no replica had room to start it \
-                         in time (--max-jobs); recorded missed"
+                        "{key}: the {at} instant was missed: {}; recorded missed ({})",
+                        reason.says(),
+                        reason.name()
                     ),
                 );
                 let report = crate::fleet::report::Report::metrics_only(&config.reports);
                 report.missed(key, instant.max(0) as u64, self.log);
-                self.show_missed(key, instant);
+                self.show_missed(key, instant, reason);
             }
             Ok(false) => {}
             Err(text) => self.log.event(
@@ -144,8 +168,22 @@ impl Replicant<'_> {
         }
     }
 
-    /// Start the run of a won claim; a run that cannot start gives its claim back.
-    fn start(&mut self, job: &CronJob, held: Box<crate::store::lock::Held>) {
+    /// Undo a won claim that does not become a run: the instant can run elsewhere at once.
+    pub(super) fn unclaim(
+        &self,
+        config: std::sync::Arc<crate::config::RunConfig>,
+        held: Box<Held>,
+    ) {
+        self.claims.send(Ask::Unclaim {
+            config,
+            held,
+            undo: Undo::RollBack,
+        });
+    }
+
+    /// Start the run of a won claim; a run that cannot start undoes its claim, and this replica
+    /// claims nothing until it can start runs again.
+    fn start(&mut self, job: &CronJob, held: Box<Held>) {
         if let Some(path) = &self.hold {
             let _ = std::fs::write(path, &job.key);
             loop {
@@ -161,12 +199,13 @@ impl Replicant<'_> {
                 self.log.error(
                     "spawn_failed",
                     &format!(
-                        "{}: cannot start its run: {e:#}; released the claim",
+                        "{}: cannot start its run: {e:#}; undid the claim (another replica runs \
+                         it)",
                         job.key
                     ),
                 );
-                let config = job.config.clone();
-                self.claims.send(Ask::Release { config, held });
+                self.unclaim(job.config.clone(), held);
+                self.fell_sick(format!("cannot start runs: {e:#}"));
             }
         }
     }

@@ -16,8 +16,9 @@ use super::table::LEAD_MS;
 /// alone, and 10 replicas' 10 calls a second cost Redis 0.01 ms a run at 20 runs a second). A
 /// replica lapses after 3 periods without one. Shorter for a short `--ttl`: see [`period`].
 pub const BEAT: Duration = Duration::from_millis(1000);
-/// The soonest a change of "full" is told again.
-pub const BEAT_AGAIN: Duration = Duration::from_millis(100);
+/// The soonest a change of "full" is told again: so a replica whose runs come and go at
+/// `--max-jobs` adds at most two heartbeats a second.
+pub const BEAT_AGAIN: Duration = Duration::from_millis(500);
 
 /// The heartbeat's period for a fleet of `live` replicas whose shortest `--ttl` is `ttl`: [`BEAT`]
 /// x `live` / 5 (at least [`BEAT`]), and at most a quarter of TTL + 2 s (0.5 s below 1 s, else

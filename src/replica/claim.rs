@@ -7,8 +7,14 @@
 //! This file says what one ask is and how it is carried out; the thread that carries them out,
 //! in batches, is [`super::claimer`].
 //!
-//! A claim that wins is a lock held by this replica until its run takes it over (or, when the
-//! run never starts, until the thread releases it here and records the attempt `interrupted`).
+//! A claim that wins is a lock held by this replica until its run takes it over. A claim that
+//! does not become a run (the spawn failed, the replica drains, the run died before starting its
+//! command) is undone, not spent: the lock, the schedule record and the ledger entry it wrote are
+//! rolled back (`abandon.lua`), so the instant can run elsewhere at once.
+//!
+//! An instant another replica owns is checked after [`crate::replica::table::FALLBACK_MS`]: one
+//! read-only call per fleet for all of them (`claimed.lua`) says which are decided; the others
+//! are claimed here (ownership is a preference, never a condition).
 //! A run's release comes back here too: the run asks, this thread releases on its link and
 //! answers on the run's channel, so a run opens no connection of its own.
 
@@ -20,9 +26,10 @@ use std::time::Duration;
 
 use crate::config::RunConfig;
 use crate::fleet::handover::released_line;
+use crate::fleet::ledger::MissedReason;
 use crate::store::holder::Holder;
 use crate::store::keys::Keys;
-use crate::store::lock::{Attempt, Held, LedgerEnd, ReleaseOptions, Released};
+use crate::store::lock::{Attempt, Held, ReleaseOptions, Released, Undo};
 use crate::store::members::View;
 use crate::store::quorum::{Masters, Outcome, Refused};
 use crate::store::topology::Failure;
@@ -35,10 +42,17 @@ pub enum Ask {
         config: Arc<RunConfig>,
         instant: i64,
     },
-    /// A won claim whose run did not start: release it, the attempt recorded `interrupted`.
-    Release {
+    /// A won claim that did not become a run: undo it (`RollBack`: the instant can be claimed
+    /// again), or end its attempt `Abandoned` (its run died after starting, its lock lapsed).
+    Unclaim {
         config: Arc<RunConfig>,
         held: Box<Held>,
+        undo: Undo,
+    },
+    /// Which of these instants of one group (KEY, instant) are decided already.
+    Check {
+        config: Arc<RunConfig>,
+        items: Vec<(String, i64)>,
     },
     /// A run asked for its lock to be released, recording `opts` (its end): release it with the
     /// holder value this replica claimed with, and answer on the run's channel. `urgent`: an
@@ -50,11 +64,12 @@ pub enum Ask {
         reply: UnixStream,
         urgent: bool,
     },
-    /// Record an instant this replica gave up (no room in time) missed, unless it ran.
+    /// Record an instant this replica gave up missed, for `reason`, unless the ledger has it.
     Missed {
         key: String,
         config: Arc<RunConfig>,
         instant: i64,
+        reason: MissedReason,
     },
     /// This replica's heartbeat where `config`'s jobs are claimed: live for `lapse` more (zero:
     /// leaving), full or not.
@@ -118,7 +133,16 @@ pub enum Answer {
         key: String,
         config: Arc<RunConfig>,
         instant: i64,
+        reason: MissedReason,
         recorded: Result<bool, String>,
+    },
+    /// Which of the checked instants are decided (their run started, or they were recorded);
+    /// an instant that could not be checked is not.
+    Checked { items: Vec<(String, i64, bool)> },
+    /// An undo went through (`Ok`), or why not.
+    Unclaimed {
+        key: String,
+        result: Result<(), String>,
     },
     /// A heartbeat's view of the group's replicas, or why there is none.
     View {
@@ -150,17 +174,33 @@ pub(super) fn carry_out(links: &mut Links, ask: Ask) -> Option<Answer> {
             key,
             config,
             instant,
+            reason,
         } => {
             let keys = Keys::new(&config.prefix, &config.key);
             let recorded = masters(links, &config)
-                .record_missed(config.connect_timeout, &keys, instant)
+                .record_missed(config.connect_timeout, &keys, instant, reason.name())
                 .map_err(|e| e.to_string());
             Some(Answer::Missed {
                 key,
                 config,
                 instant,
+                reason,
                 recorded,
             })
+        }
+        Ask::Check { config, items } => {
+            let keys: Vec<Keys> = items
+                .iter()
+                .map(|(key, _)| Keys::new(&config.prefix, key))
+                .collect();
+            let asked: Vec<(&Keys, i64)> = keys.iter().zip(&items).map(|(k, i)| (k, i.1)).collect();
+            let decided = masters(links, &config).claimed(config.connect_timeout, &asked);
+            let items = items
+                .into_iter()
+                .zip(decided)
+                .map(|((key, at), done)| (key, at, done))
+                .collect();
+            Some(Answer::Checked { items })
         }
         Ask::Beat {
             config,
@@ -181,17 +221,15 @@ pub(super) fn carry_out(links: &mut Links, ask: Ask) -> Option<Answer> {
                 .map_err(|e| e.to_string());
             Some(Answer::View { group, view })
         }
-        Ask::Release { config, held } => {
-            let opts = ReleaseOptions {
-                ledger: held.instant.map(|instant| LedgerEnd {
-                    instant,
-                    exit: crate::exit::FAILURE,
-                    interrupted: true,
-                }),
-                ..ReleaseOptions::default()
-            };
-            let _ = masters(links, &config).release(config.connect_timeout, &held, &opts);
-            None
+        Ask::Unclaim { config, held, undo } => {
+            let result = masters(links, &config)
+                .unclaim(config.connect_timeout, &held, undo)
+                .map(drop)
+                .map_err(|e| e.to_string());
+            Some(Answer::Unclaimed {
+                key: config.key.clone(),
+                result,
+            })
         }
         Ask::ReleaseRun {
             config,

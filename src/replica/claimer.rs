@@ -24,7 +24,10 @@ use super::claim::{self, answer_run, masters, verdict, Answer, Ask, Links};
 
 /// The claim thread's inbox.
 pub struct Claims {
-    asks: Sender<Ask>,
+    /// `None` once [`Claims::finish`] closed it.
+    asks: Option<Sender<Ask>>,
+    /// Closed when the thread ends (every ask carried out).
+    done: Receiver<()>,
 }
 
 impl Claims {
@@ -32,14 +35,33 @@ impl Claims {
     /// `board` (`--listen`), the time each batch took goes there.
     pub fn start(answers: Sender<Answer>, board: Option<Arc<Board>>) -> std::io::Result<Claims> {
         let (asks, inbox) = std::sync::mpsc::channel();
+        let (ended, done) = std::sync::mpsc::channel::<()>();
         std::thread::Builder::new()
             .name("claims".into())
-            .spawn(move || serve(inbox, answers, board))?;
-        Ok(Claims { asks })
+            .spawn(move || {
+                serve(inbox, answers, board);
+                drop(ended);
+            })?;
+        Ok(Claims {
+            asks: Some(asks),
+            done,
+        })
     }
 
     pub fn send(&self, ask: Ask) {
-        let _ = self.asks.send(ask);
+        if let Some(asks) = &self.asks {
+            let _ = asks.send(ask);
+        }
+    }
+
+    /// Take no more asks, and wait up to `within` for the thread to carry out those it has:
+    /// whether it did.
+    pub fn finish(&mut self, within: Duration) -> bool {
+        self.asks = None;
+        !matches!(
+            self.done.recv_timeout(within),
+            Err(RecvTimeoutError::Timeout)
+        )
     }
 }
 

@@ -13,15 +13,23 @@
 //! start. Runs are tied to the replica with `PR_SET_PDEATHSIG`, so a replica that dies (SIGKILL,
 //! OOM) takes its runs with it and their instants become abandoned, for `--retries` elsewhere.
 //!
+//! An instant is owned by one replica by preference only: any replica with room claims it when
+//! it is still undecided shortly after it is due (`table.rs`). A claim that does not become a
+//! run is undone, so the instant runs elsewhere at once; a replica that cannot start runs stops
+//! claiming until a probe shows it can (`health.rs`).
+//!
 //! SIGTERM or SIGINT: claim nothing more; runs go on until they end or `--drain` runs out, then
-//! get SIGTERM, and SIGKILL after `--grace`. A second SIGTERM or SIGINT stops them at once. The
-//! exit status is 0 when every run ended on its own, 143 otherwise. SIGHUP, or a change of the
+//! get SIGTERM, and SIGKILL after `--grace`. A second SIGTERM or SIGINT stops them at once. Before
+//! it exits, the replica waits (bounded) until its leave, its releases and its records have
+//! reached Redis. The exit status is 0 when every run ended on its own, 143 otherwise, and 125
+//! when its leave could not be confirmed. SIGHUP, or a change of the
 //! file, reads it again: a file with an error keeps the table that runs, in one line.
 
 mod answers;
 mod beat;
 mod claim;
 mod claimer;
+mod health;
 mod output;
 mod rank;
 mod reports;
@@ -49,6 +57,10 @@ use table::Table;
 
 /// How often the file's modification time is looked at (a ConfigMap update, an edit).
 const FILE_CHECK: Duration = Duration::from_secs(2);
+
+/// The longest a replica waits, at its end, for its leave and its last releases and records to
+/// reach Redis (a healthy Redis takes milliseconds; a hung one must not hold up a rollout).
+const LEAVE_WITHIN: Duration = Duration::from_secs(1);
 
 /// Where the replica is in its life.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -81,6 +93,8 @@ struct Replicant<'a> {
     full_told: bool,
     /// A failed claim was said, and none went through since.
     trouble_told: bool,
+    /// This replica cannot start runs, and why (`health.rs`).
+    sick: Option<health::Sick>,
     /// This replica's id among the live replicas.
     me: String,
     /// The last heartbeat.
@@ -145,7 +159,9 @@ pub fn serve(
         if phase == Phase::Serving {
             table.advance(log);
             r.give_up(&mut table);
+            r.probe();
             r.claim(&mut table);
+            r.check(&mut table);
             r.heartbeat(&mut table, false);
         }
         let wake = r.wake(&table, phase, checked + FILE_CHECK);
@@ -161,13 +177,16 @@ pub fn serve(
             phase = r.asked_to_stop(&mut table, phase);
         }
     }
+    let left = r.leave(&table);
     let said = if r.interrupted {
         "stopped; some runs had to be stopped"
     } else {
         "stopped; every run ended on its own"
     };
     log.info("replica_stopped", said, &[]);
-    Ok(if r.interrupted {
+    Ok(if !left {
+        Exit::Failure
+    } else if r.interrupted {
         Exit::Signal(libc::SIGTERM)
     } else {
         Exit::Success
@@ -207,6 +226,7 @@ impl<'a> Replicant<'a> {
             interrupted: false,
             full_told: false,
             trouble_told: false,
+            sick: None,
             me,
             beat: Beat::first(every),
             hold: std::env::var_os(runs::HOLD_AFTER_CLAIM).map(Into::into),
@@ -267,7 +287,8 @@ impl<'a> Replicant<'a> {
             // A change of "full" not yet told, or a view to renew, within BEAT_AGAIN: the loop
             // must not sleep through it (instants would wait for the next slot).
             Phase::Serving => {
-                let beat = self.beat.due_for(self.sooner(table));
+                let beat = self.beat.due_for(self.sooner());
+                let beat = self.sick.as_ref().map_or(beat, |s| beat.min(s.probe_at));
                 let at = table.next_wake().map(|ms| {
                     let left = (ms - unix_millis() as i64).max(0) as u64;
                     (now + Duration::from_millis(left)).min(beat)
@@ -281,8 +302,11 @@ impl<'a> Replicant<'a> {
         at.map_or(file_check, |at| at.min(file_check))
     }
 
-    /// Send the claims there is room for.
+    /// Send the claims there is room for (none while this replica cannot start runs).
     fn claim(&mut self, table: &mut Table) {
+        if self.sick.is_some() {
+            return;
+        }
         let max = self.replica.max_jobs as usize;
         let busy = self.runs.len() + self.in_flight;
         let room = max.saturating_sub(busy);
@@ -311,18 +335,117 @@ impl<'a> Replicant<'a> {
         }
     }
 
-    /// Whether this replica is at `--max-jobs` (its runs and its claims in flight).
+    /// Check the instants other replicas own that are still waiting here [`table::FALLBACK_MS`]
+    /// after they came due: one call per fleet for all of them.
+    fn check(&mut self, table: &mut Table) {
+        if self.sick.is_some() {
+            return;
+        }
+        for batch in table.due_checks() {
+            let (config, items) = (batch.config, batch.items);
+            self.claims.send(Ask::Check { config, items });
+        }
+    }
+
+    /// A sick replica probes when its time comes, and serves again once it can start runs.
+    fn probe(&mut self) {
+        let Some(sick) = &mut self.sick else {
+            return;
+        };
+        if Instant::now() < sick.probe_at {
+            return;
+        }
+        match health::probe(&self.exe) {
+            Ok(()) => {
+                self.sick = None;
+                self.log.info(
+                    "runs_start_again",
+                    "can start runs again: claiming again",
+                    &[],
+                );
+                self.show_sick(None);
+            }
+            Err(why) => {
+                sick.probe_at = Instant::now() + health::PROBE_EVERY;
+                if why != sick.why {
+                    sick.why = why;
+                    self.show_sick(self.sick.as_ref().map(|s| s.why.as_str()));
+                }
+            }
+        }
+    }
+
+    /// This replica cannot start runs: it claims nothing (and says it is full) until a probe
+    /// shows it can.
+    fn fell_sick(&mut self, why: String) {
+        if self.sick.is_none() {
+            self.log.error(
+                "cannot_start_runs",
+                &format!(
+                    "{why}; claiming nothing (other replicas take its instants) and trying again \
+                     every {} s",
+                    health::PROBE_EVERY.as_secs()
+                ),
+            );
+            self.show_sick(Some(&why));
+        }
+        self.sick = Some(health::Sick::new(why));
+    }
+
+    /// Whether this replica is at `--max-jobs` (its runs and its claims in flight), or cannot
+    /// start runs: either way the fleet ranks it out.
     fn full(&self) -> bool {
-        self.runs.len() + self.in_flight >= self.replica.max_jobs as usize
+        self.sick.is_some() || self.runs.len() + self.in_flight >= self.replica.max_jobs as usize
     }
 
     /// Whether a heartbeat should go before the next slot (at most every [`BEAT_AGAIN`]): "full"
-    /// changed, or this replica has room while an instant waits for another replica and its view
-    /// names some replica full (the fleet is busy: views a period old disagree on who is full,
-    /// and an instant each replica thinks another's would wait for the next slot).
-    fn sooner(&self, table: &Table) -> bool {
-        let full = self.full();
-        full != self.beat.full || (!full && table.waits_on_a_full_fleet())
+    /// changed. (An instant a full owner leaves waiting is claimed by the others after
+    /// [`table::FALLBACK_MS`] whatever their views say, so nothing else hurries a heartbeat: the
+    /// fleet's heartbeats stay a few calls a second however busy it is.)
+    fn sooner(&self) -> bool {
+        self.full() != self.beat.full
+    }
+
+    /// Leave the fleet for good: the leave goes again (a heartbeat queued before the first would
+    /// have renewed it), and every ask still queued (the leave, releases, records) is carried out
+    /// before this returns, within [`LEAVE_WITHIN`]. Whether the leave reached Redis on every
+    /// fleet; when not, one line says so.
+    fn leave(&mut self, table: &Table) -> bool {
+        let mut groups = table.groups();
+        groups.append(&mut table.left.clone());
+        for (group, config) in groups {
+            self.claims.send(Ask::Beat {
+                config,
+                group,
+                id: self.me.clone(),
+                lapse: Duration::ZERO,
+                full: false,
+            });
+        }
+        let finished = self.claims.finish(LEAVE_WITHIN);
+        let within = LEAVE_WITHIN;
+        let mut failed = None;
+        while let Ok(answer) = self.answers.try_recv() {
+            if let claim::Answer::View {
+                view: Err(text), ..
+            } = answer
+            {
+                failed = Some(text);
+            }
+        }
+        let why = match (finished, failed) {
+            (true, None) => return true,
+            (false, _) => format!("redis did not answer within {} s", within.as_secs()),
+            (true, Some(text)) => text,
+        };
+        self.log.error(
+            "leave_unconfirmed",
+            &format!(
+                "cannot confirm leaving the fleet: {why}; the other replicas take over its \
+                 instants once its heartbeat lapses"
+            ),
+        );
+        false
     }
 
     /// Send this replica's heartbeat to each group its jobs claim in: at its slot (`beat.rs`),
@@ -331,7 +454,7 @@ impl<'a> Replicant<'a> {
         let full = self.full();
         let (every, since) = (self.beat.every, self.beat.since());
         let due = self.beat.is_due();
-        if !leaving && !due && (!self.sooner(table) || since < BEAT_AGAIN) {
+        if !leaving && !due && (!self.sooner() || since < BEAT_AGAIN) {
             return;
         }
         let lapse = if leaving { Duration::ZERO } else { every * 3 };

@@ -88,12 +88,14 @@ impl Replicant<'_> {
             }
             self.show_gone(&run.key);
             // A run that exited by itself without starting its command (it reports the start
-            // right after the spawn) left no command behind: its lock is given back at once
-            // (compare-and-delete), the attempt recorded interrupted. After a start, or a death
-            // by a signal, the guard may have been killed with it and the command's children
-            // live on: the lock is left to lapse (abandoned), as when the replica dies.
-            let by_itself = run.exited.is_some_and(|s| s.code().is_some());
-            let release = !run.started && by_itself;
+            // right after the spawn) left no command behind: its claim is undone at once (the
+            // instant runs elsewhere), and one that failed as cronlock itself (125: another
+            // version of the binary, a handover it refused) makes this replica sick. After a
+            // start, or a death by a signal, the guard may have been killed with it and the
+            // command's children live on: the lock is left to lapse, and the next claim of the
+            // job records the attempt abandoned, as when the replica dies.
+            let code = run.exited.and_then(|s| s.code());
+            let release = !run.started && code.is_some();
             if !run.stopped {
                 let then = if release {
                     "its lock is released"
@@ -109,10 +111,13 @@ impl Replicant<'_> {
                 );
             }
             if release {
-                self.claims.send(Ask::Release {
-                    config: run.config.clone(),
-                    held: run.held.clone(),
-                });
+                self.unclaim(run.config.clone(), run.held.clone());
+            }
+            if !run.started && code == Some(i32::from(crate::exit::FAILURE)) && !run.stopped {
+                self.fell_sick(format!(
+                    "its runs fail before starting their command (exit {})",
+                    crate::exit::FAILURE
+                ));
             }
             if table.job(&run.key).is_some_and(|j| j.cron.retries > 0) {
                 let wait = if release {

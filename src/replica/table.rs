@@ -1,11 +1,17 @@
 //! The replica's jobs and, for each, when it is next due and which instant waits to be claimed.
 //!
 //! An instant that comes due waits until this replica has room (`--max-jobs` counts the runs
-//! it won and the claims it has in flight), however long another replica takes; it is given up
-//! only when it can no longer start: at the job's next instant, or, with `--catch-up`, when it
-//! leaves the window (then the next claim's acquire records it missed in the ledger). Due
-//! instants are claimed in an order of this replica's own (a hash of its identity, the KEY and
-//! the instant), so replicas that are all due at once mostly claim different jobs first.
+//! it won and the claims it has in flight); it is given up only when it can no longer start: at
+//! the job's next instant, or, with `--catch-up`, when it leaves the window. Every replica that
+//! gives it up asks for it to be recorded `missed`, with the reason (the ledger takes the first,
+//! and never over a run). Due instants are claimed in an order of this replica's own (a hash of
+//! its identity, the KEY and the instant), so replicas that are all due at once mostly claim
+//! different jobs first.
+//!
+//! Ownership is a preference, never a condition: an instant the views give another replica is
+//! checked [`FALLBACK_MS`] after it is due (one read-only call per fleet for all such instants),
+//! and claimed here when it is still undecided. So a dead, frozen, sick or ghost owner, and views
+//! that disagree while the fleet changes, cost an instant at most that much delay.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -19,10 +25,21 @@ use crate::store::members::View;
 
 use crate::clock::{rfc3339, unix_millis};
 use crate::config::CronJob;
+use crate::fleet::ledger::MissedReason;
 use crate::log::{Level, Log};
 
 /// After a claim that could not be sent (Redis down), how long before the next try (ms).
 const RETRY_MS: i64 = 1000;
+
+/// How long after it is due an instant another replica owns is checked, and claimed here when
+/// still undecided (ms). The owner claims [`LEAD_MS`] ahead, so by then its claim has long been
+/// answered on a healthy fleet; well under the shortest period (1 s).
+pub const FALLBACK_MS: i64 = 250;
+
+/// The most instants of one job the loop records missed at once when it comes late to them, and
+/// how old the oldest may be (ms): older ones may have left the ledger, which keeps 64.
+const MAX_LATE: usize = 8;
+const LATE_WINDOW_MS: i64 = 60_000;
 
 /// How long before a scheduled instant its claim goes out (ms), at most a twentieth of the
 /// period: the claim, the run's start and its wait for the instant come before it, so the
@@ -62,6 +79,41 @@ struct Due {
     until: i64,
     /// Claimed by this replica whatever the rank (fired at start, or looked at again).
     anyone: bool,
+    /// Where its check stands, when another replica owns it.
+    check: Check,
+    /// Why it would be missed, if given up now.
+    reason: MissedReason,
+}
+
+/// The instants of one group to check together: a job's configuration reaches its servers.
+pub struct CheckBatch {
+    pub group: Group,
+    pub config: std::sync::Arc<crate::config::RunConfig>,
+    /// KEY and instant.
+    pub items: Vec<(String, i64)>,
+}
+
+/// The check of an instant another replica owns (see the module comment).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Check {
+    /// Not yet: [`FALLBACK_MS`] after the instant.
+    Ahead,
+    /// Sent; the answer is awaited.
+    Asked,
+    /// Undecided when checked: this replica claims it.
+    Open,
+}
+
+impl Due {
+    fn new(at: i64, until: i64, anyone: bool) -> Due {
+        Due {
+            at,
+            until,
+            anyone,
+            check: Check::Ahead,
+            reason: MissedReason::NoRoom,
+        }
+    }
 }
 
 /// The jobs, by KEY too, and who serves them.
@@ -74,8 +126,9 @@ pub struct Table {
     views: HashMap<Group, (View, Instant)>,
     /// How long a view counts (a replica lapses after this without a heartbeat).
     pub lapse: Duration,
-    /// Instants this replica gave up (its turn, no room in time): to record missed.
-    pub gave_up: Vec<(String, i64)>,
+    /// Instants this replica gave up (no room in time, Redis unreachable, the loop late): to
+    /// record missed, with the reason.
+    pub gave_up: Vec<(String, i64, MissedReason)>,
     /// Fleets a reload left (their jobs changed): to say so in a heartbeat.
     pub left: Vec<(Group, std::sync::Arc<crate::config::RunConfig>)>,
     /// When the table was made: until a first view comes (or a lapse passes without one), an
@@ -180,6 +233,12 @@ impl Table {
         (when.elapsed() < self.lapse).then_some(view)
     }
 
+    /// This replica claims `d` of `job` now: anyone may, it is its turn, or its owner did not
+    /// claim it in time (checked).
+    fn claims(&self, job: &Entry, d: &Due) -> bool {
+        d.anyone || d.check == Check::Open || self.mine(job, d.at)
+    }
+
     /// This replica claims instant `at` of `job`: it is its turn, or it has no view.
     fn mine(&self, job: &Entry, at: i64) -> bool {
         match self.fresh(&job.group) {
@@ -189,26 +248,54 @@ impl Table {
         }
     }
 
-    /// Whether an instant waits for another replica while this one's view of its fleet names a
-    /// replica at `--max-jobs`.
-    pub fn waits_on_a_full_fleet(&self) -> bool {
-        // The rank (a hash) last: only for an instant waiting in a busy fleet.
-        self.jobs.iter().any(|j| {
-            !j.claiming
-                && j.due.is_some_and(|d| {
-                    !d.anyone
-                        && self.fresh(&j.group).is_some_and(|v| !v.full.is_empty())
-                        && !self.mine(j, d.at)
-                })
-        })
-    }
-
     /// How many instants wait for a claim.
     pub fn waiting(&self) -> usize {
         self.jobs
             .iter()
-            .filter(|j| !j.claiming && j.due.is_some_and(|d| self.mine(j, d.at)))
+            .filter(|j| !j.claiming && j.due.is_some_and(|d| self.claims(j, &d)))
             .count()
+    }
+
+    /// The instants other replicas own that are due for a check ([`FALLBACK_MS`] after them),
+    /// by group (with a job's configuration to reach it); each is marked asked.
+    pub fn due_checks(&mut self) -> Vec<CheckBatch> {
+        let now = unix_millis() as i64;
+        let mut out: Vec<CheckBatch> = Vec::new();
+        for i in 0..self.jobs.len() {
+            let job = &self.jobs[i];
+            let Some(d) = job.due.filter(|d| d.check == Check::Ahead && !job.claiming) else {
+                continue;
+            };
+            if now < d.at + FALLBACK_MS || self.claims(job, &d) {
+                continue;
+            }
+            let item = (job.cron.key.clone(), d.at);
+            match out.iter_mut().find(|b| b.group == job.group) {
+                Some(batch) => batch.items.push(item),
+                None => out.push(CheckBatch {
+                    group: job.group.clone(),
+                    config: job.cron.config.clone(),
+                    items: vec![item],
+                }),
+            }
+            if let Some(d) = &mut self.jobs[i].due {
+                d.check = Check::Asked;
+            }
+        }
+        out
+    }
+
+    /// A check's answer for instant `at` of KEY: decided (its run started, or it was recorded)
+    /// or not, in which case this replica claims it.
+    pub fn checked(&mut self, key: &str, at: i64, decided: bool) {
+        let Some(job) = self.job(key) else {
+            return;
+        };
+        match &mut job.due {
+            Some(d) if d.at == at && decided => job.due = None,
+            Some(d) if d.at == at => d.check = Check::Open,
+            _ => {}
+        }
     }
 
     pub fn job(&mut self, key: &str) -> Option<&mut Entry> {
@@ -230,30 +317,54 @@ impl Table {
             .flat_map(|j| {
                 let waiting = j.due.filter(|_| !j.claiming);
                 let retry = waiting.map(|_| j.not_before).filter(|t| *t > now);
-                [j.next.map(|n| n - j.early), waiting.map(|d| d.until), retry]
+                let check = waiting
+                    .filter(|d| d.check == Check::Ahead && !self.claims(j, d))
+                    .map(|d| (d.at + FALLBACK_MS).max(now));
+                [
+                    j.next.map(|n| n - j.early),
+                    waiting.map(|d| d.until),
+                    retry,
+                    check,
+                ]
             })
             .flatten()
             .min()
     }
 
     /// Move every instant that came due into its job's waiting place; a waiting instant that can
-    /// no longer start is given up, with one line.
+    /// no longer start is given up, with one line, to be recorded missed. Instants the loop came
+    /// to too late (it was frozen, or the machine saturated) are given up as late.
     pub fn advance(&mut self, log: &Log) {
         let now = unix_millis() as i64;
         for i in 0..self.jobs.len() {
             let job = &self.jobs[i];
             if let Some(d) = job.due.filter(|d| d.until <= now && !job.claiming) {
-                if d.anyone || self.mine(job, d.at) {
-                    missed(job, d.at, log);
-                    self.gave_up.push((job.cron.key.clone(), d.at));
-                }
+                missed(job, d.at, d.reason, log);
+                self.gave_up.push((job.cron.key.clone(), d.at, d.reason));
                 self.jobs[i].due = None;
             }
             let job = &mut self.jobs[i];
-            let Some(at) = job.next.filter(|n| *n - job.early <= now) else {
+            let Some(mut at) = job.next.filter(|n| *n - job.early <= now) else {
                 continue;
             };
+            let mut late = 0;
+            while deadline(job, at) <= now {
+                let scheduled = job.cron.schedule.next_after(at - 1) == Some(at);
+                if scheduled && late < MAX_LATE && now - at <= LATE_WINDOW_MS {
+                    late += 1;
+                    missed(job, at, MissedReason::Late, log);
+                    self.gave_up
+                        .push((job.cron.key.clone(), at, MissedReason::Late));
+                }
+                match job.cron.schedule.next_after(at) {
+                    Some(n) if n - job.early <= now => at = n,
+                    _ => break,
+                }
+            }
             job.schedule_after(at.max(now));
+            if deadline(job, at) <= now {
+                continue;
+            }
             // Fired at start or looked at again: not an instant of the schedule's (Redis picks the
             // instant due), and this replica claims it whatever the rank.
             let anyone = job.cron.schedule.next_after(at - 1) != Some(at);
@@ -262,18 +373,13 @@ impl Table {
                 job.queued = Some((at, anyone));
                 continue;
             }
-            let old = job.due.replace(Due {
-                at,
-                until: deadline(job, at),
-                anyone,
-            });
+            let old = job.due.replace(Due::new(at, deadline(job, at), anyone));
             // The instant this one replaces can no longer start on time.
             if let Some(old) = old {
                 let job = &self.jobs[i];
-                if old.anyone || self.mine(job, old.at) {
-                    missed(job, old.at, log);
-                    self.gave_up.push((job.cron.key.clone(), old.at));
-                }
+                missed(job, old.at, old.reason, log);
+                self.gave_up
+                    .push((job.cron.key.clone(), old.at, old.reason));
             }
         }
     }
@@ -292,7 +398,7 @@ impl Table {
             .enumerate()
             .filter(|(_, j)| !j.claiming && j.not_before <= now)
             .filter_map(|(i, j)| j.due.map(|d| (i, j, d)))
-            .filter(|(_, j, d)| d.anyone || self.mine(j, d.at))
+            .filter(|(_, j, d)| self.claims(j, d))
             .map(|(i, j, d)| (d.at, rank(&self.me, &j.cron.key, d.at), i))
             .collect();
         ready.sort_unstable();
@@ -311,13 +417,17 @@ impl Table {
         };
         job.claiming = false;
         let mut superseded = None;
+        if !done {
+            if let Some(d) = &mut job.due {
+                d.reason = MissedReason::Unreachable;
+            }
+        }
         if let Some((at, anyone)) = job.queued.take() {
             if let Some(old) = job.due.filter(|_| !done) {
-                missed(job, old.at, log);
-                superseded = Some((job.cron.key.clone(), old.at));
+                missed(job, old.at, old.reason, log);
+                superseded = Some((job.cron.key.clone(), old.at, old.reason));
             }
-            let until = deadline(job, at);
-            job.due = Some(Due { at, until, anyone });
+            job.due = Some(Due::new(at, deadline(job, at), anyone));
         } else if done {
             job.due = None;
         }
@@ -429,9 +539,9 @@ fn deadline(job: &Entry, at: i64) -> i64 {
     }
 }
 
-/// Under `-v`: an instant that waited for room here and can no longer start (another replica
-/// may well have run it: this one cannot tell without asking Redis).
-fn missed(job: &Entry, at: i64, log: &Log) {
+/// Under `-v`: an instant that waited here and can no longer start (another replica may well
+/// have run it: the ledger, asked next, records it missed only if nobody did).
+fn missed(job: &Entry, at: i64, reason: MissedReason, log: &Log) {
     let within = if job.cron.catch_up {
         "its --catch-up window"
     } else {
@@ -441,12 +551,17 @@ fn missed(job: &Entry, at: i64, log: &Log) {
         Level::Debug,
         "gave_up",
         &format!(
-            "{}: gave up the {} instant: no room here within {within} (--max-jobs); another \
+            "{}: gave up the {} instant: not started here within {within} ({}); another \
              replica may have run it",
             job.cron.key,
-            rfc3339(at.max(0) as u64)
+            rfc3339(at.max(0) as u64),
+            reason.name()
         ),
-        &[("key", job.cron.key.clone().into()), ("instant", at.into())],
+        &[
+            ("key", job.cron.key.clone().into()),
+            ("instant", at.into()),
+            ("reason", reason.name().into()),
+        ],
     );
 }
 

@@ -3,6 +3,7 @@
 //! whether Redis answers its heartbeats. Typed values, as the loop has them; nothing here is read
 //! back by the scheduler.
 
+use crate::fleet::ledger::MissedReason;
 use std::time::Duration;
 
 use crate::clock::unix_millis;
@@ -69,9 +70,21 @@ impl Replicant<'_> {
         }
     }
 
-    /// An instant of KEY recorded missed.
-    pub(super) fn show_missed(&self, key: &str, instant: i64) {
+    /// This replica cannot start runs (and why), or can again.
+    pub(super) fn show_sick(&self, why: Option<&str>) {
         if let Some(board) = &self.board {
+            board.state().sick = why.map(str::to_string);
+        }
+    }
+
+    /// An instant of KEY recorded missed, for `reason`.
+    pub(super) fn show_missed(&self, key: &str, instant: i64, reason: MissedReason) {
+        if let Some(board) = &self.board {
+            *board
+                .state()
+                .missed
+                .entry((key.to_string(), reason))
+                .or_default() += 1;
             let attempt = Attempt {
                 outcome: Outcome::Missed,
                 at_ms: instant.max(0) as u64,

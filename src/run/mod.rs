@@ -185,8 +185,13 @@ fn finish(
     let lost_until = if lost { Instant::now() } else { valid_until };
     let within = config.connect_timeout;
     // A replica's run has the replica release on its long-lived connection; without an answer
-    // in time (the replica died or hangs), or with a failure, it releases by itself.
-    let wait = within + Duration::from_millis(250);
+    // in time (the replica died or hangs), or with a failure, it releases by itself. The answer
+    // is waited for only while a release of its own can still reach Redis before the lock could
+    // lapse: a frozen replica must not let a success's lock lapse, and its instant run again.
+    let left = valid_until
+        .saturating_duration_since(Instant::now())
+        .saturating_sub(within + Duration::from_millis(100));
+    let wait = (within + Duration::from_millis(250)).min(left);
     match channel.and_then(|c| c.release_by_replica(&opts, wait)) {
         Some(Ok(released)) => said_released(held, &opts, Ok(released), (lost, false), log),
         _ => release(

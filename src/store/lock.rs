@@ -231,7 +231,17 @@ pub(super) fn text_or_nil(v: &Value, what: &'static str) -> Result<Option<String
     }
 }
 
-/// Undo an attempt whose reply was lost (see `abandon.lua`): `Ok(true)` when it deleted our lock.
+/// What an undo does to the attempt's ledger entry (see `abandon.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Undo {
+    /// The claim never became a run: its attempt is removed and the instant can be claimed again.
+    RollBack,
+    /// Its run died after its lock lapsed: the attempt is ended `abandoned`.
+    Abandoned,
+}
+
+/// Undo an attempt that did not become a run (see `abandon.lua`): its reply was lost, a majority
+/// did not grant it, or its run could not start. `Ok(true)` when it deleted our lock.
 ///
 /// Sent as `EVAL` with the whole script: Redis is likely hung right now, and a `NOSCRIPT` reply
 /// to an `EVALSHA` would arrive after we stopped listening, so the script would never run.
@@ -241,25 +251,80 @@ pub fn abandon(
     keys: &Keys,
     holder: &Holder,
     ttl: Duration,
+    undo: Undo,
 ) -> Result<bool, Failure> {
     let abandoned = keys.abandoned(&holder.token);
     let ttl = ms(ttl).to_string();
+    let mode: &[u8] = match undo {
+        Undo::RollBack => b"undo",
+        Undo::Abandoned => b"abandoned",
+    };
     let reply = link.call(
         within,
         &keys.lock,
         &[
             b"EVAL",
             ABANDON_LUA.as_bytes(),
-            b"2",
+            b"4",
             keys.lock.as_bytes(),
             abandoned.as_bytes(),
+            keys.schedule.as_bytes(),
+            keys.ledger.as_bytes(),
             holder.value.as_bytes(),
             ttl.as_bytes(),
+            holder.token.as_bytes(),
+            mode,
         ],
     )?;
     link.read(reply, |v| {
         Ok(int(v, "an undo reply that is not 0 or 1")? == 1)
     })
+}
+
+const CLAIMED_LUA: &str = include_str!("lua/claimed.lua");
+static CLAIMED: LazyLock<Script> = LazyLock::new(|| Script::new(CLAIMED_LUA));
+
+/// Which of `items` (a KEY's keys and one of its instants) are decided already: their run started
+/// or the ledger skipped or missed them (see `claimed.lua`). On one node, one call for all; on a
+/// Cluster, one call for each (their keys live in different slots), as one pipeline.
+pub fn claimed_many(
+    link: &mut Link,
+    within: Duration,
+    items: &[(&Keys, i64)],
+) -> Vec<Result<bool, Failure>> {
+    const SHAPE: &str = "a reply that is not one 0 or 1 for each instant";
+    if items.is_empty() {
+        return Vec::new();
+    }
+    if link.redis().one_node() {
+        let (keys, args) = claimed_call(items);
+        let read = |v: &Value| match v {
+            Value::Array(a) if a.len() == items.len() => a
+                .iter()
+                .map(|x| Ok(int(x, SHAPE)? == 1))
+                .collect::<Result<Vec<bool>, Failure>>(),
+            _ => Err(Failure::shape(SHAPE)),
+        };
+        return match eval(link, within, &CLAIMED, CLAIMED_LUA, &keys, &args, read) {
+            Ok(all) => all.into_iter().map(Ok).collect(),
+            Err(f) => items.iter().map(|_| Err(f.duplicate())).collect(),
+        };
+    }
+    let calls: Vec<ScriptCall<'_>> = items.chunks(1).map(claimed_call).collect();
+    let read = |v: &Value| match v {
+        Value::Array(a) if a.len() == 1 => Ok(int(&a[0], SHAPE)? == 1),
+        _ => Err(Failure::shape(SHAPE)),
+    };
+    eval_many(link, within, (&CLAIMED, CLAIMED_LUA), &calls, read)
+}
+
+/// `claimed.lua`'s keys (each KEY's schedule record and ledger) and arguments (the instants).
+fn claimed_call<'a>(items: &[(&'a Keys, i64)]) -> ScriptCall<'a> {
+    let keys = items
+        .iter()
+        .flat_map(|(k, _)| [k.schedule.as_str(), k.ledger.as_str()])
+        .collect();
+    (keys, items.iter().map(|(_, at)| at.to_string()).collect())
 }
 
 /// Extend our lock to `ttl` from now if it is still ours: `Ok(true)` ours, `Ok(false)` not ours.
@@ -298,13 +363,14 @@ pub fn renew(link: &mut Link, within: Duration, held: &Held) -> Result<bool, Fai
 const MISSED_LUA: &str = include_str!("lua/missed.lua");
 static MISSED: LazyLock<Script> = LazyLock::new(|| Script::new(MISSED_LUA));
 
-/// Record instant `at` of `keys`'s KEY as missed in its ledger, unless the ledger has it already;
-/// whether it wrote.
+/// Record instant `at` of `keys`'s KEY as missed in its ledger, for `reason` (a word), unless the
+/// ledger has it already; whether it wrote.
 pub fn record_missed(
     link: &mut Link,
     within: Duration,
     keys: &Keys,
     at: i64,
+    reason: &str,
 ) -> Result<bool, Failure> {
     let read = |v: &Value| match int(v, "a missed reply that is not 0 or 1")? {
         1 => Ok(true),
@@ -318,7 +384,7 @@ pub fn record_missed(
         &MISSED,
         MISSED_LUA,
         &keys,
-        &[at.to_string()],
+        &[at.to_string(), reason.to_string()],
         read,
     )
 }

@@ -24,7 +24,7 @@ use crate::clock::Instant;
 use crate::store::acquire::{self, Claim};
 use crate::store::inspect::{self, Snapshot};
 use crate::store::keys::Keys;
-use crate::store::lock::{self, Attempt, Held, Holder, Instants, ReleaseOptions, Released};
+use crate::store::lock::{self, Attempt, Held, Holder, Instants, ReleaseOptions, Released, Undo};
 use crate::store::members;
 use crate::store::round::{confirmed, failed, refused, split, Answer, Lost};
 pub use crate::store::round::{Outcome, Refused};
@@ -209,8 +209,9 @@ impl Masters {
             .iter()
             .map(|a| matches!(a, Ok(Attempt::Held(_)) | Err(Lost { taken: true, .. })))
             .collect();
-        let undone =
-            self.each(|i, link| undo[i].then(|| lock::abandon(link, within, keys, holder, ttl)));
+        let undone = self.each(|i, link| {
+            undo[i].then(|| lock::abandon(link, within, keys, holder, ttl, Undo::RollBack))
+        });
         if let Some(refusal) = refused(answers, self.majority()) {
             return refusal;
         }
@@ -415,19 +416,52 @@ impl Masters {
         Ok(found)
     }
 
-    /// Record instant `at` of KEY as missed on every master (see [`lock::record_missed`]): whether
-    /// any wrote it.
+    /// Record instant `at` of KEY as missed for `reason` on every master (see
+    /// [`lock::record_missed`]): whether any wrote it.
     pub fn record_missed(
         &mut self,
         within: Duration,
         keys: &Keys,
         at: i64,
+        reason: &str,
     ) -> Result<bool, Failure> {
-        let mut answers = self.each(|_, link| lock::record_missed(link, within, keys, at));
+        let mut answers = self.each(|_, link| lock::record_missed(link, within, keys, at, reason));
         if answers.iter().any(|a| matches!(a, Ok(true))) {
             return Ok(true);
         }
         answers.remove(0)
+    }
+
+    /// Undo a claim that did not become a run, on every master (see [`lock::abandon`]): whether
+    /// any deleted our lock; an error only when no master answered.
+    pub fn unclaim(&mut self, within: Duration, held: &Held, undo: Undo) -> Result<bool, Failure> {
+        let budget = self.budget(within, held.ttl);
+        let (keys, holder, ttl) = (&held.keys, &held.holder, held.ttl);
+        let mut answers = self.each(|_, link| lock::abandon(link, budget, keys, holder, ttl, undo));
+        if answers.iter().any(|a| matches!(a, Ok(true))) {
+            return Ok(true);
+        }
+        match answers.iter().position(|a| a.is_ok()) {
+            Some(_) => Ok(false),
+            None => answers.remove(0),
+        }
+    }
+
+    /// Which of `items` (a KEY's keys and an instant) are decided already (see
+    /// [`lock::claimed_many`]): on several masters, those a majority says are. An instant no
+    /// majority could tell about is not decided: the acquire that follows is the judge.
+    pub fn claimed(&mut self, within: Duration, items: &[(&Keys, i64)]) -> Vec<bool> {
+        let answers = self.each(|_, link| lock::claimed_many(link, within, items));
+        let majority = self.majority();
+        (0..items.len())
+            .map(|i| {
+                let yes = answers
+                    .iter()
+                    .filter(|a| a.get(i).is_some_and(|r| matches!(r, Ok(true))))
+                    .count();
+                yes >= majority
+            })
+            .collect()
     }
 
     /// A replica's heartbeat (see [`crate::store::members`]), on the first master: the ranking

@@ -47,6 +47,13 @@ enum Target {
 }
 
 impl Redis {
+    /// Whether every key lives on one node (a server, or the primary the Sentinels name), so a
+    /// script may touch the keys of several KEYs; not on a Cluster, whose KEYs live in slots of
+    /// their own.
+    pub fn one_node(&self) -> bool {
+        !matches!(*self.target, Target::Cluster(_))
+    }
+
     /// Parse the URL, which came from `source` (a flag or variable, for messages). Errors name
     /// the redacted URL, never a password.
     pub fn new(

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::clock::Instant;
 use crate::config::RunConfig;
+use crate::fleet::ledger::MissedReason;
 use crate::fleet::metrics::{self, Attempt, OUTCOMES};
 use crate::fleet::schedule::Schedule;
 
@@ -74,6 +75,10 @@ pub struct State {
     pub answered: Option<Instant>,
     pub beat_every: Duration,
     pub failing: Option<String>,
+    /// Why this replica cannot start runs (it claims nothing until it can).
+    pub sick: Option<String>,
+    /// Instants this replica recorded missed, by job and reason.
+    pub missed: HashMap<(String, MissedReason), u64>,
 }
 
 /// The replica's board: the loop's last turn (lock-free, written every turn) and the [`State`].

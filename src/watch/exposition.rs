@@ -4,6 +4,7 @@
 //! whether it is suspended and its ledger's instants by state; per replica, its jobs, runs,
 //! `--max-jobs`, claims, whether it drains, its calls to Redis and its version.
 
+use crate::fleet::ledger::MissedReason;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
@@ -213,6 +214,19 @@ fn replica_series(board: &Board, f: &mut Families, jobs: usize) {
             &format!("result=\"{result}\""),
             n,
         );
+    }
+    // Every job and reason from the first scrape (an alert on increase() needs the zero).
+    for job in &s.jobs {
+        for reason in MissedReason::ALL {
+            let n = s.missed.get(&(job.key.clone(), reason)).copied();
+            f.add(
+                "cronlock_instants_missed_total",
+                "counter",
+                "Instants of the job this replica recorded missed in the ledger, by reason (no_room: no replica had room in time; redis_unreachable: claims could not reach Redis; late: the replica came to them only after they could no longer start).",
+                &format!("key=\"{}\",reason=\"{}\"", escape(&job.key), reason.name()),
+                n.unwrap_or(0),
+            );
+        }
     }
     let name = "cronlock_redis_request_duration_seconds";
     let help = "How long this replica's calls to Redis took (claims, releases, heartbeats).";

@@ -1,5 +1,5 @@
 //! `/healthz` and `/readyz`: the replica's liveness (its loop turns) and readiness (Redis answers,
-//! it is not draining), from the board.
+//! it is not draining, it can start runs), from the board.
 
 use super::answer::Answer;
 use super::board::{Board, STUCK, UNANSWERED};
@@ -24,6 +24,9 @@ pub fn readyz(board: &Board) -> Answer {
     let s = board.state();
     if s.draining {
         return Answer::text(503, "draining: this replica claims nothing more\n");
+    }
+    if let Some(why) = &s.sick {
+        return Answer::text(503, format!("{why}\n"));
     }
     if let Some(why) = &s.failing {
         return Answer::text(503, format!("redis does not answer: {why}\n"));

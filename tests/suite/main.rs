@@ -6,6 +6,7 @@
 
 mod common;
 
+mod accounted;
 mod catchup;
 mod claims;
 mod cluster;

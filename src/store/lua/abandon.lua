@@ -1,12 +1,54 @@
--- Undo an acquisition whose reply was lost: the client does not know whether the acquire script
--- ran, and may be about to run, on the server.
--- KEYS[1] lock, KEYS[2] the attempt's "abandoned" marker; ARGV[1] holder value, ARGV[2] ttl in ms.
--- If the lock holds our value, delete it. Either way, leave the marker for a TTL, so an acquire
--- script of this attempt that runs later takes nothing.
+-- Undo an acquisition that did not become a run: its reply was lost (the client does not know
+-- whether the acquire script ran, and may be about to run, on the server), a majority did not
+-- grant it, or the replica that won it could not start its run.
+-- KEYS[1] lock, KEYS[2] the attempt's "abandoned" marker, KEYS[3] the schedule record, KEYS[4] the
+-- ledger; ARGV[1] holder value, ARGV[2] ttl in ms, ARGV[3] the attempt's run id (the holder's
+-- token), ARGV[4] 'undo' (the claim is rolled back: the instant can be claimed again at once) or
+-- 'abandoned' (the attempt is ended as abandoned: its run died after its lock lapsed).
+-- If the lock holds our value, delete it. Leave the marker for a TTL, so an acquire script of this
+-- attempt that runs later takes nothing. Then the ledger entry whose last attempt is ours and
+-- still running: undone, the attempt is removed (the entry with it when it was the first) and the
+-- schedule record no longer names the instant; abandoned, the attempt and the entry are ended.
+-- An entry that ended, or whose last attempt is another's, is never touched.
 -- Returns 1 when it deleted our lock, 0 otherwise.
 redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+local result = 0
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  return 1
+  result = 1
 end
-return 0
+if not KEYS[4] or not ARGV[3] or ARGV[3] == '' then
+  return result
+end
+local needle = '"run_id":"' .. ARGV[3] .. '"'
+local all = redis.call('HGETALL', KEYS[4])
+for i = 1, #all, 2 do
+  local field, raw = all[i], all[i + 1]
+  if string.find(raw, needle, 1, true) then
+    local ok, e = pcall(cjson.decode, raw)
+    if ok and type(e) == 'table' and e.state == 'running' and type(e.attempts) == 'table'
+      and #e.attempts > 0 and type(e.attempts[#e.attempts]) == 'table'
+      and e.attempts[#e.attempts].run_id == ARGV[3] then
+      local last = e.attempts[#e.attempts]
+      if ARGV[4] == 'abandoned' then
+        local t = redis.call('TIME')
+        last.state, last.ended = 'abandoned', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+        e.state = 'abandoned'
+        redis.call('HSET', KEYS[4], field, cjson.encode(e))
+      else
+        if #e.attempts == 1 then
+          redis.call('HDEL', KEYS[4], field)
+        else
+          table.remove(e.attempts)
+          e.state = e.attempts[#e.attempts].state or 'failed'
+          redis.call('HSET', KEYS[4], field, cjson.encode(e))
+        end
+        local at = tonumber(field)
+        if at and tonumber(redis.call('HGET', KEYS[3], 'instant')) == at then
+          redis.call('HSET', KEYS[3], 'instant', string.format('%d', at - 1))
+        end
+      end
+    end
+  end
+end
+return result

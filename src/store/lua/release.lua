@@ -7,7 +7,8 @@
 -- ARGV[5] record expiry in ms (0: none)
 -- ARGV[6] notification expiry in ms
 -- KEYS[5] the ledger of instants; ARGV[7] with --schedule, this run's instant ('' for none),
--- ARGV[8] its exit status: the attempt is marked succeeded (0) or failed, when it is still ours;
+-- ARGV[8] its exit status: the attempt is marked succeeded (0) or failed, when it is still ours
+-- and running (an entry that ended is never rewritten);
 -- ARGV[9] '1' when cronlock was asked to end (SIGTERM, SIGINT: a drain, a shutdown) and the
 -- command did not succeed: the attempt is 'interrupted', which --retries runs again;
 -- ARGV[10] our holder value as a JSON string: an entry in the shape acquire.lua writes for a
@@ -43,7 +44,9 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
     result = 1
   end
 end
-if ARGV[3] ~= '' then
+-- The run's record, once: a release asked again (the replica's answer was lost, the run then
+-- released by itself) finds its record already there and writes nothing.
+if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[3] then
   local ttl = tonumber(ARGV[5])
   if ttl > 0 then
     redis.call('SET', KEYS[2], ARGV[3], 'PX', ttl)
@@ -79,8 +82,9 @@ if ARGV[7] ~= '' then
     return result
   end
   local ok, e = pcall(cjson.decode, raw)
-  if ok and type(e) == 'table' and e.holder == ARGV[1] and type(e.attempts) == 'table'
-    and #e.attempts > 0 then
+  -- Only an entry still running under our attempt: an ended one is never written again.
+  if ok and type(e) == 'table' and e.state == 'running' and e.holder == ARGV[1]
+    and type(e.attempts) == 'table' and #e.attempts > 0 then
     local t = redis.call('TIME')
     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     local last = e.attempts[#e.attempts]

@@ -41,7 +41,13 @@ fn a_claim_on_a_paused_redis_does_not_stop_the_drain() {
     let status = stop(c);
     let took = asked.elapsed();
     r.resume();
-    assert_eq!(status, Some(0), "{}", replica_err(&file));
+    // Its leave could not reach Redis within the bounded wait: the exit status says so.
+    assert_eq!(status, Some(125), "{}", replica_err(&file));
+    assert!(
+        replica_err(&file).contains("cannot confirm leaving the fleet"),
+        "{}",
+        replica_err(&file)
+    );
     assert!(
         took < Duration::from_millis(2500),
         "the drain took {took:?}"

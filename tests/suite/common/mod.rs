@@ -167,7 +167,8 @@ pub fn cronlock_debug(redis: &Redis) -> Command {
     cronlock_of(BIN, &redis.url())
 }
 
-fn cronlock_of(bin: &str, url: &str) -> Command {
+/// The binary at `bin` (a copy of the one under test) with a clean environment pointing at `url`.
+pub fn cronlock_of(bin: &str, url: &str) -> Command {
     alone::enter();
     limit_run();
     default_signals();

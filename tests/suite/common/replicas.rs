@@ -16,10 +16,21 @@ pub fn replica(url: &str, file: &Path, extra: &[&str]) -> Child {
 
 /// [`replica`], with more variables in its environment.
 pub fn replica_with(url: &str, file: &Path, extra: &[&str], env: &[(&str, &str)]) -> Child {
+    replica_of(&bin(), url, file, extra, env)
+}
+
+/// [`replica_with`], started from the binary at `bin` (a copy of the one under test).
+pub fn replica_of(
+    bin: &str,
+    url: &str,
+    file: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Child {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let dir = file.parent().unwrap();
-    let mut cmd = cronlock_at(url);
+    let mut cmd = cronlock_of(bin, url);
     cmd.arg("--crontab").arg(file).args(extra);
     tie(&mut cmd);
     cmd.stdout(std::fs::File::create(dir.join(format!("{n}.out"))).unwrap())
