@@ -31,9 +31,12 @@ pub fn jobs(dir: &Path, prefix: &str, n: usize, opts: &str, then: &str) -> Strin
     text
 }
 
+/// How often each (KEY, instant in Unix seconds) ran.
+pub type Counts = BTreeMap<(String, i64), usize>;
+
 /// How often each (KEY, instant in Unix seconds) ran, and how late each run started (instant,
 /// ms late).
-pub fn runs(dir: &Path) -> (BTreeMap<(String, i64), usize>, Vec<(i64, i64)>) {
+pub fn runs(dir: &Path) -> (Counts, Vec<(i64, i64)>) {
     let mut count = BTreeMap::new();
     let mut late = Vec::new();
     for line in instants(&dir.join("runs")) {
@@ -68,14 +71,14 @@ pub fn now_secs() -> i64 {
 }
 
 /// No instant ran twice.
-pub fn assert_none_twice(count: &BTreeMap<(String, i64), usize>) {
+pub fn assert_none_twice(count: &Counts) {
     let twice: Vec<_> = count.iter().filter(|(_, n)| **n > 1).collect();
     assert!(twice.is_empty(), "ran twice: {twice:?}");
 }
 
 /// Every job of `n` ran at every instant from `from` to `to` (Unix seconds, both included).
 pub fn assert_all_ran(
-    count: &BTreeMap<(String, i64), usize>,
+    count: &Counts,
     (prefix, n): (&str, usize),
     (from, to): (i64, i64),
     why: &dyn Fn() -> String,
@@ -169,8 +172,9 @@ fn a_killed_replicas_runs_never_read_running() {
     let mut fleet: Vec<_> = (0..2).map(|_| replica(&r.url(), &file, &[])).collect();
     let from = now_secs() + 2;
     assert!(wait_for(Duration::from_secs(10), || runs(&dir).0.len() >= 12));
-    let victim = fleet.remove(0);
+    let mut victim = fleet.remove(0);
     signal(victim.id() as i32, libc::SIGKILL);
+    victim.wait().unwrap();
     let killed = Instant::now();
     assert!(wait_for(Duration::from_secs(20), || killed.elapsed()
         >= Duration::from_secs(5)));
