@@ -115,13 +115,7 @@ impl Replicant<'_> {
     /// leave the fleets a reload left.
     pub(super) fn give_up(&mut self, table: &mut Table) {
         for (group, config) in std::mem::take(&mut table.left) {
-            self.claims.send(Ask::Beat {
-                config,
-                group,
-                id: self.me.clone(),
-                lapse: Duration::ZERO,
-                full: false,
-            });
+            self.send_leave(group, config);
         }
         for (key, instant, reason) in std::mem::take(&mut table.gave_up) {
             if let Some(job) = table.job(&key) {
@@ -134,6 +128,21 @@ impl Replicant<'_> {
                 });
             }
         }
+    }
+
+    /// Leave `group`'s fleet (a heartbeat that lapses at once).
+    pub(super) fn send_leave(
+        &self,
+        group: super::claim::Group,
+        config: std::sync::Arc<crate::config::RunConfig>,
+    ) {
+        self.claims.send(Ask::Beat {
+            config,
+            group,
+            id: self.me.clone(),
+            lapse: Duration::ZERO,
+            full: false,
+        });
     }
 
     /// An instant recorded missed: one line, and the job's metrics file says so.

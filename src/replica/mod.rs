@@ -414,13 +414,7 @@ impl<'a> Replicant<'a> {
         let mut groups = table.groups();
         groups.append(&mut table.left.clone());
         for (group, config) in groups {
-            self.claims.send(Ask::Beat {
-                config,
-                group,
-                id: self.me.clone(),
-                lapse: Duration::ZERO,
-                full: false,
-            });
+            self.send_leave(group, config);
         }
         let finished = self.claims.finish(LEAVE_WITHIN);
         let within = LEAVE_WITHIN;
