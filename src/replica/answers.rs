@@ -35,7 +35,7 @@ impl Replicant<'_> {
                     reason,
                     recorded,
                 } => {
-                    self.missed((&key, &config, instant), reason, recorded);
+                    self.missed(&key, &config, instant, reason, recorded);
                     continue;
                 }
                 Answer::Checked { items } => {
@@ -148,7 +148,9 @@ impl Replicant<'_> {
     /// An instant recorded missed: one line, and the job's metrics file says so.
     fn missed(
         &mut self,
-        (key, config, instant): (&str, &crate::config::RunConfig, i64),
+        key: &str,
+        config: &crate::config::RunConfig,
+        instant: i64,
         reason: MissedReason,
         recorded: Result<bool, String>,
     ) {

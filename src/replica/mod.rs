@@ -29,6 +29,7 @@ mod answers;
 mod beat;
 mod claim;
 mod claimer;
+mod entry;
 mod health;
 mod output;
 mod rank;

@@ -23,10 +23,12 @@ use crate::clock::Instant;
 use crate::replica::claim::{group, Group};
 use crate::store::members::View;
 
-use crate::clock::{rfc3339, unix_millis};
+pub use super::entry::Entry;
+use super::entry::{deadline, missed, Check, Due};
+use crate::clock::unix_millis;
 use crate::config::CronJob;
 use crate::fleet::ledger::MissedReason;
-use crate::log::{Level, Log};
+use crate::log::Log;
 
 /// After a claim that could not be sent (Redis down), how long before the next try (ms).
 const RETRY_MS: i64 = 1000;
@@ -47,73 +49,12 @@ const LATE_WINDOW_MS: i64 = 60_000;
 /// an instant this close ahead for the one due).
 pub const LEAD_MS: i64 = 50;
 
-/// The table's entry for one job: the job (its crontab line, resolved) and when it is due.
-pub struct Entry {
-    pub cron: CronJob,
-    /// The next instant (Unix ms) to come due.
-    next: Option<i64>,
-    /// How long before `next` it comes due (ms): [`LEAD_MS`] for an instant of the schedule, 0
-    /// for a look at once.
-    early: i64,
-    /// An instant that came due and waits to be claimed.
-    due: Option<Due>,
-    /// The latest instant that came due.
-    last: Option<i64>,
-    /// Where its claims go (replicas are ranked per group).
-    pub(super) group: Group,
-    /// How many shares its group's jobs are split into (see `rank.rs`).
-    shares: u64,
-    /// A claim of it is in flight.
-    claiming: bool,
-    /// An instant that came due while a claim was in flight: it waits next.
-    queued: Option<(i64, bool)>,
-    /// No claim before this (after a failed one).
-    not_before: i64,
-}
-
-/// An instant waiting to be claimed.
-#[derive(Clone, Copy)]
-struct Due {
-    at: i64,
-    /// Until when it can still start.
-    until: i64,
-    /// Claimed by this replica whatever the rank (fired at start, or looked at again).
-    anyone: bool,
-    /// Where its check stands, when another replica owns it.
-    check: Check,
-    /// Why it would be missed, if given up now.
-    reason: MissedReason,
-}
-
 /// The instants of one group to check together: a job's configuration reaches its servers.
 pub struct CheckBatch {
     pub group: Group,
     pub config: std::sync::Arc<crate::config::RunConfig>,
     /// KEY and instant.
     pub items: Vec<(String, i64)>,
-}
-
-/// The check of an instant another replica owns (see the module comment).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Check {
-    /// Not yet: [`FALLBACK_MS`] after the instant.
-    Ahead,
-    /// Sent; the answer is awaited.
-    Asked,
-    /// Undecided when checked: this replica claims it.
-    Open,
-}
-
-impl Due {
-    fn new(at: i64, until: i64, anyone: bool) -> Due {
-        Due {
-            at,
-            until,
-            anyone,
-            check: Check::Ahead,
-            reason: MissedReason::NoRoom,
-        }
-    }
 }
 
 /// The jobs, by KEY too, and who serves them.
@@ -504,65 +445,6 @@ impl Table {
             }
         }
     }
-}
-
-impl Entry {
-    /// Its next instant is the schedule's first after `ms`, claimed [`LEAD_MS`] (at most a
-    /// twentieth of the period) before it.
-    fn schedule_after(&mut self, ms: i64) {
-        self.next = self.cron.schedule.next_after(ms);
-        self.early = self.next.map_or(0, |at| {
-            let period = self.cron.schedule.next_after(at).map_or(0, |f| f - at);
-            (period / 20).min(LEAD_MS)
-        });
-    }
-
-    /// Look at it at `at` (Unix ms) at the latest, not ahead of time: Redis picks the instant due.
-    fn look_at(&mut self, at: i64) {
-        if self.next.is_none_or(|n| at < n - self.early) {
-            (self.next, self.early) = (Some(at), 0);
-        }
-    }
-}
-
-/// Until when instant `at` of `job` can still start: its `--catch-up` window, or else the
-/// job's next instant (at least a second later).
-fn deadline(job: &Entry, at: i64) -> i64 {
-    match job.cron.config.catch_up {
-        Some(window) => at + window.as_millis() as i64,
-        None => job
-            .cron
-            .schedule
-            .next_after(at)
-            .unwrap_or(at + 60_000)
-            .max(at + 1000),
-    }
-}
-
-/// Under `-v`: an instant that waited here and can no longer start (another replica may well
-/// have run it: the ledger, asked next, records it missed only if nobody did).
-fn missed(job: &Entry, at: i64, reason: MissedReason, log: &Log) {
-    let within = if job.cron.catch_up {
-        "its --catch-up window"
-    } else {
-        "its period"
-    };
-    log.event(
-        Level::Debug,
-        "gave_up",
-        &format!(
-            "{}: gave up the {} instant: not started here within {within} ({}); another \
-             replica may have run it",
-            job.cron.key,
-            rfc3339(at.max(0) as u64),
-            reason.name()
-        ),
-        &[
-            ("key", job.cron.key.clone().into()),
-            ("instant", at.into()),
-            ("reason", reason.name().into()),
-        ],
-    );
 }
 
 /// Name each group's fleet: a hash of the ranking scheme and of the jobs this replica serves in
