@@ -70,8 +70,8 @@ impl Due {
 }
 
 impl Entry {
-    /// Its next instant is the schedule's first after `ms`, claimed [`super::table::LEAD_MS`] (at most a
-    /// twentieth of the period) before it.
+    /// Its next instant is the schedule's first after `ms`, claimed [`super::table::LEAD_MS`]
+    /// (at most a twentieth of the period) before it.
     pub(super) fn schedule_after(&mut self, ms: i64) {
         self.next = self.cron.schedule.next_after(ms);
         self.early = self.next.map_or(0, |at| {
