@@ -160,9 +160,12 @@ impl Masters {
             )
         });
         let outcome = self.settle(&answers, sent_at, (within, budget), (keys, holder, ttl));
+        // Split: busy with no holder on a majority, or failed (a master did not answer) after
+        // a grant of ours that was undone: either way another round may win it.
+        let ours = answers.iter().any(|a| matches!(a, Ok(Attempt::Held(_))));
         let split = limit == 1
             && self.len() > 1
-            && matches!(outcome, Ok(Attempt::Busy(..)))
+            && (matches!(outcome, Ok(Attempt::Busy(..))) || (outcome.is_err() && ours))
             && split(&answers, self.majority());
         (outcome, split)
     }
@@ -209,8 +212,11 @@ impl Masters {
             .iter()
             .map(|a| matches!(a, Ok(Attempt::Held(_)) | Err(Lost { taken: true, .. })))
             .collect();
+        // Within the round's budget: a master that did not answer the acquire (frozen, hung) must
+        // not hold the undo, and the next round, for all of --connect-timeout (its lock, if it
+        // took one, lapses with the TTL; it is never a majority's).
         let undone = self.each(|i, link| {
-            undo[i].then(|| lock::abandon(link, within, keys, holder, ttl, Undo::RollBack))
+            undo[i].then(|| lock::abandon(link, budget, keys, holder, ttl, Undo::RollBack))
         });
         if let Some(refusal) = refused(answers, self.majority()) {
             return refusal;

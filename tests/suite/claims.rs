@@ -160,15 +160,6 @@ fn the_replica_knows_what_runs_did_whatever_their_output() {
     assert!(err.contains("environ: started"), "{err}");
 }
 
-/// The millisecond of the current second (wall clock).
-fn ms_into_second() -> u64 {
-    (SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-        % 1000) as u64
-}
-
 /// A job that runs 0.3 s and records each attempt's start and success, and any attempt of it
 /// still alive when another starts.
 fn careful_job(dir: &Path, key: &str, every: u32) -> String {

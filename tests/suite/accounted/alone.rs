@@ -10,8 +10,11 @@ use super::{assert_all_ran, assert_none_twice, jobs, now_secs, runs};
 use crate::common::replicas::{crontab, replica, replica_err, replica_of};
 use crate::common::*;
 
-/// SIGTERM to all of `fleet`; each must exit 0 (its leave confirmed) within 30 s.
+/// SIGTERM to all of `fleet`, as their claims of the next instant go out (50 ms before it: the
+/// leave then queues behind them); each must exit 0 (its leave confirmed) within 30 s.
 fn all_out(fleet: Vec<Child>, file: &std::path::Path) {
+    assert!(wait_for(Duration::from_secs(3), || (952..960)
+        .contains(&ms_into_second())));
     for c in &fleet {
         signal(c.id() as i32, libc::SIGTERM);
     }
@@ -47,6 +50,8 @@ fn a_rolling_restart_runs_every_job_at_every_instant() {
     let mut windows = Vec::new();
     for size in [3, 10, 3] {
         all_out(std::mem::take(&mut fleet), &file);
+        // The next fleet 0.2 s after the last one exited.
+        std::thread::sleep(Duration::from_millis(200));
         let from = now_secs() + 2;
         let began = Instant::now();
         fleet = (0..size).map(|_| replica(&url, &file, &[])).collect();
@@ -135,13 +140,8 @@ fn a_killed_replicas_share_runs_at_most_a_second_late() {
     let _alone = measure_alone();
     serve_for(Instant::now(), 4);
     // Half-way between two instants.
-    assert!(wait_for(Duration::from_secs(2), || {
-        let ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_millis();
-        (500..600).contains(&ms)
-    }));
+    assert!(wait_for(Duration::from_secs(2), || (500..600)
+        .contains(&ms_into_second())));
     let mut victim = fleet.remove(0);
     signal(victim.id() as i32, libc::SIGKILL);
     victim.wait().unwrap();

@@ -372,3 +372,12 @@ pub fn run_measured(cmd: &mut Command) -> (Output, i32, i64) {
         usage.ru_maxrss,
     )
 }
+
+/// How far into the current second the wall clock is (ms).
+pub fn ms_into_second() -> u64 {
+    (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        % 1000) as u64
+}

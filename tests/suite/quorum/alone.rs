@@ -90,3 +90,71 @@ fn losing_the_quorum_mid_run_stops_the_command_before_expiry() {
     assert!(ended < ttl, "ended {ended:?} after the pause");
     assert!(!alive(pid));
 }
+
+/// Three masters, one frozen, five hosts firing `--schedule` every second (as their crons
+/// would): every instant runs exactly once. Contenders whose votes split undo what their grants
+/// wrote (the lock, the schedule record and the ledger entry), so their next round can still
+/// claim the instant instead of reading "already ran"; a round that failed only because a master
+/// did not answer after a grant of ours is asked again too. (`--ttl 3s`: each call to the frozen
+/// master waits TTL/30, 100 ms; with the default 30 s it waits 1 s, so a run's acquire and
+/// release span the next second's firing, which then finds the KEY held and records its
+/// instant skipped for the overlap.)
+#[test]
+fn one_frozen_master_and_five_hosts_run_every_instant_once() {
+    let m = three();
+    let dir = scratch("quorum-five-hosts");
+    m[2].pause();
+    let _alone = measure_alone();
+    let mut hosts = Vec::new();
+    let mut fired = Vec::new();
+    for _ in 0..8 {
+        // Just after the next whole second, as cron fires.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(
+            1000 - u64::from(now.subsec_millis()) + 20,
+        ));
+        let second = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        fired.push(second);
+        for _ in 0..5 {
+            hosts.push(
+                on(&m)
+                    .current_dir(&dir)
+                    .args(["--schedule", "* * * * * *", "--ttl", "3s", "-E", "75"])
+                    .args(["q", "--", "sh", "-c"])
+                    .arg("echo $CRONLOCK_INSTANT $(date +%s.%N) >> runs")
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap(),
+            );
+        }
+    }
+    let mut said = String::new();
+    for h in hosts {
+        let out = h.wait_with_output().unwrap();
+        said += &String::from_utf8_lossy(&out.stderr);
+    }
+    m[2].resume();
+    let runs = std::fs::read_to_string(dir.join("runs")).unwrap_or_default();
+    let mut count: std::collections::BTreeMap<u64, usize> = Default::default();
+    for l in runs.lines() {
+        let l = l.split_whitespace().next().unwrap_or_default();
+        let at = humantime::parse_rfc3339(l)
+            .unwrap()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        *count.entry(at).or_default() += 1;
+    }
+    for second in &fired {
+        assert_eq!(
+            count.get(second),
+            Some(&1),
+            "the {second} instant: {count:?} (fired {fired:?})\n{runs}\n{said}"
+        );
+    }
+}
