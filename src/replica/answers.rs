@@ -95,8 +95,17 @@ impl Replicant<'_> {
                 // Won while draining (or sick): undone, so another replica runs it at once.
                 Verdict::Won(held) if phase != Phase::Serving || self.sick.is_some() => {
                     self.unclaim(config, held);
+                    if phase == Phase::Serving {
+                        table.look_again(&key, instant);
+                    }
                 }
-                Verdict::Won(held) => self.start(&job, held),
+                Verdict::Won(held) => {
+                    // A run that cannot start: its instant back in the table, recorded missed at
+                    // its deadline unless another replica runs it.
+                    if !self.start(&job, held) {
+                        table.look_again(&key, instant);
+                    }
+                }
                 Verdict::Failed(text) if first_news => self.log.warn(
                     "claim_failed",
                     &format!(
@@ -192,9 +201,9 @@ impl Replicant<'_> {
         });
     }
 
-    /// Start the run of a won claim; a run that cannot start undoes its claim, and this replica
-    /// claims nothing until it can start runs again.
-    fn start(&mut self, job: &CronJob, held: Box<Held>) {
+    /// Start the run of a won claim (whether it started); a run that cannot start undoes its
+    /// claim, and this replica claims nothing until it can start runs again.
+    fn start(&mut self, job: &CronJob, held: Box<Held>) -> bool {
         if let Some(path) = &self.hold {
             let _ = std::fs::write(path, &job.key);
             loop {
@@ -205,6 +214,7 @@ impl Replicant<'_> {
         match runs::spawn(&self.exe, job, &held, (self.json, heard), self.log) {
             Ok(run) => {
                 self.runs.insert(run.pid(), run);
+                true
             }
             Err(e) => {
                 self.log.error(
@@ -217,6 +227,7 @@ impl Replicant<'_> {
                 );
                 self.unclaim(job.config.clone(), held);
                 self.fell_sick(format!("cannot start runs: {e:#}"));
+                false
             }
         }
     }

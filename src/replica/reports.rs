@@ -112,6 +112,11 @@ impl Replicant<'_> {
             }
             if release {
                 self.unclaim(run.config.clone(), run.held.clone());
+                // Back in the table: claimed again (here or elsewhere) while it can still
+                // start, else recorded missed at its deadline.
+                if let Some(at) = run.instant {
+                    table.look_again(&run.key, at);
+                }
             }
             if !run.started && code == Some(i32::from(crate::exit::FAILURE)) && !run.stopped {
                 self.fell_sick(format!(
@@ -119,12 +124,8 @@ impl Replicant<'_> {
                     crate::exit::FAILURE
                 ));
             }
-            if table.job(&run.key).is_some_and(|j| j.cron.retries > 0) {
-                let wait = if release {
-                    1000
-                } else {
-                    run.ttl.as_millis() as i64 + 250
-                };
+            if !release && table.job(&run.key).is_some_and(|j| j.cron.retries > 0) {
+                let wait = run.ttl.as_millis() as i64 + 250;
                 table.look_again(&run.key, unix_millis() as i64 + wait);
             }
         }
