@@ -249,7 +249,7 @@ fn chaos_loses_no_instant_and_runs_no_success_twice() {
     }
     text += &line("*/2 * * * * * --ttl 3s", "chaos-6", "");
     text += &line(
-        "*/10 * * * * * --ttl 2s --retries 2",
+        "*/10 * * * * * --ttl 2s --retries 2 --catch-up 20s",
         "chaos-7",
         "; sleep 3",
     );
