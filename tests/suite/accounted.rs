@@ -343,3 +343,50 @@ fn chaos_loses_no_instant_and_runs_no_success_twice() {
         }
     }
 }
+
+/// The runs of a replica SIGKILLed as soon as they appear (before or just after they take the
+/// lock over): every instant is in the ledger, and none reads `running` once the job has run
+/// again (its lock lapsed).
+#[test]
+fn runs_killed_before_they_take_over_are_recorded_never_running() {
+    let r = Redis::start();
+    let dir = scratch("acc-early-kill");
+    let file = crontab(&dir, &jobs(&dir, "early", 2, "--ttl 2s", ""));
+    let c = replica(&r.url(), &file, &[]);
+    let replica_pid = c.id();
+    let from = now_secs() + 2;
+    let began = Instant::now();
+    let mut killed = 0;
+    while began.elapsed() < Duration::from_secs(5) {
+        let children =
+            std::fs::read_to_string(format!("/proc/{replica_pid}/task/{replica_pid}/children"))
+                .unwrap_or_default();
+        for pid in children
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+        {
+            signal(pid, libc::SIGKILL);
+            killed += 1;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Calm: the killed runs' locks lapse, and the jobs run again.
+    let calm = Instant::now();
+    assert!(wait_for(Duration::from_secs(20), || calm.elapsed()
+        >= Duration::from_secs(5)));
+    let to = now_secs() - 2;
+    assert_eq!(stop(c), Some(0), "{}", replica_err(&file));
+    assert!(killed > 0);
+    for i in 0..2 {
+        let key = format!("early-{i}");
+        let book = ledger(&r.url(), &key);
+        for at in from..=to {
+            let entry = book.iter().find(|(t, _, _)| *t == at);
+            assert!(
+                entry.is_some_and(|(_, state, _)| state != "running"),
+                "{key}@{at}: {entry:?} in {book:?}\n{}",
+                replica_err(&file)
+            );
+        }
+    }
+}
