@@ -3,9 +3,10 @@
 # Markdown report, interleaved: each round runs every (build, fleet size) once in random order,
 # 20 jobs every second on one loopback redis-server (flushed between runs), and measures over
 # 8 s of steady service (from 3 s after the replicas started):
-#   - Redis client commands per run (MONITOR; the scripts' own calls left out),
 #   - Redis CPU per run (INFO cpu deltas),
 #   - start delay p50/p99 (from the instant to the command's start),
+# then over 4 s more, Redis client commands per run (MONITOR, in a window of its own since it
+# costs Redis CPU; the scripts' own calls left out),
 # then, once per build, the share of runs started within 1 s at 200, 300 and 400 jobs every
 # second on 3 replicas (10 s each).
 # Usage: scripts/bench-fleet-compare.sh OTHER_BIN [ROUNDS] (default 5 rounds).
@@ -57,24 +58,28 @@ measure() {
   before=$(wc -l < "$runs")
   c0=$(cpu)
   from=$(date +%s)
-  timeout 8 redis-cli -p "$P" monitor > "$WORK/monitor" 2>/dev/null || true
+  sleep 8
   to=$(date +%s)
   c1=$(cpu)
   after=$(wc -l < "$runs")
+  # The commands in a window of their own (MONITOR costs Redis more than the fleet does).
+  local mb ma cmds
+  mb=$(wc -l < "$runs")
+  timeout 4 redis-cli -p "$P" monitor > "$WORK/monitor" 2>/dev/null || true
+  ma=$(wc -l < "$runs")
   stop_replicas
   # Client commands only: the scripts' own calls are marked "[0 lua]".
-  local cmds
   cmds=$(grep -vc '\[0 lua\]' "$WORK/monitor" || true)
   awk -v f="$from" -v t="$to" '{split($2, s, "."); if (s[1] >= f && s[1] < t) print}' "$runs" \
     > "$WORK/window"
   local d
   d=$(bench_delays "$WORK/window")
-  python3 - "$cmds" "$c0" "$c1" "$((after - before))" "$d" <<'PY'
+  python3 - "$cmds" "$((ma - mb))" "$c0" "$c1" "$((after - before))" "$d" <<'PY'
 import sys
-cmds, c0, c1, runs = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
-d = sys.argv[5].split()
-runs = max(runs, 1)
-print(f"{cmds / runs:.3f} {(c1 - c0) * 1000 / runs:.4f} {d[1]} {d[3]}")
+cmds, monitored = int(sys.argv[1]), max(int(sys.argv[2]), 1)
+c0, c1, runs = float(sys.argv[3]), float(sys.argv[4]), max(int(sys.argv[5]), 1)
+d = sys.argv[6].split()
+print(f"{cmds / monitored:.3f} {(c1 - c0) * 1000 / runs:.4f} {d[1]} {d[3]}")
 PY
 }
 

@@ -336,12 +336,11 @@ impl<'a> Replicant<'a> {
         }
     }
 
-    /// Check the instants other replicas own that are still waiting here [`table::FALLBACK_MS`]
-    /// after they came due: one call per fleet for all of them.
+    /// Check the instants other replicas own that this replica checks (`table.rs`) and that are
+    /// still waiting: one call per fleet for all of them.
     fn check(&mut self, table: &mut Table) {
-        if self.sick.is_some() {
-            return;
-        }
+        // (Also while sick: what it checks and finds undecided, it records missed at the
+        // deadline unless another replica ran it.)
         for batch in table.due_checks() {
             let (config, items) = (batch.config, batch.items);
             self.claims.send(Ask::Check { config, items });
@@ -418,7 +417,6 @@ impl<'a> Replicant<'a> {
             self.send_leave(group, config);
         }
         let finished = self.claims.finish(LEAVE_WITHIN);
-        let within = LEAVE_WITHIN;
         let mut failed = None;
         while let Ok(answer) = self.answers.try_recv() {
             if let claim::Answer::View {
@@ -430,7 +428,7 @@ impl<'a> Replicant<'a> {
         }
         let why = match (finished, failed) {
             (true, None) => return true,
-            (false, _) => format!("redis did not answer within {} s", within.as_secs()),
+            (false, _) => format!("redis did not answer within {} s", LEAVE_WITHIN.as_secs()),
             (true, Some(text)) => text,
         };
         self.log.error(

@@ -3,7 +3,10 @@
 //! and each share's instants go to one replica, in turn: the live replicas not at `--max-jobs`,
 //! in the order of their ids, the share's turn moved on at every instant. So a replica claims a
 //! share's due jobs together (one pipeline, one wake of Redis for several claims), the shares of
-//! one instant go to different replicas, and every replica takes its turn.
+//! one instant go to different replicas, and every replica takes its turn. The [`CHECKERS`]
+//! replicas after the owners, in the same turn, check that instant's claims and claim what is
+//! still undecided (the owner is dead, frozen, sick, or a ghost), so a settled fleet costs Redis
+//! two checks an instant, whatever its size.
 
 use crate::store::members::View;
 
@@ -11,7 +14,9 @@ use crate::store::members::View;
 pub const SHARE: usize = 8;
 /// The name of this ranking, in the fleet's hash: replicas that rank otherwise (another version)
 /// are another fleet, and never wait for each other.
-pub const SCHEME: &str = "shares-8-in-turn";
+pub const SCHEME: &str = "shares-8-in-turn-2-checkers";
+/// How many replicas check each instant of a settled fleet (see [`checker`]).
+pub const CHECKERS: u64 = 2;
 
 /// How many shares a fleet of `jobs` jobs has.
 pub(super) fn shares(jobs: usize) -> u64 {
@@ -32,6 +37,18 @@ pub(super) fn fnv(bytes: &[u8]) -> u64 {
 /// turn among the live replicas not at `--max-jobs` (among all live ones when all are; `me` when
 /// none is live).
 pub(super) fn owner(view: &View, me: &str, key: &str, at: i64, shares: u64) -> String {
+    let pool = pool(view);
+    if pool.is_empty() {
+        return me.to_string();
+    }
+    let share = fnv(key.as_bytes()) % shares.max(1);
+    let turn = rank("", "", at).wrapping_add(share);
+    pool[(turn % pool.len() as u64) as usize].to_string()
+}
+
+/// The pool an instant's owners and checkers come from: the live replicas not at `--max-jobs`
+/// (all live ones when all are), sorted.
+fn pool(view: &View) -> Vec<&String> {
     let open: Vec<&String> = view
         .live
         .iter()
@@ -42,14 +59,26 @@ pub(super) fn owner(view: &View, me: &str, key: &str, at: i64, shares: u64) -> S
     } else {
         open
     };
-    if pool.is_empty() {
-        return me.to_string();
-    }
     pool.sort_unstable();
     pool.dedup();
-    let share = fnv(key.as_bytes()) % shares.max(1);
-    let turn = rank("", "", at).wrapping_add(share);
-    pool[(turn % pool.len() as u64) as usize].to_string()
+    pool
+}
+
+/// Which checker of instant `at` (in a fleet of `shares` shares) `me` is in `view`: 1 or 2 (it
+/// checks 1 or 2 x the fallback delay after the instant), or none. The checkers are the replicas
+/// after the owners in the instant's turn, so with more replicas than shares no checker owns a
+/// share, and with fewer the two checkers own different shares: a single replica's failure never
+/// leaves an instant unchecked.
+pub(super) fn checker(view: &View, me: &str, at: i64, shares: u64) -> Option<u64> {
+    let pool = pool(view);
+    if pool.is_empty() {
+        return None;
+    }
+    let turn = rank("", "", at);
+    (1..=CHECKERS).find(|k| {
+        let i = turn.wrapping_add(shares.max(1) + k - 1) % pool.len() as u64;
+        pool[i as usize] == me
+    })
 }
 
 /// A replica's rank for (KEY, instant): a hash every replica computes alike, whatever its
@@ -119,6 +148,36 @@ mod tests {
             owners.sort();
             owners.dedup();
             assert_eq!(owners.len(), by_share.len(), "{by_share:?}");
+        }
+    }
+
+    #[test]
+    fn two_checkers_an_instant_and_no_single_replica_is_owner_and_both_checkers() {
+        for n in 1..12 {
+            let names: Vec<String> = (0..n).map(|i| format!("r{i}")).collect();
+            let live: Vec<&str> = names.iter().map(String::as_str).collect();
+            let v = view(&live, &[]);
+            for jobs in [1, 8, 20, 40] {
+                let sh = shares(jobs);
+                for at in (0..40).map(|i| i * 1000) {
+                    let found: Vec<(&str, u64)> = live
+                        .iter()
+                        .filter_map(|m| checker(&v, m, at, sh).map(|k| (*m, k)))
+                        .collect();
+                    // One replica per role (one replica may hold both when there is one).
+                    let roles: Vec<u64> = found.iter().map(|(_, k)| *k).collect();
+                    assert!(roles.contains(&1), "{n} {jobs} {at}: {found:?}");
+                    if n > 1 {
+                        assert!(roles.contains(&2), "{n} {jobs} {at}: {found:?}");
+                    }
+                    // Whoever owns a share, one checker is another replica.
+                    for j in 0..jobs {
+                        let o = owner(&v, "x", &format!("job{j}"), at, sh);
+                        let others = found.iter().filter(|(m, _)| **m != o).count();
+                        assert!(n == 1 || others >= 1, "{n} {jobs} {at}: {o} {found:?}");
+                    }
+                }
+            }
         }
     }
 

@@ -9,16 +9,20 @@
 //! different jobs first.
 //!
 //! Ownership is a preference, never a condition: an instant the views give another replica is
-//! checked [`FALLBACK_MS`] after it is due (one read-only call per fleet for all such instants),
-//! and claimed here when it is still undecided. So a dead, frozen, sick or ghost owner, and views
-//! that disagree while the fleet changes, cost an instant at most that much delay.
+//! checked by the two replicas after its owners in turn ([`FALLBACK_MS`] and twice that after
+//! it is due), and by every replica while the fleet is unsettled (its live replicas changed
+//! within a lapse, or there is no fresh view), with one read-only call per fleet for all such
+//! instants; one still undecided is claimed by the checker. So a dead, frozen, sick or ghost
+//! owner, and views that disagree while the fleet changes, cost an instant at most half a
+//! second, and a settled fleet two checks an instant, whatever its size. An instant given up
+//! is recorded missed by those that claim or checked it.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::Result;
 
-use super::rank::{self, fnv, owner, rank};
+use super::rank::{self, checker, fnv, owner, rank};
 use crate::clock::Instant;
 use crate::replica::claim::{group, Group};
 use crate::store::members::View;
@@ -65,6 +69,9 @@ pub struct Table {
     me: String,
     /// The last view of each group's replicas, and when it came.
     views: HashMap<Group, (View, Instant)>,
+    /// Until when a group's fleet is unsettled (its live or full replicas changed, or this
+    /// replica had no view before): every replica checks its instants then, whatever its turn.
+    unsettled: HashMap<Group, Instant>,
     /// How long a view counts (a replica lapses after this without a heartbeat).
     pub lapse: Duration,
     /// Instants this replica gave up (no room in time, Redis unreachable, the loop late): to
@@ -117,6 +124,7 @@ impl Table {
             index,
             me: me.to_string(),
             views: HashMap::new(),
+            unsettled: HashMap::new(),
             lapse: Duration::from_secs(2),
             made: Instant::now(),
             gave_up: Vec::new(),
@@ -165,7 +173,33 @@ impl Table {
                 }
             }
         }
+        // Settled while the same replicas are live, and the same of them full: views a period
+        // old may disagree on who owns an instant only after such a change.
+        let alike =
+            |a: &[String], b: &[String]| a.len() == b.len() && a.iter().all(|m| b.contains(m));
+        let same = before
+            .as_ref()
+            .is_some_and(|old| alike(&old.live, &view.live) && alike(&old.full, &view.full));
+        if !same {
+            self.unsettled.insert(group.clone(), now + self.lapse);
+        }
         self.views.insert(group, (view, now));
+    }
+
+    /// When this replica checks `d` of `job`, another replica's instant (Unix ms): as a checker of
+    /// its turn (1 or 2 x [`FALLBACK_MS`] after it), [`FALLBACK_MS`] after it while the fleet is
+    /// unsettled or this replica has no fresh view, never otherwise.
+    fn check_at(&self, job: &Entry, d: &Due) -> Option<i64> {
+        let unsettled = self
+            .unsettled
+            .get(&job.group)
+            .is_some_and(|until| Instant::now() < *until);
+        match self.fresh(&job.group) {
+            Some(view) if !unsettled => {
+                checker(view, &self.me, d.at, job.shares).map(|k| d.at + FALLBACK_MS * k as i64)
+            }
+            _ => Some(d.at + FALLBACK_MS),
+        }
     }
 
     /// The group's view, if it is recent enough to trust.
@@ -178,6 +212,13 @@ impl Table {
     /// claim it in time (checked).
     fn claims(&self, job: &Entry, d: &Due) -> bool {
         d.anyone || d.check == Check::Open || self.mine(job, d.at)
+    }
+
+    /// Whether this replica answers for `d` of `job` when it can no longer start (records it
+    /// missed, unless it ran): it claims it, or it checked it. Any other replica's instant is
+    /// dropped silently: its owner and checkers answer for it.
+    fn answers_for(&self, job: &Entry, d: &Due) -> bool {
+        self.claims(job, d) || d.check != Check::Ahead
     }
 
     /// This replica claims instant `at` of `job`: it is its turn, or it has no view.
@@ -207,7 +248,7 @@ impl Table {
             let Some(d) = job.due.filter(|d| d.check == Check::Ahead && !job.claiming) else {
                 continue;
             };
-            if now < d.at + FALLBACK_MS || self.claims(job, &d) {
+            if self.claims(job, &d) || self.check_at(job, &d).is_none_or(|t| now < t) {
                 continue;
             }
             let item = (job.cron.key.clone(), d.at);
@@ -250,7 +291,8 @@ impl Table {
     /// Never a time already past for a waiting instant: one that waits for room (or for another
     /// replica) is looked at again when room comes (a run's end wakes the loop) or a view comes,
     /// and once when it can no longer start; one whose claim failed, when it may be tried again.
-    /// (A past time here made the loop spin until the instant's deadline.)
+    /// (A past time here made the loop spin until the instant's deadline.) A check due now is
+    /// sent in the turn that computes this.
     pub fn next_wake(&self) -> Option<i64> {
         let now = unix_millis() as i64;
         self.jobs
@@ -260,7 +302,8 @@ impl Table {
                 let retry = waiting.map(|_| j.not_before).filter(|t| *t > now);
                 let check = waiting
                     .filter(|d| d.check == Check::Ahead && !self.claims(j, d))
-                    .map(|d| (d.at + FALLBACK_MS).max(now));
+                    .and_then(|d| self.check_at(j, &d))
+                    .map(|t| t.max(now));
                 [
                     j.next.map(|n| n - j.early),
                     waiting.map(|d| d.until),
@@ -280,8 +323,10 @@ impl Table {
         for i in 0..self.jobs.len() {
             let job = &self.jobs[i];
             if let Some(d) = job.due.filter(|d| d.until <= now && !job.claiming) {
-                missed(job, d.at, d.reason, log);
-                self.gave_up.push((job.cron.key.clone(), d.at, d.reason));
+                if self.answers_for(job, &d) {
+                    missed(job, d.at, d.reason, log);
+                    self.gave_up.push((job.cron.key.clone(), d.at, d.reason));
+                }
                 self.jobs[i].due = None;
             }
             let job = &mut self.jobs[i];
@@ -318,9 +363,11 @@ impl Table {
             // The instant this one replaces can no longer start on time.
             if let Some(old) = old {
                 let job = &self.jobs[i];
-                missed(job, old.at, old.reason, log);
-                self.gave_up
-                    .push((job.cron.key.clone(), old.at, old.reason));
+                if self.answers_for(job, &old) {
+                    missed(job, old.at, old.reason, log);
+                    self.gave_up
+                        .push((job.cron.key.clone(), old.at, old.reason));
+                }
             }
         }
     }

@@ -110,8 +110,14 @@ fn a_replica_that_cannot_start_runs_leaves_its_share_to_the_others() {
         crate::listen::get(port, "/readyz"),
         replica_err(&file)
     );
+    let sick_pid = fleet[2].id();
+    let ticks = own_ticks(sick_pid);
     serve_for(broke, 6);
     let to = now_secs() - 1;
+    // Sick, it waits for its probes and its instants' deadlines: it never spins (a tick is 10 ms;
+    // a spinning loop would take most of the 6 s).
+    let spent = own_ticks(sick_pid) - ticks;
+    assert!(spent < 100, "the sick replica used {spent} ticks in 6 s");
     std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
     assert!(
         wait_for(Duration::from_secs(5), || {
