@@ -64,8 +64,8 @@ fn pool(view: &View) -> Vec<&String> {
     pool
 }
 
-/// Which checker of instant `at` (in a fleet of `shares` shares) `me` is in `view`: 1 or 2 (it
-/// checks 1 or 2 x the fallback delay after the instant), or none. The checkers are the replicas
+/// Which checker of instant `at` (in a fleet of `shares` shares) `me` is in `view`: 1 or 2, or
+/// none. The checkers are the replicas
 /// after the owners in the instant's turn, so with more replicas than shares no checker owns a
 /// share, and with fewer the two checkers own different shares: a single replica's failure never
 /// leaves an instant unchecked.

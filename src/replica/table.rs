@@ -9,11 +9,11 @@
 //! different jobs first.
 //!
 //! Ownership is a preference, never a condition: an instant the views give another replica is
-//! checked by the two replicas after its owners in turn ([`FALLBACK_MS`] and twice that after
-//! it is due), and by every replica while the fleet is unsettled (its live replicas changed
+//! checked [`FALLBACK_MS`] after it is due by the two replicas after its owners in turn, and by
+//! every replica while the fleet is unsettled (its live replicas changed
 //! within a lapse, or there is no fresh view), with one read-only call per fleet for all such
 //! instants; one still undecided is claimed by the checker. So a dead, frozen, sick or ghost
-//! owner, and views that disagree while the fleet changes, cost an instant at most half a
+//! owner, and views that disagree while the fleet changes, cost an instant about a quarter of a
 //! second, and a settled fleet two checks an instant, whatever its size. An instant given up
 //! is recorded missed by those that claim or checked it.
 
@@ -186,20 +186,21 @@ impl Table {
         self.views.insert(group, (view, now));
     }
 
-    /// When this replica checks `d` of `job`, another replica's instant (Unix ms): as a checker of
-    /// its turn (1 or 2 x [`FALLBACK_MS`] after it), [`FALLBACK_MS`] after it while the fleet is
-    /// unsettled or this replica has no fresh view, never otherwise.
+    /// When this replica checks `d` of `job`, another replica's instant (Unix ms): [`FALLBACK_MS`]
+    /// after it, as one of its two checkers, or while the fleet is unsettled or this replica has
+    /// no fresh view; never otherwise.
     fn check_at(&self, job: &Entry, d: &Due) -> Option<i64> {
         let unsettled = self
             .unsettled
             .get(&job.group)
             .is_some_and(|until| Instant::now() < *until);
-        match self.fresh(&job.group) {
-            Some(view) if !unsettled => {
-                checker(view, &self.me, d.at, job.shares).map(|k| d.at + FALLBACK_MS * k as i64)
-            }
-            _ => Some(d.at + FALLBACK_MS),
-        }
+        // Both checkers at once: Redis wakes once for both (a wake costs it more than the
+        // reads), and when both find an instant undecided, one claim wins.
+        let checks = match self.fresh(&job.group) {
+            Some(view) if !unsettled => checker(view, &self.me, d.at, job.shares).is_some(),
+            _ => true,
+        };
+        checks.then_some(d.at + FALLBACK_MS)
     }
 
     /// The group's view, if it is recent enough to trust.
