@@ -137,19 +137,21 @@ struct RunRelease {
     reply: UnixStream,
 }
 
-/// Carry out a batch: its claims first (they are the ones a start waits for: their answers go to
-/// the loop at once, through `tell`), then its runs' releases, then the rest in order. An error:
-/// the loop is gone.
+/// Carry out a batch: its undos, then its claims (they are the ones a start waits for: their
+/// answers go to the loop at once, through `tell`), then its runs' releases, then the rest in
+/// order. An error: the loop is gone.
 pub fn carry_out(
     links: &mut Links,
     asks: Vec<Ask>,
     tell: &mut dyn FnMut(Answer) -> Result<(), ()>,
 ) -> Result<(), ()> {
+    let mut undos = Vec::new();
     let mut claims = Vec::new();
     let mut releases = Vec::new();
     let mut rest = Vec::new();
     for ask in asks {
         match ask {
+            undo @ Ask::Unclaim { .. } => undos.push(undo),
             Ask::Claim {
                 key,
                 config,
@@ -172,6 +174,13 @@ pub fn carry_out(
                 reply,
             }),
             other => rest.push(other),
+        }
+    }
+    // Undos first: a claim of an instant whose earlier claim is undone in the same batch (its
+    // run could not start; the replica claims it again) must find it undone.
+    for ask in undos {
+        if let Some(answer) = claim::carry_out(links, ask) {
+            tell(answer)?;
         }
     }
     for group in by_servers(claims, |c| &c.config) {
