@@ -390,3 +390,57 @@ fn runs_killed_before_they_take_over_are_recorded_never_running() {
         }
     }
 }
+
+/// A replica SIGSTOPped while its run's command runs: the command succeeds, the run cannot hear
+/// its frozen replica and releases by itself while its lock is still valid, so the other
+/// replica (which sees the frozen one lapse) finds the instant succeeded and never runs it again.
+#[test]
+fn a_frozen_replica_does_not_turn_a_success_into_a_rerun() {
+    let r = Redis::start();
+    let dir = scratch("acc-frozen");
+    let log = dir.join("runs");
+    let file = crontab(
+        &dir,
+        &format!(
+            "*/10 * * * * * --ttl 2s --retries 2 --catch-up 30s frozen \
+             echo $CRONLOCK_INSTANT $CRONLOCK_ATTEMPT $CRONLOCK_TEST_REPLICA >> {}; sleep 3\n",
+            log.display()
+        ),
+    );
+    let fleet: Vec<std::process::Child> = (0..2).map(|_| replica(&r.url(), &file, &[])).collect();
+    assert!(wait_for(Duration::from_secs(15), || !instants(&log).is_empty()));
+    let first: Vec<String> = instants(&log)[0]
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    let own = &first[2];
+    let runner = fleet
+        .iter()
+        .find(|c| {
+            std::fs::read_to_string(format!("/proc/{}/environ", c.id()))
+                .is_ok_and(|e| e.contains(&format!("CRONLOCK_TEST_REPLICA={own}\0")))
+        })
+        .unwrap();
+    signal(runner.id() as i32, libc::SIGSTOP);
+    let frozen = Instant::now();
+    // The command ends, the frozen replica lapses from the others' view (3 s), and its lock
+    // would have lapsed too.
+    assert!(wait_for(Duration::from_secs(20), || frozen.elapsed()
+        >= Duration::from_secs(8)));
+    signal(runner.id() as i32, libc::SIGCONT);
+    for c in fleet {
+        stop(c);
+    }
+    let ran: Vec<String> = instants(&log)
+        .into_iter()
+        .filter(|l| l.starts_with(&first[0]))
+        .collect();
+    assert_eq!(ran.len(), 1, "{ran:?}\n{}", replica_err(&file));
+    let at = secs(&first[0]);
+    let book = ledger(&r.url(), "frozen");
+    assert!(
+        book.iter()
+            .any(|(t, state, _)| *t == at && state == "succeeded"),
+        "{book:?}"
+    );
+}
