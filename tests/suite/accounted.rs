@@ -444,3 +444,39 @@ fn a_frozen_replica_does_not_turn_a_success_into_a_rerun() {
         "{book:?}"
     );
 }
+
+/// No heartbeat storm: three replicas, one of them at `--max-jobs 1` (its full flag comes and
+/// goes with its run), twenty jobs every second: the fleet's heartbeats stay a few calls a second.
+#[test]
+fn a_full_replica_causes_no_heartbeat_storm() {
+    let r = Redis::start_tcp();
+    let dir = scratch("acc-storm");
+    let file = crontab(&dir, &jobs(&dir, "storm", 20, "", "sleep 0.3"));
+    let url = r.url();
+    let mut fleet: Vec<std::process::Child> = (0..2).map(|_| replica(&url, &file, &[])).collect();
+    fleet.push(replica(&url, &file, &["--max-jobs", "1"]));
+    assert!(wait_for(Duration::from_secs(10), || runs(&dir).0.len() >= 60));
+    // Line-buffered (redis-cli's buffer would be lost with it at SIGTERM), into a file (a pipe
+    // read only at the end would fill and stall it).
+    let out = dir.join("monitor");
+    let mut monitor = std::process::Command::new("stdbuf")
+        .args(["-oL", &cli_bin(), "-p", &r.port.to_string(), "monitor"])
+        .stdout(std::fs::File::create(&out).unwrap())
+        .spawn()
+        .unwrap();
+    let began = Instant::now();
+    assert!(wait_for(Duration::from_secs(20), || began.elapsed()
+        >= Duration::from_secs(6)));
+    signal(monitor.id() as i32, libc::SIGTERM);
+    monitor.wait().unwrap();
+    let seen = std::fs::read_to_string(&out).unwrap_or_default();
+    for c in fleet {
+        stop(c);
+    }
+    // Client calls of the heartbeat script only (not the script's own commands).
+    let beats = seen
+        .lines()
+        .filter(|l| l.contains("~replicas:") && !l.contains("lua]"))
+        .count();
+    assert!(beats <= 6 * 6, "{beats} heartbeats in 6 s");
+}
