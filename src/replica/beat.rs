@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::clock::unix_millis;
 use crate::clock::Instant;
 
-use super::table::LEAD_MS;
+use super::entry::LEAD_MS;
 
 /// The heartbeat's period with up to 5 replicas; 200 ms more per replica above that, so the
 /// heartbeats of a fleet cost Redis about 5 calls a second, in the wakes of Redis that claim the

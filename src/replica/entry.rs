@@ -8,12 +8,18 @@ use crate::fleet::ledger::MissedReason;
 use crate::log::{Level, Log};
 use crate::replica::claim::Group;
 
+/// How long before a scheduled instant its claim goes out (ms), at most a twentieth of the
+/// period: the claim, the run's start and its wait for the instant come before it, so the
+/// command starts on time (the run waits for the instant by the wall clock; `acquire.lua` takes
+/// an instant this close ahead for the one due).
+pub const LEAD_MS: i64 = 50;
+
 /// The table's entry for one job: the job (its crontab line, resolved) and when it is due.
 pub struct Entry {
     pub cron: CronJob,
     /// The next instant (Unix ms) to come due.
     pub(super) next: Option<i64>,
-    /// How long before `next` it comes due (ms): [`super::table::LEAD_MS`] for an instant of
+    /// How long before `next` it comes due (ms): [`LEAD_MS`] for an instant of
     /// the schedule, 0 for a look at once.
     pub(super) early: i64,
     /// An instant that came due and waits to be claimed.
@@ -49,7 +55,7 @@ pub(super) struct Due {
 /// The check of an instant another replica owns (see the module comment).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Check {
-    /// Not yet: [`super::table::FALLBACK_MS`] after the instant.
+    /// Not yet: its check comes 250 ms after the instant (`FALLBACK_MS` in `table.rs`).
     Ahead,
     /// Sent; the answer is awaited.
     Asked,
@@ -70,13 +76,13 @@ impl Due {
 }
 
 impl Entry {
-    /// Its next instant is the schedule's first after `ms`, claimed [`super::table::LEAD_MS`]
+    /// Its next instant is the schedule's first after `ms`, claimed [`LEAD_MS`]
     /// (at most a twentieth of the period) before it.
     pub(super) fn schedule_after(&mut self, ms: i64) {
         self.next = self.cron.schedule.next_after(ms);
         self.early = self.next.map_or(0, |at| {
             let period = self.cron.schedule.next_after(at).map_or(0, |f| f - at);
-            (period / 20).min(super::table::LEAD_MS)
+            (period / 20).min(LEAD_MS)
         });
     }
 

@@ -38,20 +38,14 @@ use crate::log::Log;
 const RETRY_MS: i64 = 1000;
 
 /// How long after it is due an instant another replica owns is checked, and claimed here when
-/// still undecided (ms). The owner claims [`LEAD_MS`] ahead, so by then its claim has long been
-/// answered on a healthy fleet; well under the shortest period (1 s).
+/// still undecided (ms). The owner claims `LEAD_MS` (`entry.rs`) ahead, so by then its claim
+/// has long been answered on a healthy fleet; well under the shortest period (1 s).
 pub const FALLBACK_MS: i64 = 250;
 
 /// The most instants of one job the loop records missed at once when it comes late to them, and
 /// how old the oldest may be (ms): older ones may have left the ledger, which keeps 64.
 const MAX_LATE: usize = 8;
 const LATE_WINDOW_MS: i64 = 60_000;
-
-/// How long before a scheduled instant its claim goes out (ms), at most a twentieth of the
-/// period: the claim, the run's start and its wait for the instant come before it, so the
-/// command starts on time (the run waits for the instant by the wall clock; `acquire.lua` takes
-/// an instant this close ahead for the one due).
-pub const LEAD_MS: i64 = 50;
 
 /// The instants of one group to check together: a job's configuration reaches its servers.
 pub struct CheckBatch {
