@@ -66,3 +66,8 @@ q = lambda p: d[min(len(d) - 1, int(p * len(d)))]
 print(f"{len(d)} {q(0.5):.2f} {q(0.9):.2f} {q(0.99):.2f} {d[-1]:.2f}")
 PY
 }
+
+# redis-cli on the benchmark's server (bench_redis), and the CPU it used so far (user + system
+# seconds, INFO cpu).
+R() { redis-cli -p "$P" "$@"; }
+cpu() { R info cpu | awk -F: '/^used_cpu_(sys|user):/ {s += $2} END {printf "%.4f", s}'; }

@@ -24,8 +24,6 @@ ROUNDS=${2:-7}
 bench_install redis-server:redis-server redis-cli:redis-tools gcc:gcc
 bench_setup
 bench_redis
-R() { redis-cli -p "$P" "$@"; }
-cpu() { R info cpu | awk -F: '/^used_cpu_(sys|user):/ {s += $2} END {printf "%.4f", s}'; }
 
 # Start N replicas of FILE with more options; pids in $WORK/replicas, each replica's rusage
 # (user and system seconds, its reaped runs included) in $WORK/time.I when it ends. The wrapper

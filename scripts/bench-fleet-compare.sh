@@ -19,8 +19,6 @@ ROUNDS=${2:-5}
 bench_install redis-server:redis-server redis-cli:redis-tools gcc:gcc
 bench_setup
 bench_redis
-R() { redis-cli -p "$P" "$@"; }
-cpu() { R info cpu | awk -F: '/^used_cpu_(sys|user):/ {s += $2} END {printf "%.4f", s}'; }
 
 # A crontab of N jobs every second, each appending "INSTANT START" to FILE.
 jobs_every_second() {
