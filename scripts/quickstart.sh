@@ -46,6 +46,17 @@ if [ -z "${BIN:-}" ]; then
       exit 1
     fi
   fi
+  if [ ! -e /etc/ssl/certs/ca-certificates.crt ]; then
+    if command -v apt-get >/dev/null 2>&1; then
+      say "no CA certificates (cargo fetches the crates over TLS): installing ca-certificates"
+      as_root apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq ca-certificates >/dev/null
+    else
+      say "no CA certificates (cargo fetches the crates over TLS): install ca-certificates, then"
+      say "run this again"
+      exit 1
+    fi
+  fi
   need=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
   have=$(cargo --version 2>/dev/null | awk '{print $2}' || true)
   if [ -z "$have" ] || [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -1)" != "$need" ]; then
@@ -54,7 +65,7 @@ if [ -z "${BIN:-}" ]; then
     exit 1
   fi
   BUILD_DIR=${XDG_CACHE_HOME:-$HOME/.cache}/cronlock-build
-  say "step 1/4: building cronlock (static, release) in $BUILD_DIR; the first build takes a few minutes"
+  say "step 1/4: building cronlock (static, release) in $BUILD_DIR; the first build takes about a minute on 2 cores"
   CARGO_TARGET_DIR="$BUILD_DIR" cargo build --release --locked
   BIN="$BUILD_DIR/x86_64-unknown-linux-gnu/release/cronlock"
 else
@@ -88,5 +99,12 @@ fi
 say "step 4/4: running a job under the lock 'hello'"
 "$PREFIX/bin/cronlock" -v -u "redis://127.0.0.1:$REDIS_PORT" hello -- \
   sh -c 'echo "ran under the lock, fencing token $CRONLOCK_FENCING_TOKEN"'
-say "done: try 'man cronlock'. A crontab line (crontab -e) for every host, as it is:"
+if command -v man >/dev/null 2>&1; then
+  say "done: try 'man cronlock'. A crontab line (crontab -e) for every host, as it is:"
+else
+  say "done: the manual is $PREFIX/share/man/man1/cronlock.1 (install man-db to read it with"
+  say "'man cronlock'). A crontab line (crontab -e) for every host, as it is:"
+fi
 say "  * * * * * $PREFIX/bin/cronlock -u redis://127.0.0.1:$REDIS_PORT hello -- date"
+say "cron mails a job's output, which a system without a mail program drops: see what the line"
+say "did, on any host, with: cronlock -u redis://127.0.0.1:$REDIS_PORT --status --history hello"

@@ -277,7 +277,9 @@ impl Child {
             (None, why) => (
                 "process-group",
                 format!(
-                    "its own process group under a subreaper guard ({})",
+                    "its own process group, which the guard stops as a whole (fine for most \
+                     jobs; a process that leaves the group would escape it, which a cgroup \
+                     prevents: {})",
                     why.unwrap_or_else(|| "the command could not join the cgroup".into())
                 ),
             ),

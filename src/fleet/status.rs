@@ -247,7 +247,11 @@ fn history_lines(out: &mut String, runs: &[Value]) {
     if runs.is_empty() {
         w!(out, "history: none recorded");
     } else {
-        w!(out, "history ({} runs, newest first):", runs.len());
+        let n = match runs.len() {
+            1 => "1 run".to_string(),
+            n => format!("{n} runs"),
+        };
+        w!(out, "history ({n}, newest first):");
     }
     for (i, r) in runs.iter().enumerate() {
         w!(out, "  #{}", i + 1);

@@ -244,8 +244,11 @@ impl<'a> Replicant<'a> {
                 self.log.info(
                     "draining",
                     &format!(
-                        "stopping: claiming nothing more; {} running jobs may go on for {}",
-                        self.runs.len(),
+                        "stopping: claiming nothing more; {} may go on for {}",
+                        match self.runs.len() {
+                            1 => "1 running job".to_string(),
+                            n => format!("{n} running jobs"),
+                        },
                         crate::duration::Span(self.replica.drain)
                     ),
                     &[("running", self.runs.len().into())],

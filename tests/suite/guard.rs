@@ -57,12 +57,6 @@ fn assert_job_gone(r: &Redis, dir: &Path, what: &str) {
     }
 }
 
-/// Fail the test with one line naming what this machine lacks and who needs it: a missing
-/// kernel feature is a failure (never a skip), but one that says what to fix.
-fn lacks(what: &str, needed_by: &str) -> ! {
-    panic!("this machine lacks {what}, which {needed_by} needs")
-}
-
 fn write(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
 }

@@ -251,6 +251,17 @@ fn children(pid: i32) -> Vec<(i32, String)> {
 
 #[test]
 fn as_pid_1_reaps_orphans_and_stops_on_sigterm() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        lacks("root (unshare --pid needs CAP_SYS_ADMIN)", "the PID 1 test");
+    }
+    if !root_is_a_mount_point() {
+        lacks(
+            "a mount point at / (a chroot has none: run the suite in a VM or a privileged \
+             container)",
+            "unshare --mount-proc, for the PID 1 test,",
+        );
+    }
     let r = Redis::start();
     let dir = scratch("pid1");
     let started = dir.join("started");
@@ -267,13 +278,18 @@ fn as_pid_1_reaps_orphans_and_stops_on_sigterm() {
         .expect("unshare (util-linux) is required");
     let unshare = c.id() as i32;
     let mut pid1 = 0;
-    assert!(
-        wait_for(Duration::from_secs(5), || {
-            pid1 = children(unshare).first().map(|c| c.0).unwrap_or(0);
-            pid1 > 0
-        }),
-        "cronlock did not start under unshare (are we root?)"
-    );
+    let mut c = c;
+    if !wait_for(Duration::from_secs(5), || {
+        pid1 = children(unshare).first().map(|c| c.0).unwrap_or(0);
+        pid1 > 0
+    }) {
+        let _ = c.kill();
+        let out = c.wait_with_output().unwrap();
+        panic!(
+            "cronlock did not start under unshare: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
     assert!(wait_for(Duration::from_secs(5), || started.exists()));
     // The orphaned sleeps reparent (to the guard, a subreaper, or to cronlock as PID 1) and exit
     // after 0.1s: they must be reaped, leaving the guard, sh and `sleep 30`, and no zombie.

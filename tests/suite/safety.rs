@@ -336,6 +336,9 @@ fn escapees(wrap: impl Fn(&mut Command) -> &mut Command, mechanism: &str) {
 /// Case 8: descendants that leave the process group die with the job (cgroup v2 here).
 #[test]
 fn descendants_that_leave_the_group_die_with_the_job_cgroup() {
+    if let Err(what) = own_cgroup2() {
+        lacks(&what, "the cgroup containment test");
+    }
     escapees(|c| c, "own cgroup");
 }
 
@@ -373,7 +376,7 @@ fn descendants_that_leave_the_group_die_with_the_job_subreaper() {
                 })
             }
         },
-        "subreaper",
+        "its own process group",
     );
 }
 

@@ -381,3 +381,42 @@ pub fn ms_into_second() -> u64 {
         .as_millis()
         % 1000) as u64
 }
+
+/// Fail the test with one line naming what this machine lacks and who needs it: a missing
+/// kernel feature is a failure (never a skip), but one that says what to fix.
+pub fn lacks(what: &str, needed_by: &str) -> ! {
+    panic!("this machine lacks {what}, which {needed_by} needs")
+}
+
+/// This process's cgroup v2 directory (under `/sys/fs/cgroup/unified` or `/sys/fs/cgroup`),
+/// checked writable by making a directory in it and removing it; else what the machine lacks.
+pub fn own_cgroup2() -> Result<PathBuf, String> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let rel = own
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .ok_or("a cgroup v2 hierarchy (no '0::' line in /proc/self/cgroup)")?;
+    let dir = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+        .iter()
+        .map(|m| Path::new(m).join(rel.trim_start_matches('/')))
+        // cgroup.max.depth: a cgroup v2 directory (v1 has no such file).
+        .find(|d| d.join("cgroup.max.depth").exists())
+        .ok_or(
+            "a mounted cgroup v2 file system (none at /sys/fs/cgroup or /sys/fs/cgroup/unified: a \
+             chroot or an unprivileged container has none)",
+        )?;
+    let probe = dir.join(format!("cronlock-test-probe-{}", std::process::id()));
+    std::fs::create_dir(&probe)
+        .and_then(|()| std::fs::remove_dir(&probe))
+        .map_err(|e| format!("a writable cgroup v2 hierarchy ({}: {e})", dir.display()))?;
+    Ok(dir)
+}
+
+/// Whether `/` is a mount point in this mount namespace (in a chroot it is not, and `unshare
+/// --mount-proc` cannot make its mounts private).
+pub fn root_is_a_mount_point() -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split_whitespace().nth(4) == Some("/"))
+}

@@ -12,20 +12,9 @@ struct Parent {
 
 impl Parent {
     fn new() -> Parent {
-        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-        let rel = own
-            .lines()
-            .find_map(|l| l.strip_prefix("0::"))
-            .unwrap_or_else(|| lacks("a cgroup v2 hierarchy", "the orphaned-cgroup test"));
+        let own = own_cgroup2().unwrap_or_else(|what| lacks(&what, "the orphaned-cgroup test"));
         // Not named `cronlock-*`: other tests' runs sweep those beside theirs.
-        let name = format!("sweep-test-{}", std::process::id());
-        let dir = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
-            .iter()
-            .map(|m| Path::new(m).join(rel.trim_start_matches('/')))
-            // cgroup.max.depth: a cgroup v2 directory (v1 has no such file).
-            .find(|d| d.join("cgroup.max.depth").exists())
-            .map(|d| d.join(&name))
-            .unwrap_or_else(|| lacks("a mounted cgroup v2 hierarchy", "the orphaned-cgroup test"));
+        let dir = own.join(format!("sweep-test-{}", std::process::id()));
         std::fs::create_dir(&dir).unwrap_or_else(|e| {
             lacks(
                 &format!("a writable cgroup v2 hierarchy ({}: {e})", dir.display()),
