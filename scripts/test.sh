@@ -25,6 +25,8 @@ command -v openssl >/dev/null 2>&1 || need+=(openssl)
 [ -e /usr/share/zoneinfo/Australia/Lord_Howe ] || need+=(tzdata)
 # The newcomer test checks that man finds the page the quick start installs.
 command -v man >/dev/null 2>&1 || need+=(man-db)
+# The bad-server tests bound cronlock's own peak RSS, measured by GNU time.
+[ -x /usr/bin/time ] || need+=(time)
 # The metrics tests parse .prom files with the Prometheus project's own parser.
 /usr/bin/python3 -c 'import prometheus_client' >/dev/null 2>&1 || need+=(python3-prometheus-client)
 # The shipped alerting rules are tested with promtool, which Debian's prometheus package ships.

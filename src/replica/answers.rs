@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::clock::{rfc3339, unix_millis};
+use crate::clock::{rfc3339, unix_millis, Instant};
 use crate::config::CronJob;
 use crate::exit::Exit;
 use crate::fleet::ledger::MissedReason;
@@ -15,7 +15,7 @@ use crate::store::lock::{Held, Undo};
 use super::beat::period;
 use super::claim::{Answer, Ask, Verdict};
 use super::table::Table;
-use super::{runs, Phase, Replicant};
+use super::{health, runs, Phase, Replicant};
 
 impl Replicant<'_> {
     /// Act on the claims thread's answers: start a won run, note a lost one, take a new view.
@@ -214,6 +214,7 @@ impl Replicant<'_> {
         match runs::spawn(&self.exe, job, &held, (self.json, heard), self.log) {
             Ok(run) => {
                 self.runs.insert(run.pid(), run);
+                self.idle_probe_at = Instant::now() + health::IDLE_PROBE;
                 true
             }
             Err(e) => {

@@ -4,6 +4,8 @@
 //! claims nothing, tells the fleet it is full (so the others take its share at once), and says
 //! why on `/readyz` and its page. Every [`PROBE_EVERY`] it probes by starting the binary a run
 //! would start (`--version`, which must name this version), and serves again once that works.
+//! A replica that started no run for [`IDLE_PROBE`] probes as well, so `/readyz` tells a sick
+//! replica that owns no instant for a while.
 
 use std::io::Read;
 use std::path::Path;
@@ -14,6 +16,9 @@ use crate::clock::Instant;
 
 /// How often a sick replica probes.
 pub const PROBE_EVERY: Duration = Duration::from_secs(2);
+/// A replica that started no run for this long probes too: one that owns no instant for a
+/// while learns it cannot start runs before it wins a claim.
+pub const IDLE_PROBE: Duration = Duration::from_secs(10);
 /// The longest a probe may take.
 const PROBE_WITHIN: Duration = Duration::from_secs(2);
 

@@ -96,6 +96,8 @@ struct Replicant<'a> {
     trouble_told: bool,
     /// This replica cannot start runs, and why (`health.rs`).
     sick: Option<health::Sick>,
+    /// While it can: when it probes if it starts no run before (`health::IDLE_PROBE`).
+    idle_probe_at: Instant,
     /// This replica's id among the live replicas.
     me: String,
     /// The last heartbeat.
@@ -228,6 +230,7 @@ impl<'a> Replicant<'a> {
             full_told: false,
             trouble_told: false,
             sick: None,
+            idle_probe_at: Instant::now() + health::IDLE_PROBE,
             me,
             beat: Beat::first(every),
             hold: std::env::var_os(runs::HOLD_AFTER_CLAIM).map(Into::into),
@@ -292,7 +295,11 @@ impl<'a> Replicant<'a> {
             // must not sleep through it (instants would wait for the next slot).
             Phase::Serving => {
                 let beat = self.beat.due_for(self.sooner());
-                let beat = self.sick.as_ref().map_or(beat, |s| beat.min(s.probe_at));
+                let probe_at = self
+                    .sick
+                    .as_ref()
+                    .map_or(self.idle_probe_at, |s| s.probe_at);
+                let beat = beat.min(probe_at);
                 let at = table.next_wake().map(|ms| {
                     let left = (ms - unix_millis() as i64).max(0) as u64;
                     (now + Duration::from_millis(left)).min(beat)
@@ -350,17 +357,27 @@ impl<'a> Replicant<'a> {
         }
     }
 
-    /// A sick replica probes when its time comes, and serves again once it can start runs.
+    /// A sick replica probes when its time comes, and serves again once it can start runs; one
+    /// that started no run for [`health::IDLE_PROBE`] probes too (so `/readyz` says it is sick
+    /// before it loses a claim).
     fn probe(&mut self) {
+        let now = Instant::now();
         let Some(sick) = &mut self.sick else {
+            if now >= self.idle_probe_at {
+                self.idle_probe_at = now + health::IDLE_PROBE;
+                if let Err(why) = health::probe(&self.exe) {
+                    self.fell_sick(why);
+                }
+            }
             return;
         };
-        if Instant::now() < sick.probe_at {
+        if now < sick.probe_at {
             return;
         }
         match health::probe(&self.exe) {
             Ok(()) => {
                 self.sick = None;
+                self.idle_probe_at = Instant::now() + health::IDLE_PROBE;
                 self.log.info(
                     "runs_start_again",
                     "can start runs again: claiming again",

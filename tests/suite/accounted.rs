@@ -480,3 +480,47 @@ fn a_full_replica_causes_no_heartbeat_storm() {
         .count();
     assert!(beats <= 6 * 6, "{beats} heartbeats in 6 s");
 }
+
+/// A replica that has no run to start for a while still learns that it cannot start runs: its
+/// binary loses its run bit, its only job is due once a year, and /readyz answers 503 within
+/// 15 s (its probe after 10 s without a run), then 200 again within 5 s of the bit's return.
+#[test]
+fn an_idle_replica_learns_it_cannot_start_runs() {
+    use std::os::unix::fs::PermissionsExt;
+    let r = Redis::start();
+    let dir = scratch("acc-idle-probe");
+    let file = crontab(&dir, "CRON_TZ=UTC\n0 0 1 1 * yearly true\n");
+    let copy = dir.join("cronlock-copy");
+    std::fs::copy(bin(), &copy).unwrap();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let sick = crate::common::replicas::replica_of(
+        copy.to_str().unwrap(),
+        &r.url(),
+        &file,
+        &["--listen", &addr],
+        &[],
+    );
+    assert!(wait_for(Duration::from_secs(10), || {
+        crate::listen::get(port, "/readyz").0 == 200
+    }));
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert!(
+        wait_for(Duration::from_secs(15), || {
+            let (status, body) = crate::listen::get(port, "/readyz");
+            status == 503 && body.contains("cannot start")
+        }),
+        "{:?}\n{}",
+        crate::listen::get(port, "/readyz"),
+        replica_err(&file)
+    );
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert!(
+        wait_for(Duration::from_secs(5), || {
+            crate::listen::get(port, "/readyz").0 == 200
+        }),
+        "{:?}",
+        crate::listen::get(port, "/readyz")
+    );
+    assert_eq!(stop(sick), Some(0));
+}

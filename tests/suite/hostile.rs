@@ -26,11 +26,12 @@ fn acquire_fails(mischief: Mischief, within: Duration) -> String {
     let marker = dir.join("ran");
     let _alone = measure_alone();
     let t = Instant::now();
-    let (out, code, rss) = run_measured(
-        cronlock_at(&proxy.url())
-            .args(["--connect-timeout", "1s", "k", "touch"])
-            .arg(&marker),
-    );
+    let mut measured = cronlock_measured(&proxy.url());
+    measured
+        .cmd
+        .args(["--connect-timeout", "1s", "k", "touch"])
+        .arg(&marker);
+    let (out, code, rss) = measured.run();
     let took = t.elapsed();
     let err = stderr(&out);
     no_panic(&err);
@@ -54,10 +55,12 @@ fn renewal_fails(mischief: Mischief) -> String {
     let proxy = Hostile::start(r.port);
     let dir = scratch("hostile-renew");
     let ttl = Duration::from_secs(3);
-    let mut cmd = cronlock_at(&proxy.url());
-    cmd.args(["--ttl", "3s", "--connect-timeout", "1s", "k", "sh", "-c"])
+    let mut measured = cronlock_measured(&proxy.url());
+    measured
+        .cmd
+        .args(["--ttl", "3s", "--connect-timeout", "1s", "k", "sh", "-c"])
         .arg(format!("echo $$ > {}/pid; exec sleep 30", dir.display()));
-    let measured = std::thread::spawn(move || run_measured(&mut cmd));
+    let measured = std::thread::spawn(move || measured.run());
     let job = read_pid(&dir.join("pid"));
     let _alone = measure_alone();
     let turned = Instant::now();

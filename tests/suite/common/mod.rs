@@ -144,8 +144,7 @@ pub fn cronlock(redis: &Redis) -> Command {
 /// whatever this process inherited (a background job of a non-interactive shell ignores SIGINT
 /// and SIGQUIT, nohup SIGHUP): an ignored signal would never reach it. They are reset here, in
 /// the test process, once, and not between fork and exec: a `pre_exec` makes std fork (not
-/// `posix_spawn`), and a forked child's peak RSS (`wait4`, see [`run_measured`]) starts at this
-/// process's, some 25 MiB in a busy pass, which failed the hostile tests' 16 MiB bound.
+/// `posix_spawn`), which costs a fork of this whole process for every child.
 fn default_signals() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
@@ -169,10 +168,16 @@ pub fn cronlock_debug(redis: &Redis) -> Command {
 
 /// The binary at `bin` (a copy of the one under test) with a clean environment pointing at `url`.
 pub fn cronlock_of(bin: &str, url: &str) -> Command {
+    let mut cmd = Command::new(bin);
+    clean_env(&mut cmd, url);
+    cmd
+}
+
+/// Leave out cronlock's variables this process inherited, point at `url`, no stdin.
+fn clean_env(cmd: &mut Command, url: &str) {
     alone::enter();
     limit_run();
     default_signals();
-    let mut cmd = Command::new(bin);
     for (k, _) in std::env::vars() {
         if k.starts_with("CRONLOCK_") || k == "REDIS_URL" {
             cmd.env_remove(k);
@@ -180,7 +185,6 @@ pub fn cronlock_of(bin: &str, url: &str) -> Command {
     }
     cmd.env("CRONLOCK_REDIS_URL", url);
     cmd.stdin(Stdio::null());
-    cmd
 }
 
 /// Run to completion and return the output.
@@ -334,43 +338,47 @@ pub fn hosts_url(scheme: &str, ports: impl Iterator<Item = u16>) -> String {
     format!("{scheme}://{}", hosts.join(","))
 }
 
-/// Run `cmd` to its end, as `wait4` reports it: its output, exit code and peak RSS in KiB.
-// The child is reaped with wait4 (for its rusage), which clippy does not see.
-#[allow(clippy::zombie_processes)]
-pub fn run_measured(cmd: &mut Command) -> (Output, i32, i64) {
-    use std::io::Read;
-    use std::os::unix::process::ExitStatusExt;
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
-    let reader = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err.read_to_end(&mut v);
-        v
-    });
-    let mut stdout = Vec::new();
-    let _ = out.read_to_end(&mut stdout);
-    let mut status = 0;
-    // SAFETY: a zeroed rusage is a valid out-parameter.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: waiting for our own child, with valid out-pointers.
-    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
-    assert_eq!(pid, child.id() as i32);
-    let stderr = reader.join().unwrap();
-    let status = std::process::ExitStatus::from_raw(status);
-    let code = status.code().unwrap_or(-1);
-    (
-        Output {
-            status,
-            stdout,
-            stderr,
-        },
-        code,
-        usage.ru_maxrss,
-    )
+/// cronlock pointing at `url`, started under GNU time so that its peak RSS is its own: a child
+/// this process spawns starts its peak at this process's (at exec the kernel keeps the larger of
+/// the peak of the memory it leaves, which after `posix_spawn` is this whole test process's, and
+/// after a fork its resident size), and a busy pass of this suite reaches 110 MiB. GNU time's own
+/// child is forked from a process of a few hundred KiB.
+pub struct Measured {
+    pub cmd: Command,
+    report: Scratch,
+}
+
+/// [`Measured`] cronlock pointing at `url`.
+pub fn cronlock_measured(url: &str) -> Measured {
+    const TIME: &str = "/usr/bin/time";
+    if !Path::new(TIME).exists() {
+        lacks(
+            "GNU time (/usr/bin/time, Debian package time)",
+            "measuring cronlock's own peak RSS",
+        );
+    }
+    let report = scratch("measured");
+    let mut cmd = Command::new(TIME);
+    cmd.arg("-f").arg("%M").arg("-o").arg(report.join("rss"));
+    cmd.arg("--").arg(bin());
+    clean_env(&mut cmd, url);
+    Measured { cmd, report }
+}
+
+impl Measured {
+    /// Run to the end: the output, the exit code (128+N after signal N) and the peak RSS in KiB.
+    pub fn run(mut self) -> (Output, i32, i64) {
+        let out = run(&mut self.cmd);
+        let code = out.status.code().unwrap_or(-1);
+        let report = std::fs::read_to_string(self.report.join("rss")).unwrap_or_default();
+        // After a signal GNU time writes "Command terminated by signal N" first.
+        let rss = report
+            .lines()
+            .last()
+            .and_then(|l| l.trim().parse().ok())
+            .unwrap_or_else(|| panic!("GNU time reported no peak RSS: {report:?}"));
+        (out, code, rss)
+    }
 }
 
 /// How far into the current second the wall clock is (ms).
