@@ -14,6 +14,7 @@ pub mod fleet;
 pub mod host;
 pub mod lease;
 pub mod log;
+pub mod record;
 pub mod replica;
 pub mod run;
 pub mod signals;

@@ -11,10 +11,11 @@ use anyhow::{anyhow, Result};
 use serde_json::{json, Value};
 
 use crate::clock::rfc3339;
-use crate::fleet::describe::{
-    describe_suspension, holder_json, round_ms, suspension_json, text_field, ttl_ms,
-};
+use crate::fleet::describe::{describe_suspension, round_ms, suspension_json, ttl_ms};
 use crate::log::Log;
+use crate::record::holder::HolderValue;
+use crate::record::suspension::Suspension;
+use crate::record::{or_unknown, Stored};
 use crate::store::inspect;
 use crate::store::keys::Keys;
 use crate::store::quorum::Masters;
@@ -38,14 +39,14 @@ pub fn print(text: &str) -> Result<()> {
 /// A lock `--list` shows.
 struct Row {
     name: String,
-    /// Null when the KEY is only listed for being suspended.
-    holder: Value,
+    /// None when the KEY is only listed for being suspended.
+    holder: Option<Stored<HolderValue>>,
     pttl: i64,
     fence: Option<i64>,
     /// How many masters hold it (with several).
     holding: usize,
     /// While `--suspend` is in force: its record.
-    suspended: Option<String>,
+    suspended: Option<Stored<Suspension>>,
 }
 
 /// A KEY held with `--limit` above 1: its name, N, and the slots in use.
@@ -67,13 +68,13 @@ pub fn list(
         let mut rows_json: Vec<Value> = rows
             .iter()
             .map(|r| {
-                let held = !r.holder.is_null();
+                let held = r.holder.is_some();
                 let mut row = json!({
                     "key": r.name,
-                    "holder": r.holder,
+                    "holder": r.holder.as_ref().map(Stored::to_json),
                     "ttl_ms": if held { ttl_ms(r.pttl) } else { Value::Null },
                     "fencing_token": if held { r.fence.into() } else { Value::Null },
-                    "suspended": r.suspended.as_deref().map(suspension_json),
+                    "suspended": r.suspended.as_ref().map(suspension_json),
                 });
                 if several {
                     row["held_on"] = r.holding.into();
@@ -97,9 +98,9 @@ pub fn list(
         };
         let suspended = row
             .suspended
-            .as_deref()
+            .as_ref()
             .map(|r| format!("suspended {}", describe_suspension(r)));
-        let line = match (row.holder.is_null(), suspended) {
+        let line = match (row.holder.is_none(), suspended) {
             (true, Some(s)) => s,
             (false, Some(s)) => format!("{}; {s}", list_line(&row, &on)),
             (_, None) => list_line(&row, &on),
@@ -169,7 +170,7 @@ fn held_under(
         if snap.holder.is_some() || snap.suspended.is_some() {
             rows.push(Row {
                 name,
-                holder: snap.holder.as_deref().map_or(Value::Null, holder_json),
+                holder: snap.holder.as_deref().map(Stored::read),
                 pttl: snap.pttl,
                 fence: snap.fence,
                 holding,
@@ -182,12 +183,13 @@ fn held_under(
 
 /// One held lock for people: who, since when, how long left, and its command.
 fn list_line(row: &Row, on: &str) -> String {
-    let h = &row.holder;
-    if h.get("value").is_some() {
-        return format!("value {}{on}", h["value"]);
-    }
-    let since = h["started"]
-        .as_u64()
+    let h = match &row.holder {
+        Some(Stored::Ours(h)) => h,
+        Some(Stored::Foreign(raw)) => return format!("value {}{on}", Value::from(raw.as_str())),
+        None => return format!("value null{on}"),
+    };
+    let since = h
+        .started
         .map(|s| format!("since {} ", rfc3339(s)))
         .unwrap_or_default();
     let ttl = if row.pttl >= 0 {
@@ -197,10 +199,10 @@ fn list_line(row: &Row, on: &str) -> String {
     };
     format!(
         "host {} pid {} {since}ttl {ttl} fencing token {}{on}: {}",
-        text_field(h, "host"),
-        text_field(h, "pid"),
-        row.fence.map_or("?".into(), |f| f.to_string()),
-        text_field(h, "command")
+        or_unknown(h.host.as_deref()),
+        or_unknown(h.pid),
+        or_unknown(row.fence),
+        or_unknown(h.command.as_deref())
     )
 }
 
@@ -229,13 +231,14 @@ pub fn force_release(
         }
         all
     };
-    let holders: Vec<Value> = released.iter().map(|v| holder_json(v)).collect();
+    let holders: Vec<Stored<HolderValue>> = released.iter().map(|v| Stored::read(v)).collect();
     if as_json {
+        let shown: Vec<Value> = holders.iter().map(Stored::to_json).collect();
         let doc = json!({
             "key": keys.name,
             "released": !holders.is_empty(),
-            "holder": holders.first(),
-            "holders": holders,
+            "holder": shown.first(),
+            "holders": shown,
         });
         w!(out, "{doc}");
         return Ok(out);
@@ -247,18 +250,22 @@ pub fn force_release(
         }
     }
     for h in holders {
-        if h.get("value").is_some() {
-            w!(out, "released lock '{}' (value {})", keys.name, h["value"]);
-        } else {
-            w!(
+        match h {
+            Stored::Foreign(raw) => w!(
+                out,
+                "released lock '{}' (value {})",
+                keys.name,
+                Value::from(raw.as_str())
+            ),
+            Stored::Ours(h) => w!(
                 out,
                 "released lock '{}' held by host {} pid {} since {}: {}",
                 keys.name,
-                text_field(&h, "host"),
-                text_field(&h, "pid"),
-                h["started"].as_u64().map_or("?".into(), rfc3339),
-                text_field(&h, "command")
-            );
+                or_unknown(h.host.as_deref()),
+                or_unknown(h.pid),
+                h.started.map_or("?".into(), rfc3339),
+                or_unknown(h.command.as_deref())
+            ),
         }
     }
     Ok(out)

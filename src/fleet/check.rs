@@ -8,9 +8,11 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::fleet::describe::text_field as text;
 use crate::fleet::describe::{describe_suspension, round_ms};
 use crate::fleet::schedule::Schedule;
+use crate::record::holder::HolderValue;
+use crate::record::run::{Ended, Ending, RunRecord};
+use crate::record::{or_unknown, Stored};
 use crate::store::inspect::Snapshot;
 
 /// The plugin states, with their exit statuses.
@@ -102,21 +104,23 @@ fn coarse(ms: u64) -> String {
     }
 }
 
-fn parse(raw: Option<&str>) -> Option<Value> {
-    serde_json::from_str::<Value>(raw?).ok()
-}
-
 /// How a recorded run ended, in a few words; `None` when it succeeded.
-fn failure(run: &Value) -> Option<String> {
-    let status = run["exit_status"].as_i64();
-    match run["ended"].as_str() {
-        Some("exited") if status == Some(0) => None,
-        Some("exited") => Some(format!("exit {}", text(run, "exit_status"))),
-        Some("signalled") => Some(format!("killed by signal {}", text(run, "signal"))),
-        Some("lost") => Some("lost its lock, exit 122".into()),
-        Some("max-runtime") => Some("ran past --max-runtime, exit 124".into()),
-        Some("not-started") => Some(format!("not started, exit {}", text(run, "exit_status"))),
-        _ => Some(format!("ended '{}'", text(run, "ended"))),
+fn failure(run: &RunRecord) -> Option<String> {
+    let status = run.exit_status;
+    let Some(Ended::Known(ending)) = &run.ended else {
+        let word = match &run.ended {
+            Some(Ended::Other(word)) => word.as_str(),
+            _ => "?",
+        };
+        return Some(format!("ended '{word}'"));
+    };
+    match ending {
+        Ending::Exited if status == Some(0) => None,
+        Ending::Exited => Some(format!("exit {}", or_unknown(status))),
+        Ending::Signalled => Some(format!("killed by signal {}", or_unknown(run.signal))),
+        Ending::Lost => Some("lost its lock, exit 122".into()),
+        Ending::MaxRuntime => Some("ran past --max-runtime, exit 124".into()),
+        Ending::NotStarted => Some(format!("not started, exit {}", or_unknown(status))),
     }
 }
 
@@ -152,14 +156,15 @@ fn judge_runs(
     schedule: Option<&Schedule>,
     now_ms: u64,
 ) -> Verdict {
-    let last = parse(snap.last_run.as_deref());
+    let last = snap.last_run.as_ref().and_then(Stored::ours);
     // With --limit above 1, any holder means a run is going on.
-    let holder = parse(
-        snap.holder
-            .as_deref()
-            .or(snap.slots.first().map(|s| s.value.as_str())),
-    );
-    if let Some(verdict) = running(key, holder.as_ref(), last.as_ref(), max_age, now_ms) {
+    let holder = snap
+        .holder
+        .as_deref()
+        .or(snap.slots.first().map(|s| s.value.as_str()))
+        .map(Stored::<HolderValue>::read);
+    let holder = holder.as_ref().and_then(Stored::ours);
+    if let Some(verdict) = running(key, holder, last, max_age, now_ms) {
         return verdict;
     }
 
@@ -187,7 +192,7 @@ fn judge_runs(
     };
     judge_last(
         key,
-        &run,
+        run,
         missed,
         max_age.filter(|_| schedule.is_none()),
         now_ms,
@@ -198,18 +203,18 @@ fn judge_runs(
 /// WARNING past `--max-age`.
 fn running(
     key: &str,
-    holder: Option<&Value>,
-    last: Option<&Value>,
+    holder: Option<&HolderValue>,
+    last: Option<&RunRecord>,
     max_age: Option<Duration>,
     now_ms: u64,
 ) -> Option<Verdict> {
     let h = holder?;
-    let finished =
-        last.is_some_and(|l| l.get("token").is_some() && l.get("token") == h.get("token"));
-    let started = h["started"].as_u64().filter(|_| !finished)?;
+    let last_token = last.and_then(|l| l.token.as_ref());
+    let finished = last_token.is_some() && last_token == h.token.as_ref();
+    let started = h.started.filter(|_| !finished)?;
     let running = now_ms.saturating_sub(started);
     let perf = vec![("running", running)];
-    let host = text(h, "host");
+    let host = or_unknown(h.host.as_deref());
     if max_age.is_some_and(|m| running > m.as_millis() as u64) {
         return Some(Verdict {
             state: State::Warning,
@@ -232,17 +237,17 @@ fn running(
 /// a schedule), or OK.
 fn judge_last(
     key: &str,
-    run: &Value,
+    run: &RunRecord,
     missed: Option<(&Schedule, i64)>,
     max_age: Option<Duration>,
     now_ms: u64,
 ) -> Verdict {
     let since = |ms: u64| now_ms.saturating_sub(ms);
-    let started = run["started"].as_u64().unwrap_or(0);
+    let started = run.started.unwrap_or(0);
     let age = since(started);
-    let duration = run["duration_ms"].as_u64().unwrap_or(0);
+    let duration = run.duration_ms.unwrap_or(0);
     let perf = vec![("age", age), ("duration", duration)];
-    let host = text(run, "host");
+    let host = or_unknown(run.host.as_deref());
     let when = format!("on {host} {} ago", coarse(age));
     if let Some(how) = failure(run) {
         return Verdict {
@@ -289,7 +294,7 @@ mod tests {
             holder: holder.map(|h| h.to_string()),
             pttl: 1000,
             fence: Some(7),
-            last_run: last.map(|l| l.to_string()),
+            last_run: last.map(|l| Stored::read(&l.to_string())),
             history: Vec::new(),
             instant,
             schedule: None,
@@ -304,7 +309,9 @@ mod tests {
     fn a_suspended_key_is_a_warning_whatever_its_runs() {
         let mut s = snap(None, Some(run("exited", 1, 60, "t")), None);
         assert_eq!(judge("k", &s, None, None, NOW).state, State::Critical);
-        s.suspended = Some(r#"{"host":"h","user":"ops","since":1,"reason":"db move"}"#.into());
+        s.suspended = Some(Stored::read(
+            r#"{"host":"h","user":"ops","since":1,"reason":"db move"}"#,
+        ));
         let v = judge("k", &s, None, None, NOW);
         assert_eq!(v.state, State::Warning);
         assert!(v.message.contains("suspended by ops on h"), "{}", v.message);

@@ -6,40 +6,39 @@
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::clock::{rfc3339, unix_millis};
 use crate::duration::Span;
+use crate::record::holder::HolderValue;
+use crate::record::suspension::Suspension;
+use crate::record::{or_unknown, Stored};
 
 /// A holder in a few words for a log line: `host web-1 pid 42 since 2026-11-21T02:00:00Z`.
 pub fn describe_holder(value: &str) -> String {
-    let h = holder_json(value);
-    if h.get("value").is_some() {
+    let Stored::Ours(h) = Stored::<HolderValue>::read(value) else {
         return "a value cronlock did not write".into();
-    }
-    let since = h["started"]
-        .as_u64()
+    };
+    let since = h
+        .started
         .map(|s| format!(" since {} ({} ago)", rfc3339(s), ago(s)))
         .unwrap_or_default();
     format!(
         "host {} pid {}{since}",
-        text_field(&h, "host"),
-        text_field(&h, "pid")
+        or_unknown(h.host.as_deref()),
+        or_unknown(h.pid)
     )
 }
 
 /// Who a holder is (host, pid, since), without its command line, for log events.
 pub fn holder_identity(value: &str) -> Value {
-    let h = holder_json(value);
-    json!({ "host": h.get("host"), "pid": h.get("pid"), "started": h.get("started") })
+    let h = Stored::<HolderValue>::read(value);
+    crate::record::to_json(&h.ours().map(HolderValue::identity).unwrap_or_default())
 }
 
 /// A holder value as JSON; a value cronlock did not write is shown as `{"value": ...}`.
 pub fn holder_json(value: &str) -> Value {
-    match serde_json::from_str::<Value>(value) {
-        Ok(v @ Value::Object(_)) => v,
-        _ => json!({ "value": value }),
-    }
+    Stored::<HolderValue>::read(value).to_json()
 }
 
 pub(crate) fn ttl_ms(pttl: i64) -> Value {
@@ -64,46 +63,37 @@ pub(crate) fn ago(ms: u64) -> String {
     round_ms(unix_millis().saturating_sub(ms))
 }
 
-pub(crate) fn text_field(v: &Value, key: &str) -> String {
-    match &v[key] {
-        Value::String(s) => s.clone(),
-        Value::Null => "?".into(),
-        other => other.to_string(),
-    }
-}
-
 /// A suspension record (`--suspend`) as JSON, with `since_time`; one cronlock did not write is
 /// shown as `{"value": ...}`.
-pub fn suspension_json(record: &str) -> Value {
-    let mut v = holder_json(record);
-    if let Some(since) = v["since"].as_u64() {
+pub fn suspension_json(record: &Stored<Suspension>) -> Value {
+    let mut v = record.to_json();
+    if let Some(since) = record.ours().and_then(|s| s.since) {
         v["since_time"] = rfc3339(since).into();
     }
     v
 }
 
 /// When a suspension began (Unix ms), if its record says.
-pub fn suspended_since(record: &str) -> Option<u64> {
-    holder_json(record)["since"].as_u64()
+pub fn suspended_since(record: &Stored<Suspension>) -> Option<u64> {
+    record.ours()?.since
 }
 
 /// A suspension in a few words: `by ops on web-1 since 2026-11-24T01:00:00Z (3h ago): reason`.
-pub fn describe_suspension(record: &str) -> String {
-    let v = holder_json(record);
-    if v.get("value").is_some() {
+pub fn describe_suspension(record: &Stored<Suspension>) -> String {
+    let Stored::Ours(v) = record else {
         return "by a record cronlock did not write".into();
-    }
-    let since = v["since"]
-        .as_u64()
+    };
+    let since = v
+        .since
         .map(|s| format!(" since {} ({} ago)", rfc3339(s), ago(s)))
         .unwrap_or_default();
-    let why = match v["reason"].as_str() {
+    let why = match v.reason.as_deref() {
         Some(r) if !r.is_empty() => format!(": {r}"),
         _ => " (no reason given)".into(),
     };
     format!(
         "by {} on {}{since}{why}",
-        text_field(&v, "user"),
-        text_field(&v, "host")
+        or_unknown(v.user.as_deref()),
+        or_unknown(v.host.as_deref())
     )
 }

@@ -21,18 +21,18 @@ use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
-use serde_json::{json, Value};
 
 use crate::clock::Instant;
-use crate::fleet::record::Ending;
+use crate::record::message::{
+    LedgerEndMessage, LockMessage, Message, ReleaseMessage, ReleaseOutcome, ReleasedMessage,
+};
+use crate::record::run::Ending;
 use crate::store::holder::Holder;
 use crate::store::keys::Keys;
 use crate::store::lock::{Held, LedgerEnd, ReleaseOptions, Released};
 
 /// The variable that names the run's end of the channel (a descriptor number).
 pub const FD_VAR: &str = "CRONLOCK_HANDOVER_FD";
-/// The version of the messages; a run refuses any other.
-pub const VERSION: u64 = 2;
 /// The longest message (a lock value is at most a few hundred bytes).
 pub const MAX_MESSAGE: usize = 16 * 1024;
 
@@ -89,58 +89,50 @@ impl Handover {
     /// The message, one line.
     pub fn line(&self) -> String {
         let h = &self.holder;
-        let mut text = json!({
-            "v": VERSION, "kind": "lock", "key": self.key, "value": h.value, "token": h.token,
-            "host": h.host, "pid": h.pid, "started": h.started_ms, "command": h.command,
-            "fence": self.fence, "slot": self.slot, "limit": self.limit, "instant": self.instant,
-            "attempt": self.attempt, "ttl_ms": self.ttl.as_millis() as u64,
-            "sent_boot_ns": self.sent_at.as_duration().as_nanos() as u64,
+        Message::Lock(LockMessage {
+            key: self.key.clone(),
+            value: h.value.clone(),
+            token: h.token.clone(),
+            host: h.host.clone(),
+            pid: h.pid,
+            started: h.started_ms,
+            command: h.command.clone(),
+            fence: self.fence,
+            slot: self.slot,
+            limit: self.limit,
+            instant: self.instant,
+            attempt: self.attempt,
+            ttl_ms: self.ttl.as_millis() as u64,
+            sent_boot_ns: self.sent_at.as_duration().as_nanos() as u64,
         })
-        .to_string();
-        text.push('\n');
-        text
+        .line()
     }
 
     /// Read a `lock` message; anything but its exact shape is refused.
     pub fn parse(line: &str) -> Result<Handover> {
-        let v = message(line, "lock")?;
-        let text = |k: &str| -> Result<String> {
-            v[k].as_str()
-                .map(str::to_string)
-                .ok_or_else(|| anyhow!("the handover has no '{k}'"))
+        let Message::Lock(m) = Message::parse(line)? else {
+            bail!("expected a 'lock' message");
         };
-        let int = |k: &str| -> Result<u64> {
-            v[k].as_u64()
-                .ok_or_else(|| anyhow!("the handover has no '{k}'"))
-        };
-        let small = |k: &str| -> Result<u32> {
-            u32::try_from(int(k)?).map_err(|_| anyhow!("the handover's '{k}' is out of range"))
-        };
-        let instant = match &v["instant"] {
-            Value::Null => None,
-            i => Some(
-                i.as_i64()
-                    .ok_or_else(|| anyhow!("the handover's 'instant' is not one"))?,
-            ),
-        };
-        let fence = v["fence"].as_i64().filter(|f| *f > 0);
+        if m.fence <= 0 {
+            bail!("the handover has no fencing token");
+        }
         Ok(Handover {
-            key: text("key")?,
+            key: m.key,
             holder: Holder {
-                token: text("token")?,
-                host: text("host")?,
-                pid: small("pid")?,
-                started_ms: int("started")?,
-                command: text("command")?,
-                value: text("value")?,
+                token: m.token,
+                host: m.host,
+                pid: m.pid,
+                started_ms: m.started,
+                command: m.command,
+                value: m.value,
             },
-            fence: fence.ok_or_else(|| anyhow!("the handover has no fencing token"))?,
-            slot: small("slot")?,
-            limit: small("limit")?.max(1),
-            instant,
-            attempt: small("attempt")?.max(1),
-            ttl: Duration::from_millis(int("ttl_ms")?),
-            sent_at: Instant::from_duration(Duration::from_nanos(int("sent_boot_ns")?)),
+            fence: m.fence,
+            slot: m.slot,
+            limit: m.limit.max(1),
+            instant: m.instant,
+            attempt: m.attempt.max(1),
+            ttl: Duration::from_millis(m.ttl_ms),
+            sent_at: Instant::from_duration(Duration::from_nanos(m.sent_boot_ns)),
         })
     }
 }
@@ -150,7 +142,7 @@ impl Handover {
 pub enum Report {
     /// The command started, as process `pid`.
     Started { pid: u32 },
-    /// Release the lock for the run, recording this; the run waits for [`Answer`].
+    /// Release the lock for the run, recording this; the run waits for [`ReleaseAnswer`].
     Release(Box<ReleaseOptions>),
     /// The run ended (the lock released and the instant recorded): the run's exit status and
     /// how the command ended, after `duration` from the claim.
@@ -163,45 +155,36 @@ pub enum Report {
 
 impl Report {
     pub fn line(&self) -> String {
-        let mut text = match self {
-            Report::Started { pid } => json!({"v": VERSION, "kind": "started", "pid": pid}),
-            Report::Release(opts) => release_message(opts),
+        match self {
+            Report::Started { pid } => Message::Started { pid: *pid },
+            Report::Release(opts) => Message::Release(release_message(opts)),
             Report::Ended {
                 status,
                 ending,
                 duration,
-            } => json!({
-                "v": VERSION, "kind": "ended", "status": status, "ending": ending.name(),
-                "duration_ms": duration.as_millis() as u64,
-            }),
+            } => Message::Ended {
+                status: *status,
+                ending: *ending,
+                duration_ms: duration.as_millis() as u64,
+            },
         }
-        .to_string();
-        text.push('\n');
-        text
+        .line()
     }
 
     pub fn parse(line: &str) -> Result<Report> {
-        let v: Value = serde_json::from_str(line).map_err(|_| anyhow!("not a message"))?;
-        match v["kind"].as_str() {
-            Some("started") => {
-                let v = message(line, "started")?;
-                let pid = v["pid"].as_u64().and_then(|p| u32::try_from(p).ok());
-                Ok(Report::Started {
-                    pid: pid.ok_or_else(|| anyhow!("a started report has no pid"))?,
-                })
-            }
-            Some("release") => parse_release(&message(line, "release")?),
-            Some("ended") => {
-                let v = message(line, "ended")?;
-                let status = v["status"].as_u64().and_then(|s| u8::try_from(s).ok());
-                let ending = v["ending"].as_str().and_then(Ending::from_name);
-                Ok(Report::Ended {
-                    status: status.ok_or_else(|| anyhow!("an ended report has no status"))?,
-                    ending: ending.ok_or_else(|| anyhow!("an ended report has no ending"))?,
-                    duration: Duration::from_millis(v["duration_ms"].as_u64().unwrap_or(0)),
-                })
-            }
-            _ => bail!("not a report"),
+        match Message::parse(line)? {
+            Message::Started { pid } => Ok(Report::Started { pid }),
+            Message::Release(m) => Ok(Report::Release(Box::new(release_options(m)))),
+            Message::Ended {
+                status,
+                ending,
+                duration_ms,
+            } => Ok(Report::Ended {
+                status,
+                ending,
+                duration: Duration::from_millis(duration_ms),
+            }),
+            Message::Lock(_) | Message::Released(_) => bail!("not a report"),
         }
     }
 }
@@ -211,98 +194,68 @@ impl Report {
 pub type ReleaseAnswer = Result<Released, String>;
 
 /// A `release` message: what the run asks to be recorded.
-fn release_message(opts: &ReleaseOptions) -> Value {
-    let ledger = opts
-        .ledger
-        .map(|l| json!({"instant": l.instant, "exit": l.exit, "interrupted": l.interrupted}));
-    json!({
-        "v": VERSION, "kind": "release", "hold_ms": opts.hold.as_millis() as u64,
-        "record": opts.record, "history": opts.history,
-        "record_ttl_ms": opts.record_ttl.map(|t| t.as_millis() as u64), "ledger": ledger,
-    })
+fn release_message(opts: &ReleaseOptions) -> ReleaseMessage {
+    ReleaseMessage {
+        hold_ms: opts.hold.as_millis() as u64,
+        record: opts.record.clone(),
+        history: opts.history,
+        record_ttl_ms: opts.record_ttl.map(|t| t.as_millis() as u64),
+        ledger: opts.ledger.map(|l| LedgerEndMessage {
+            instant: l.instant,
+            exit: l.exit,
+            interrupted: l.interrupted,
+        }),
+    }
 }
 
-/// Read a `release` message; anything but its exact shape is refused.
-fn parse_release(v: &Value) -> Result<Report> {
-    let bad = |what: &str| anyhow!("a release report with no valid '{what}'");
-    let ms = |k: &str| {
-        v[k].as_u64()
-            .map(Duration::from_millis)
-            .ok_or_else(|| bad(k))
-    };
-    let record = match &v["record"] {
-        Value::Null => None,
-        r => Some(r.as_str().ok_or_else(|| bad("record"))?.to_string()),
-    };
-    let record_ttl = match &v["record_ttl_ms"] {
-        Value::Null => None,
-        _ => Some(ms("record_ttl_ms")?),
-    };
-    let ledger = match &v["ledger"] {
-        Value::Null => None,
-        l => Some(LedgerEnd {
-            instant: l["instant"].as_i64().ok_or_else(|| bad("ledger"))?,
-            exit: l["exit"]
-                .as_u64()
-                .and_then(|e| u8::try_from(e).ok())
-                .ok_or_else(|| bad("ledger"))?,
-            interrupted: l["interrupted"].as_bool().ok_or_else(|| bad("ledger"))?,
+/// What a `release` message asks for.
+fn release_options(m: ReleaseMessage) -> ReleaseOptions {
+    ReleaseOptions {
+        hold: Duration::from_millis(m.hold_ms),
+        record: m.record,
+        history: m.history,
+        record_ttl: m.record_ttl_ms.map(Duration::from_millis),
+        ledger: m.ledger.map(|l| LedgerEnd {
+            instant: l.instant,
+            exit: l.exit,
+            interrupted: l.interrupted,
         }),
-    };
-    let history = v["history"].as_u64().and_then(|h| u32::try_from(h).ok());
-    Ok(Report::Release(Box::new(ReleaseOptions {
-        hold: ms("hold_ms")?,
-        record,
-        history: history.ok_or_else(|| bad("history"))?,
-        record_ttl,
-        ledger,
-    })))
+    }
 }
 
 /// The replica's `released` message, one line.
 pub fn released_line(answer: &ReleaseAnswer) -> String {
-    let mut text = match answer {
-        Ok(r) => {
-            let outcome = match r {
-                Released::Deleted => "deleted",
-                Released::Kept => "kept",
-                Released::NotOurs => "not_ours",
-            };
-            json!({"v": VERSION, "kind": "released", "outcome": outcome})
-        }
-        Err(e) => json!({"v": VERSION, "kind": "released", "error": e}),
-    }
-    .to_string();
-    text.push('\n');
-    text
+    let message = match answer {
+        Ok(r) => ReleasedMessage {
+            outcome: Some(match r {
+                Released::Deleted => ReleaseOutcome::Deleted,
+                Released::Kept => ReleaseOutcome::Kept,
+                Released::NotOurs => ReleaseOutcome::NotOurs,
+            }),
+            error: None,
+        },
+        Err(e) => ReleasedMessage {
+            outcome: None,
+            error: Some(e.clone()),
+        },
+    };
+    Message::Released(message).line()
 }
 
 /// Read a `released` message.
 fn parse_released(line: &str) -> Result<ReleaseAnswer> {
-    let v = message(line, "released")?;
-    if let Some(e) = v["error"].as_str() {
-        return Ok(Err(e.to_string()));
+    let Message::Released(m) = Message::parse(line)? else {
+        bail!("expected a 'released' message");
+    };
+    if let Some(e) = m.error {
+        return Ok(Err(e));
     }
-    match v["outcome"].as_str() {
-        Some("deleted") => Ok(Ok(Released::Deleted)),
-        Some("kept") => Ok(Ok(Released::Kept)),
-        Some("not_ours") => Ok(Ok(Released::NotOurs)),
-        _ => bail!("a released message with no outcome"),
+    match m.outcome {
+        Some(ReleaseOutcome::Deleted) => Ok(Ok(Released::Deleted)),
+        Some(ReleaseOutcome::Kept) => Ok(Ok(Released::Kept)),
+        Some(ReleaseOutcome::NotOurs) => Ok(Ok(Released::NotOurs)),
+        None => bail!("a released message with no outcome"),
     }
-}
-
-/// A JSON message of this version and kind.
-fn message(line: &str, kind: &str) -> Result<Value> {
-    let v: Value = serde_json::from_str(line).map_err(|_| anyhow!("the message is not JSON"))?;
-    match v["v"].as_u64() {
-        Some(VERSION) => {}
-        Some(other) => bail!("message version {other}, and this cronlock speaks {VERSION}"),
-        None => bail!("the message has no version"),
-    }
-    if v["kind"].as_str() != Some(kind) {
-        bail!("expected a '{kind}' message");
-    }
-    Ok(v)
 }
 
 /// The run's end of the channel.

@@ -1,123 +1,89 @@
-//! The ledger of a scheduled KEY's instants (written by `acquire.lua` and `release.lua`), as
-//! `--status` shows it: JSON for scripts, lines for people. It exists so that "what became of the
-//! 02:00 run" (succeeded, failed and retried, abandoned by a dead host, missed, skipped while
-//! suspended) reads the same everywhere it is shown.
+//! The ledger of a scheduled KEY's instants (`record::ledger`), as `--status` and the page show
+//! it: JSON for scripts, lines for people. It exists so that "what became of the 02:00 run"
+//! (succeeded, failed and retried, abandoned by a dead host, missed, skipped while suspended)
+//! reads the same everywhere it is shown.
 
 use serde_json::{json, Value};
 
 use crate::clock::rfc3339;
-use crate::fleet::describe::{round_ms, text_field};
+use crate::fleet::describe::round_ms;
+use crate::record::ledger::{LedgerAttempt, LedgerEntry};
+use crate::record::{or_unknown, Stored};
 
-/// The states an instant can be in, as the scripts write them.
-pub const STATES: [&str; 7] = [
-    "running",
-    "succeeded",
-    "failed",
-    "missed",
-    "abandoned",
-    "interrupted",
-    "skipped",
-];
-
-/// Why an instant was recorded `missed` (the entry's `reason`, and the `reason` label of
-/// `cronlock_instants_missed_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum MissedReason {
-    /// It waited for room (`--max-jobs`) on the replicas that could claim it, until its next
-    /// instant (or the end of its `--catch-up` window).
-    NoRoom,
-    /// Its claims could not reach Redis in time.
-    Unreachable,
-    /// The replica's loop came to it only after it could no longer start (the machine was
-    /// saturated, or the replica was frozen).
-    Late,
-}
-
-impl MissedReason {
-    pub const ALL: [MissedReason; 3] = [Self::NoRoom, Self::Unreachable, Self::Late];
-
-    /// The word in the ledger and the metrics.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::NoRoom => "no_room",
-            Self::Unreachable => "redis_unreachable",
-            Self::Late => "late",
-        }
-    }
-
-    /// Why, for people.
-    pub fn says(self) -> &'static str {
-        match self {
-            Self::NoRoom => "no replica had room to start it in time (--max-jobs)",
-            Self::Unreachable => "its claims could not reach redis in time",
-            Self::Late => {
-                "the replica came to it only after it could no longer start (overloaded or frozen)"
-            }
-        }
-    }
-}
+/// A ledger: (instant in Unix ms, its entry), newest first.
+pub type Ledger = [(i64, Stored<LedgerEntry>)];
 
 /// One instant's entry as JSON: `{instant, instant_time, state, attempts: [...]}`, each attempt
 /// with its times also in RFC 3339. An entry cronlock did not write is shown as `{"value": ...}`.
-pub fn entry_json(instant: i64, raw: &str) -> Value {
-    let mut entry = match serde_json::from_str::<Value>(raw) {
-        Ok(v @ Value::Object(_)) => v,
-        _ => json!({ "value": raw }),
-    };
-    let attempts: Vec<Value> = match &entry["attempts"] {
-        // Lua's cjson writes an empty list as {}.
-        Value::Array(list) => list
-            .iter()
-            .map(|a| {
-                let mut a = a.clone();
-                for (at, shown) in [("started", "started_time"), ("ended", "ended_time")] {
-                    if let Some(ms) = a[at].as_u64() {
-                        a[shown] = rfc3339(ms).into();
-                    }
-                }
-                a
-            })
-            .collect(),
-        _ => Vec::new(),
-    };
+pub fn entry_json(instant: i64, entry: &Stored<LedgerEntry>) -> Value {
     let mut doc = json!({
         "instant": instant,
         "instant_time": rfc3339(instant.max(0) as u64),
-        "state": entry.get("state").cloned().unwrap_or(Value::Null),
-        "attempts": attempts,
+        "state": Value::Null,
+        "attempts": [],
     });
-    if let Some(v) = entry.get_mut("value") {
-        doc["value"] = v.take();
-    }
-    if let Some(reason) = entry.get("reason").filter(|r| r.is_string()) {
-        doc["reason"] = reason.clone();
+    match entry {
+        Stored::Foreign(raw) => doc["value"] = raw.as_str().into(),
+        Stored::Ours(e) => {
+            doc["state"] = e.state.as_deref().into();
+            doc["attempts"] = e.attempts.iter().map(attempt_json).collect();
+            if let Some(reason) = &e.reason {
+                doc["reason"] = reason.as_str().into();
+            }
+        }
     }
     doc
 }
 
+/// An attempt as JSON, with `started_time` and `ended_time`.
+fn attempt_json(a: &LedgerAttempt) -> Value {
+    let mut v = crate::record::to_json(a);
+    if let Some(ms) = a.started {
+        v["started_time"] = rfc3339(ms).into();
+    }
+    if let Some(ms) = a.ended {
+        v["ended_time"] = rfc3339(ms).into();
+    }
+    v
+}
+
 /// The ledger, newest first, as JSON.
-pub fn json(ledger: &[(i64, String)]) -> Value {
+pub fn json(ledger: &Ledger) -> Value {
     ledger
         .iter()
-        .map(|(at, raw)| entry_json(*at, raw))
+        .map(|(at, entry)| entry_json(*at, entry))
         .collect()
 }
 
+/// An entry's state (`?` when it has none, as one cronlock did not write).
+pub fn state(entry: &Stored<LedgerEntry>) -> String {
+    or_unknown(entry.ours().and_then(|e| e.state.as_deref()))
+}
+
+/// The attempts of an entry, oldest first.
+pub fn attempts(entry: &Stored<LedgerEntry>) -> &[LedgerAttempt] {
+    entry.ours().map_or(&[], |e| &e.attempts)
+}
+
 /// An instant's state in a few words: `succeeded (attempt 2 of 2)`, `missed`.
-pub fn state_words(entry: &Value) -> String {
-    let mut state = text_field(entry, "state");
-    let word = |r: &&str| !r.is_empty() && r.chars().all(|c| c.is_ascii_lowercase() || c == '_');
-    if let Some(reason) = entry["reason"].as_str().filter(word) {
+pub fn state_words(entry: &Stored<LedgerEntry>) -> String {
+    let mut state = state(entry);
+    if let Some(reason) = entry.ours().and_then(LedgerEntry::reason_word) {
         state = format!("{state} ({reason})");
     }
-    match entry["attempts"].as_array().map_or(0, Vec::len) {
+    match attempts(entry).len() {
         0 | 1 => state,
         n => format!("{state} after {n} attempts"),
     }
 }
 
+/// How long an attempt took, when it ended.
+pub fn took(a: &LedgerAttempt) -> Option<String> {
+    Some(round_ms(a.ended?.saturating_sub(a.started?)))
+}
+
 /// The ledger for people, newest first: one line per instant, one per attempt under it.
-pub fn lines(ledger: &[(i64, String)], label: impl Fn(i64) -> String) -> Vec<String> {
+pub fn lines(ledger: &Ledger, label: impl Fn(i64) -> String) -> Vec<String> {
     let mut out = Vec::new();
     if ledger.is_empty() {
         out.push("instants: none recorded".into());
@@ -126,30 +92,20 @@ pub fn lines(ledger: &[(i64, String)], label: impl Fn(i64) -> String) -> Vec<Str
     out.push(format!("instants ({}, newest first):", ledger.len()));
     let labels: Vec<String> = ledger.iter().map(|(at, _)| label(*at)).collect();
     let width = labels.iter().map(String::len).max().unwrap_or(0);
-    for ((at, raw), shown) in ledger.iter().zip(&labels) {
-        let entry = entry_json(*at, raw);
-        out.push(format!("  {shown:<width$}  {}", state_words(&entry)));
-        for (i, a) in entry["attempts"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
-            let ended = match (a["ended"].as_u64(), a["started"].as_u64()) {
-                (Some(end), Some(start)) => {
-                    format!(" after {}", round_ms(end.saturating_sub(start)))
-                }
-                _ => String::new(),
-            };
-            let how = match a["exit"].as_i64() {
-                Some(code) => format!("{} (exit {code}){ended}", text_field(a, "state")),
-                None => format!("{}{ended}", text_field(a, "state")),
+    for ((_, entry), shown) in ledger.iter().zip(&labels) {
+        out.push(format!("  {shown:<width$}  {}", state_words(entry)));
+        for (i, a) in attempts(entry).iter().enumerate() {
+            let ended = took(a).map_or(String::new(), |t| format!(" after {t}"));
+            let state = or_unknown(a.state.as_deref());
+            let how = match a.exit {
+                Some(code) => format!("{state} (exit {code}){ended}"),
+                None => format!("{state}{ended}"),
             };
             out.push(format!(
                 "    attempt {}: host {}, started {}, {how}",
                 i + 1,
-                text_field(a, "host"),
-                a["started_time"].as_str().unwrap_or("?"),
+                or_unknown(a.host.as_deref()),
+                a.started.map_or("?".into(), rfc3339),
             ));
         }
     }

@@ -1,79 +1,35 @@
-//! The run record: what one run did, written at release as the KEY's last run (and into a short
-//! capped history), so "did last night's job run, where, and did it succeed?" has an answer
-//! without redis-cli.
+//! The run record of a run that held `held` (a `record::run::RunRecord`), written at release as
+//! the KEY's last run and into its capped history.
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
-
 use crate::exit::Exit;
+use crate::record::run::{Ended, Ending, RunRecord};
 use crate::store::lock::Held;
 
-/// How a run ended, as recorded and logged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ending {
-    /// The command exited by itself.
-    Exited,
-    /// The command was killed by a signal it did not handle.
-    Signalled,
-    /// cronlock stopped it because the lock was lost.
-    Lost,
-    /// cronlock stopped it at `--max-runtime`.
-    MaxRuntime,
-    /// The command could not be started (or a signal arrived first).
-    NotStarted,
-}
-
-impl Ending {
-    pub fn name(self) -> &'static str {
-        match self {
-            Ending::Exited => "exited",
-            Ending::Signalled => "signalled",
-            Ending::Lost => "lost",
-            Ending::MaxRuntime => "max-runtime",
-            Ending::NotStarted => "not-started",
-        }
-    }
-
-    /// The ending [`Ending::name`] names.
-    pub fn from_name(name: &str) -> Option<Ending> {
-        [
-            Ending::Exited,
-            Ending::Signalled,
-            Ending::Lost,
-            Ending::MaxRuntime,
-            Ending::NotStarted,
-        ]
-        .into_iter()
-        .find(|e| e.name() == name)
-    }
-}
-
-/// The record of one run, as JSON.
-pub fn run_record(held: &Held, ending: Ending, exit: Exit, duration: Duration) -> Value {
+/// The record of one run.
+pub fn run_record(held: &Held, ending: Ending, exit: Exit, duration: Duration) -> RunRecord {
     let h = &held.holder;
-    let mut rec = json!({
-        "key": held.keys.name,
-        "host": h.host,
-        "pid": h.pid,
-        "command": h.command,
-        "token": h.token,
-        "fencing_token": held.fence,
-        "started": h.started_ms,
-        "finished": h.started_ms + duration.as_millis() as u64,
-        "duration_ms": duration.as_millis() as u64,
-        "exit_status": exit.code(),
-        "ended": ending.name(),
-    });
-    if let Some(instant) = held.instant {
-        rec["instant"] = instant.into();
+    let several = held.limit > 1;
+    RunRecord {
+        command: Some(h.command.clone()),
+        duration_ms: Some(duration.as_millis() as u64),
+        ended: Some(Ended::Known(ending)),
+        exit_status: Some(i64::from(exit.code())),
+        fencing_token: Some(held.fence),
+        finished: Some(h.started_ms + duration.as_millis() as u64),
+        host: Some(h.host.clone()),
+        instant: held.instant,
+        key: Some(held.keys.name.clone()),
+        limit: several.then_some(held.limit),
+        pid: Some(u64::from(h.pid)),
+        signal: match exit {
+            Exit::Signal(n) => Some(i64::from(n)),
+            _ => None,
+        },
+        slot: several.then_some(held.slot),
+        started: Some(h.started_ms),
+        token: Some(h.token.clone()),
+        rest: Default::default(),
     }
-    if held.limit > 1 {
-        rec["slot"] = held.slot.into();
-        rec["limit"] = held.limit.into();
-    }
-    if let Exit::Signal(n) = exit {
-        rec["signal"] = n.into();
-    }
-    rec
 }

@@ -9,11 +9,12 @@ use anyhow::Result;
 use serde_json::{json, Value};
 
 use crate::clock::{rfc3339, unix_millis};
-use crate::fleet::describe::{
-    ago, describe_suspension, holder_json, round_ms, suspension_json, text_field, ttl_ms,
-};
-use crate::fleet::ledger;
+use crate::fleet::describe::{ago, describe_suspension, round_ms, suspension_json, ttl_ms};
+use crate::fleet::ledger::{self, Ledger};
 use crate::fleet::schedule::Schedule;
+use crate::record::holder::HolderValue;
+use crate::record::run::{Ended, Ending, RunRecord};
+use crate::record::{or_unknown, Stored};
 use crate::store::inspect;
 use crate::store::inspect::merge;
 use crate::store::keys::Keys;
@@ -23,21 +24,75 @@ use crate::store::quorum::Masters;
 struct View {
     snap: inspect::Snapshot,
     /// Each master's own view (with several masters): its URL as shown, and what it holds.
-    per_master: Vec<(String, Value)>,
+    per_master: Vec<(String, MasterView)>,
     /// "N of M needed", with several masters.
     majority: usize,
     masters: usize,
     plan: Option<Plan>,
-    runs: Vec<Value>,
-    last: Option<Value>,
-    holder: Option<Value>,
-    holders: Vec<Value>,
+    holder: Option<Stored<HolderValue>>,
+    holders: Vec<SlotView>,
     with_history: bool,
 }
 
-/// A stored record as JSON; one cronlock did not write is shown as `{"value": ...}`.
-fn record_json(r: &str) -> Value {
-    serde_json::from_str::<Value>(r).unwrap_or_else(|_| json!({ "value": r }))
+/// One holder of a `--limit` above 1, as `--status` shows it.
+struct SlotView {
+    slot: u32,
+    holder: Stored<HolderValue>,
+    pttl: i64,
+    fence: i64,
+}
+
+impl SlotView {
+    fn to_json(&self) -> Value {
+        let mut v = self.holder.to_json();
+        v["slot"] = self.slot.into();
+        v["fencing_token"] = self.fence.into();
+        v["ttl_ms"] = ttl_ms(self.pttl);
+        v
+    }
+}
+
+/// One master's view of a lock, with several masters.
+enum MasterView {
+    Read {
+        held: bool,
+        pttl: Option<i64>,
+        fencing_counter: Option<i64>,
+    },
+    Unread(String),
+}
+
+impl MasterView {
+    fn of(snap: &Result<inspect::Snapshot, inspect::Unread>) -> MasterView {
+        match snap {
+            Ok(s) => MasterView::Read {
+                held: s.holder.is_some(),
+                pttl: s.holder.as_ref().map(|_| s.pttl),
+                fencing_counter: s.fence,
+            },
+            Err(e) => MasterView::Unread(format!("{e:#}")),
+        }
+    }
+
+    fn to_json(&self) -> Value {
+        match self {
+            MasterView::Read {
+                held,
+                pttl,
+                fencing_counter,
+            } => json!({
+                "held": held,
+                "ttl_ms": pttl.map(ttl_ms),
+                "fencing_counter": fencing_counter,
+            }),
+            MasterView::Unread(e) => json!({ "error": e }),
+        }
+    }
+}
+
+/// Run records as JSON.
+fn runs_json(runs: &[Stored<RunRecord>]) -> Value {
+    runs.iter().map(Stored::to_json).collect()
 }
 
 /// `--status KEY`; with `history`, also the kept runs (`Some(None)`: all of them).
@@ -51,30 +106,27 @@ pub fn status(
 ) -> Result<String> {
     let snaps = masters.snapshots(within, keys, history.map(|n| n.unwrap_or(u32::MAX)));
     let (snap, each) = merge(snaps, masters.majority())?;
-    let per_master: Vec<(String, Value)> = if masters.len() > 1 {
+    let per_master: Vec<(String, MasterView)> = if masters.len() > 1 {
         each.iter()
             .enumerate()
-            .map(|(i, s)| (masters.shown(i).to_string(), master_view(s)))
+            .map(|(i, s)| (masters.shown(i).to_string(), MasterView::of(s)))
             .collect()
     } else {
         Vec::new()
     };
-    let holders: Vec<Value> = snap
+    let holders: Vec<SlotView> = snap
         .slots
         .iter()
-        .map(|h| {
-            let mut v = holder_json(&h.value);
-            v["slot"] = h.slot.into();
-            v["fencing_token"] = h.fence.into();
-            v["ttl_ms"] = ttl_ms(h.pttl);
-            v
+        .map(|h| SlotView {
+            slot: h.slot,
+            holder: Stored::read(&h.value),
+            pttl: h.pttl,
+            fence: h.fence,
         })
         .collect();
     let view = View {
         plan: plan(&snap, schedule),
-        runs: snap.history.iter().map(|r| record_json(r)).collect(),
-        last: snap.last_run.as_deref().map(record_json),
-        holder: snap.holder.as_deref().map(holder_json),
+        holder: snap.holder.as_deref().map(Stored::read),
         holders,
         per_master,
         majority: masters.majority(),
@@ -102,11 +154,11 @@ fn json_status(keys: &Keys, view: &View) -> String {
     let mut doc = json!({
         "key": keys.name,
         "held": holder.is_some(),
-        "holder": holder,
+        "holder": holder.as_ref().map(Stored::to_json),
         "ttl_ms": holder.as_ref().map(|_| ttl_ms(snap.pttl)),
         "fencing_token": holder.as_ref().and(snap.fence),
-        "suspended": snap.suspended.as_deref().map(suspension_json),
-        "last_run": view.last,
+        "suspended": snap.suspended.as_ref().map(suspension_json),
+        "last_run": snap.last_run.as_ref().map(Stored::to_json),
         "schedule": view.plan.as_ref().map(|p| json!({
             "schedule": p.schedule.text,
             "last_instant": p.last,
@@ -117,14 +169,14 @@ fn json_status(keys: &Keys, view: &View) -> String {
         "ledger": ledger::json(&snap.ledger),
     });
     if view.with_history {
-        doc["history"] = Value::Array(view.runs.clone());
+        doc["history"] = runs_json(&snap.history);
     }
     if !view.per_master.is_empty() {
         doc["masters"] = view
             .per_master
             .iter()
-            .map(|(url, v)| {
-                let mut v = v.clone();
+            .map(|(url, m)| {
+                let mut v = m.to_json();
                 v["url"] = url.as_str().into();
                 v
             })
@@ -138,10 +190,10 @@ fn text_status(keys: &Keys, view: &View) -> String {
     let mut out = String::new();
     match &view.holder {
         Some(h) => {
-            let finished_run = view
-                .last
-                .as_ref()
-                .is_some_and(|l| l.get("token").is_some() && l.get("token") == h.get("token"));
+            let last = view.snap.last_run.as_ref().and_then(Stored::ours);
+            let last_token = last.and_then(|l| l.token.as_ref());
+            let finished_run =
+                last_token.is_some() && last_token == h.ours().and_then(|h| h.token.as_ref());
             let note = if finished_run {
                 " (its run has finished; kept for --min-hold)"
             } else {
@@ -156,12 +208,12 @@ fn text_status(keys: &Keys, view: &View) -> String {
     }
     suspended_line(&mut out, keys, &view.snap);
     masters_lines(&mut out, view);
-    last_run_lines(&mut out, view.last.as_ref());
+    last_run_lines(&mut out, view.snap.last_run.as_ref());
     if let Some(p) = &view.plan {
         schedule_lines(&mut out, p, &view.snap.ledger);
     }
     if view.with_history {
-        history_lines(&mut out, &view.runs);
+        history_lines(&mut out, &view.snap.history);
         if view.plan.is_some() || !view.snap.ledger.is_empty() {
             let label = |ms: i64| match &view.plan {
                 Some(p) => p.schedule.label(ms),
@@ -198,34 +250,37 @@ fn masters_lines(out: &mut String, view: &View) {
         view.majority,
         view.masters
     );
-    for (url, v) in &view.per_master {
-        let what = if let Some(e) = v["error"].as_str() {
-            format!("no answer: {e}")
-        } else if v["held"] == true {
-            format!(
+    for (url, m) in &view.per_master {
+        let what = match m {
+            MasterView::Unread(e) => format!("no answer: {e}"),
+            MasterView::Read {
+                held: true,
+                pttl,
+                fencing_counter,
+            } => format!(
                 "held, ttl {}, fencing counter {}",
-                v["ttl_ms"]
-                    .as_i64()
+                pttl.filter(|t| *t >= 0)
                     .map_or("none".into(), |t| round_ms(t as u64)),
-                text_field(v, "fencing_counter")
-            )
-        } else {
-            format!("free, fencing counter {}", text_field(v, "fencing_counter"))
+                or_unknown(*fencing_counter)
+            ),
+            MasterView::Read {
+                fencing_counter, ..
+            } => format!("free, fencing counter {}", or_unknown(*fencing_counter)),
         };
         w!(out, "  {url}: {what}");
     }
 }
 
 /// The schedule: the last instant a run started for (and its state in the ledger), and the next.
-fn schedule_lines(out: &mut String, p: &Plan, ledger: &[(i64, String)]) {
+fn schedule_lines(out: &mut String, p: &Plan, ledger: &Ledger) {
     w!(out, "schedule:        {}", p.schedule.text);
     match p.last {
         Some(ms) => {
             let state = ledger
                 .iter()
                 .find(|(at, _)| *at == ms)
-                .map_or("a run started for it".into(), |(at, raw)| {
-                    ledger::state_words(&ledger::entry_json(*at, raw))
+                .map_or("a run started for it".into(), |(_, entry)| {
+                    ledger::state_words(entry)
                 });
             w!(out, "  last instant:  {} ({state})", p.schedule.label(ms));
         }
@@ -243,7 +298,7 @@ fn schedule_lines(out: &mut String, p: &Plan, ledger: &[(i64, String)]) {
 }
 
 /// `--history`: the kept runs, newest first.
-fn history_lines(out: &mut String, runs: &[Value]) {
+fn history_lines(out: &mut String, runs: &[Stored<RunRecord>]) {
     if runs.is_empty() {
         w!(out, "history: none recorded");
     } else {
@@ -270,12 +325,12 @@ fn slots_status(keys: &Keys, limit: u32, view: &View, as_json: bool) -> String {
             "key": keys.name,
             "held": !holders.is_empty(),
             "limit": limit,
-            "holders": holders,
-            "suspended": view.snap.suspended.as_deref().map(suspension_json),
-            "last_run": view.last,
+            "holders": holders.iter().map(SlotView::to_json).collect::<Vec<_>>(),
+            "suspended": view.snap.suspended.as_ref().map(suspension_json),
+            "last_run": view.snap.last_run.as_ref().map(Stored::to_json),
         });
         if view.with_history {
-            doc["history"] = Value::Array(view.runs.clone());
+            doc["history"] = runs_json(&view.snap.history);
         }
         w!(out, "{doc}");
         return out;
@@ -288,18 +343,18 @@ fn slots_status(keys: &Keys, limit: u32, view: &View, as_json: bool) -> String {
     );
     suspended_line(&mut out, keys, &view.snap);
     for h in holders {
-        w!(out, "slot {}:", h["slot"]);
-        let pttl = h["ttl_ms"].as_i64().unwrap_or(-1);
-        for line in holder_lines(h, pttl, h["fencing_token"].as_i64()) {
+        w!(out, "slot {}:", h.slot);
+        let pttl = if h.pttl >= 0 { h.pttl } else { -1 };
+        for line in holder_lines(&h.holder, pttl, Some(h.fence)) {
             w!(out, "{line}");
         }
     }
-    last_run_lines(&mut out, view.last.as_ref());
+    last_run_lines(&mut out, view.snap.last_run.as_ref());
     out
 }
 
 /// The last run, for `--status`.
-fn last_run_lines(out: &mut String, last: Option<&Value>) {
+fn last_run_lines(out: &mut String, last: Option<&Stored<RunRecord>>) {
     match last {
         Some(r) => {
             w!(out, "last run:");
@@ -332,20 +387,29 @@ fn plan(snap: &inspect::Snapshot, given: Option<&Schedule>) -> Option<Plan> {
 }
 
 /// Lines describing a holder for people.
-fn holder_lines(h: &Value, pttl: i64, fence: Option<i64>) -> Vec<String> {
+fn holder_lines(h: &Stored<HolderValue>, pttl: i64, fence: Option<i64>) -> Vec<String> {
     let mut lines = Vec::new();
-    if let Some(raw) = h.get("value") {
-        lines.push(format!("  value:         {raw}"));
-    } else {
-        lines.push(format!("  host:          {}", text_field(h, "host")));
-        lines.push(format!("  pid:           {}", text_field(h, "pid")));
-        lines.push(format!("  command:       {}", text_field(h, "command")));
-        if let Some(started) = h["started"].as_u64() {
+    match h {
+        Stored::Foreign(raw) => {
+            lines.push(format!("  value:         {}", Value::from(raw.as_str())))
+        }
+        Stored::Ours(h) => {
             lines.push(format!(
-                "  since:         {} ({} ago)",
-                rfc3339(started),
-                ago(started)
+                "  host:          {}",
+                or_unknown(h.host.as_deref())
             ));
+            lines.push(format!("  pid:           {}", or_unknown(h.pid)));
+            lines.push(format!(
+                "  command:       {}",
+                or_unknown(h.command.as_deref())
+            ));
+            if let Some(started) = h.started {
+                lines.push(format!(
+                    "  since:         {} ({} ago)",
+                    rfc3339(started),
+                    ago(started)
+                ));
+            }
         }
     }
     lines.push(format!(
@@ -362,26 +426,39 @@ fn holder_lines(h: &Value, pttl: i64, fence: Option<i64>) -> Vec<String> {
     lines
 }
 
-fn run_lines(r: &Value) -> Vec<String> {
-    let mut how = match r["ended"].as_str() {
-        Some("exited") => format!("exited with status {}", text_field(r, "exit_status")),
-        Some("signalled") => format!("killed by signal {}", text_field(r, "signal")),
-        Some("lost") => "stopped: the lock was lost (exit 122)".into(),
-        Some("max-runtime") => "stopped: ran past --max-runtime (exit 124)".into(),
-        Some("not-started") => {
-            format!("not started (exit {})", text_field(r, "exit_status"))
-        }
-        _ => text_field(r, "ended"),
+fn run_lines(r: &Stored<RunRecord>) -> Vec<String> {
+    let Stored::Ours(r) = r else {
+        return vec![
+            "  host:          ?".into(),
+            "  pid:           ?".into(),
+            "  command:       ?".into(),
+            "  result:        ?".into(),
+            "  fencing token: ?".into(),
+        ];
     };
-    if let Some(ms) = r["duration_ms"].as_u64() {
+    let status = or_unknown(r.exit_status);
+    let mut how = match &r.ended {
+        Some(Ended::Known(Ending::Exited)) => format!("exited with status {status}"),
+        Some(Ended::Known(Ending::Signalled)) => {
+            format!("killed by signal {}", or_unknown(r.signal))
+        }
+        Some(Ended::Known(Ending::Lost)) => "stopped: the lock was lost (exit 122)".into(),
+        Some(Ended::Known(Ending::MaxRuntime)) => {
+            "stopped: ran past --max-runtime (exit 124)".into()
+        }
+        Some(Ended::Known(Ending::NotStarted)) => format!("not started (exit {status})"),
+        Some(Ended::Other(word)) => word.clone(),
+        None => "?".into(),
+    };
+    if let Some(ms) = r.duration_ms {
         how += &format!(" after {}", round_ms(ms));
     }
     let mut lines = vec![
-        format!("  host:          {}", text_field(r, "host")),
-        format!("  pid:           {}", text_field(r, "pid")),
-        format!("  command:       {}", text_field(r, "command")),
+        format!("  host:          {}", or_unknown(r.host.as_deref())),
+        format!("  pid:           {}", or_unknown(r.pid)),
+        format!("  command:       {}", or_unknown(r.command.as_deref())),
     ];
-    if let Some(started) = r["started"].as_u64() {
+    if let Some(started) = r.started {
         lines.push(format!(
             "  started:       {} ({} ago)",
             rfc3339(started),
@@ -389,21 +466,6 @@ fn run_lines(r: &Value) -> Vec<String> {
         ));
     }
     lines.push(format!("  result:        {how}"));
-    lines.push(format!(
-        "  fencing token: {}",
-        text_field(r, "fencing_token")
-    ));
+    lines.push(format!("  fencing token: {}", or_unknown(r.fencing_token)));
     lines
-}
-
-/// One master's view of a lock, for `--status` with several masters.
-fn master_view(snap: &Result<inspect::Snapshot, inspect::Unread>) -> Value {
-    match snap {
-        Ok(s) => json!({
-            "held": s.holder.is_some(),
-            "ttl_ms": s.holder.as_ref().map(|_| ttl_ms(s.pttl)),
-            "fencing_counter": s.fence,
-        }),
-        Err(e) => json!({ "error": format!("{e:#}") }),
-    }
 }

@@ -12,6 +12,8 @@ use serde_json::{json, Value};
 
 use crate::fleet::describe::{describe_suspension, suspension_json};
 use crate::host;
+use crate::record::suspension::Suspension;
+use crate::record::Stored;
 use crate::store::keys::Keys;
 use crate::store::quorum::Masters;
 
@@ -49,14 +51,16 @@ pub fn suspend(
     reason: Option<&str>,
     as_json: bool,
 ) -> Result<String> {
-    let record = json!({
-        "host": host::hostname(),
-        "user": host::user(),
-        "reason": reason.unwrap_or(""),
-    })
-    .to_string();
+    let record = crate::record::to_text(&Suspension {
+        host: Some(host::hostname()),
+        reason: Some(reason.unwrap_or("").to_string()),
+        since: None,
+        user: Some(host::user()),
+        rest: Default::default(),
+    });
     let answers = masters.suspend(within, keys, &record);
     let (before, now) = majority(masters, answers, &format!("suspend lock '{}'", keys.name))?;
+    let now: Stored<Suspension> = Stored::read(&now);
     let mut out = String::new();
     if as_json {
         let doc = json!({
@@ -94,9 +98,10 @@ pub fn resume(
 ) -> Result<String> {
     let answers = masters.resume(within, keys);
     // With several masters: the record of any that had one (a minority may have missed it).
-    let record: Option<String> = answers
+    let record: Option<Stored<Suspension>> = answers
         .iter()
-        .find_map(|a| a.as_ref().ok().cloned().flatten());
+        .find_map(|a| a.as_ref().ok().cloned().flatten())
+        .map(|r| Stored::read(&r));
     majority(
         masters,
         answers.into_iter().map(|a| a.map(|_| ())).collect(),
@@ -107,7 +112,7 @@ pub fn resume(
         let doc = json!({
             "key": keys.name,
             "resumed": record.is_some(),
-            "suspension": record.as_deref().map(suspension_json).unwrap_or(Value::Null),
+            "suspension": record.as_ref().map(suspension_json).unwrap_or(Value::Null),
         });
         w!(out, "{doc}");
         return Ok(out);

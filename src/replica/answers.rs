@@ -8,8 +8,8 @@ use std::time::Duration;
 use crate::clock::{rfc3339, unix_millis, Instant};
 use crate::config::CronJob;
 use crate::exit::Exit;
-use crate::fleet::ledger::MissedReason;
 use crate::log::{Level, Log};
+use crate::record::ledger::MissedReason;
 use crate::store::lock::{Held, Undo};
 
 use super::beat::period;

@@ -26,7 +26,9 @@ use std::time::Duration;
 
 use crate::config::RunConfig;
 use crate::fleet::handover::released_line;
-use crate::fleet::ledger::MissedReason;
+use crate::record::ledger::MissedReason;
+use crate::record::suspension::Suspension;
+use crate::record::Stored;
 use crate::store::holder::Holder;
 use crate::store::keys::Keys;
 use crate::store::lock::{Attempt, Held, ReleaseOptions, Released, Undo};
@@ -113,7 +115,7 @@ pub enum Verdict {
     /// The instant's run already started (elsewhere, or a later one did).
     AlreadyRan,
     /// KEY is suspended (`--suspend`): the record; the instant is recorded skipped.
-    Suspended(String),
+    Suspended(Stored<Suspension>),
     /// Redis could not be asked, or refused: the line saying why.
     Failed(String),
 }

@@ -4,8 +4,8 @@
 
 use crate::clock::rfc3339;
 use crate::config::CronJob;
-use crate::fleet::ledger::MissedReason;
 use crate::log::{Level, Log};
+use crate::record::ledger::MissedReason;
 use crate::replica::claim::Group;
 
 /// How long before a scheduled instant its claim goes out (ms), at most a twentieth of the

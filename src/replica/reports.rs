@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use crate::clock::{rfc3339, unix_millis};
 use crate::fleet::handover::Report;
-use crate::fleet::record::Ending;
 use crate::log::Log;
+use crate::record::run::Ending;
 
 use super::claim::Ask;
 use super::runs::Run;

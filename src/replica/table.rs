@@ -31,8 +31,8 @@ pub use super::entry::Entry;
 use super::entry::{deadline, missed, Check, Due};
 use crate::clock::unix_millis;
 use crate::config::CronJob;
-use crate::fleet::ledger::MissedReason;
 use crate::log::Log;
+use crate::record::ledger::MissedReason;
 
 /// After a claim that could not be sent (Redis down), how long before the next try (ms).
 const RETRY_MS: i64 = 1000;

@@ -3,14 +3,14 @@
 //! whether Redis answers its heartbeats. Typed values, as the loop has them; nothing here is read
 //! back by the scheduler.
 
-use crate::fleet::ledger::MissedReason;
+use crate::record::ledger::MissedReason;
 use std::time::Duration;
 
 use crate::clock::unix_millis;
 use crate::fleet::handover::Report;
 use crate::fleet::metrics::{Attempt, Outcome, Ran};
-use crate::fleet::record::Ending;
 use crate::host::hostname;
+use crate::record::run::Ending;
 use crate::watch::{Board, JobLine, Running};
 
 use super::runs::Run;

@@ -21,10 +21,11 @@ use crate::duration::Span;
 use crate::exit::Exit;
 use crate::fleet::handover::{Report, RunSide};
 use crate::fleet::metrics;
-use crate::fleet::record::{self, Ending};
+use crate::fleet::record;
 use crate::fleet::report::RunOutcome;
 use crate::lease::{self, LockState, Watch};
 use crate::log::{Level, Log};
+use crate::record::run::Ending;
 use crate::signals;
 use crate::store::lock::{Held, LedgerEnd, ReleaseOptions, Released};
 use crate::store::quorum::Masters;
@@ -173,7 +174,9 @@ fn finish(
     });
     let opts = ReleaseOptions {
         hold: (held.sent_at + config.min_hold).saturating_duration_since(Instant::now()),
-        record: Some(record::run_record(held, ending, exit, duration).to_string()),
+        record: Some(crate::record::to_text(&record::run_record(
+            held, ending, exit, duration,
+        ))),
         history: config.history,
         record_ttl: config.history_ttl,
         ledger: held.instant.map(|instant| LedgerEnd {

@@ -12,6 +12,8 @@ use crate::duration::Span;
 use crate::exit::Exit;
 use crate::fleet::describe;
 use crate::log::Log;
+use crate::record::suspension::Suspension;
+use crate::record::Stored;
 use crate::signals;
 use crate::store::keys::Keys;
 use crate::store::lock::Held;
@@ -114,7 +116,7 @@ fn busy(
 }
 
 /// KEY is suspended (`--suspend`): by whom, since when, why; the instant is recorded skipped.
-fn say_suspended(config: &RunConfig, record: &str, instant: Option<i64>, log: &Log) {
+fn say_suspended(config: &RunConfig, record: &Stored<Suspension>, instant: Option<i64>, log: &Log) {
     let run = match (instant, &config.schedule) {
         (Some(at), Some(s)) => format!(", the {} run is recorded skipped", s.label(at)),
         _ => String::new(),

@@ -8,6 +8,7 @@ use std::time::Duration;
 use redis::{Script, Value};
 
 use crate::clock::Instant;
+use crate::record::Stored;
 use crate::store::keys::Keys;
 use crate::store::lock::{
     eval, eval_many, int, ms, text_or_nil, Attempt, Held, Holder, Instants, ScriptCall,
@@ -118,7 +119,10 @@ fn attempt(
     }
     let instant = (instant != 0).then_some(instant);
     if let Some(record) = suspended {
-        return Ok(Attempt::Suspended { record, instant });
+        return Ok(Attempt::Suspended {
+            record: Stored::read(&record),
+            instant,
+        });
     }
     if ran != 0 {
         return Ok(Attempt::AlreadyRan {

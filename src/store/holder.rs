@@ -1,7 +1,7 @@
-//! Who holds a lock: the value cronlock writes to Redis (JSON: token, host, pid, start, command),
-//! compared whole by every script that extends or deletes a lock.
+//! Who holds a lock: the value cronlock writes to Redis (a `record::holder::HolderValue`),
+//! compared whole by every script that extends or deletes a lock, and its parts.
 
-use serde_json::json;
+use crate::record::holder::HolderValue;
 
 /// How many characters of the command line the lock value and the run record keep.
 pub const MAX_COMMAND: usize = 256;
@@ -37,10 +37,14 @@ impl Holder {
         let pid = std::process::id();
         let started_ms = crate::clock::unix_millis();
         let command = truncate(command, MAX_COMMAND);
-        let value = json!({
-            "token": token, "host": host, "pid": pid, "started": started_ms, "command": command,
-        })
-        .to_string();
+        let value = crate::record::to_text(&HolderValue {
+            command: Some(command.clone()),
+            host: Some(host.clone()),
+            pid: Some(u64::from(pid)),
+            started: Some(started_ms),
+            token: Some(token.clone()),
+            rest: Default::default(),
+        });
         Holder {
             token,
             host,

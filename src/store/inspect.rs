@@ -8,6 +8,10 @@ use std::time::Duration;
 use anyhow::{anyhow, Result};
 use redis::{Script, Value};
 
+use crate::record::ledger::LedgerEntry;
+use crate::record::run::RunRecord;
+use crate::record::suspension::Suspension;
+use crate::record::Stored;
 use crate::store::keys::Keys;
 use crate::store::lock::{eval, ms, text_or_nil, MAX_LIMIT, NOTIFY_TTL};
 use crate::store::topology::{Failure, Link};
@@ -99,20 +103,20 @@ pub struct Snapshot {
     pub holder: Option<String>,
     pub pttl: i64,
     pub fence: Option<i64>,
-    pub last_run: Option<String>,
+    pub last_run: Option<Stored<RunRecord>>,
     /// The newest kept run records, when asked for.
-    pub history: Vec<String>,
+    pub history: Vec<Stored<RunRecord>>,
     /// With `--schedule`: the last started run's instant (Unix ms) and the schedule it used.
     pub instant: Option<i64>,
     pub schedule: Option<String>,
     /// With `--limit` above 1: N, and each held slot.
     pub limit: Option<u32>,
     pub slots: Vec<SlotHolder>,
-    /// With `--schedule`: the ledger, as (instant in Unix ms, entry as JSON), newest first (at
-    /// most [`LEDGER_KEEP`]).
-    pub ledger: Vec<(i64, String)>,
-    /// While `--suspend` is in force: its record (JSON).
-    pub suspended: Option<String>,
+    /// With `--schedule`: the ledger, as (instant in Unix ms, entry), newest first (at most
+    /// [`LEDGER_KEEP`]).
+    pub ledger: Vec<(i64, Stored<LedgerEntry>)>,
+    /// While `--suspend` is in force: its record.
+    pub suspended: Option<Stored<Suspension>>,
 }
 
 /// One holder of a `--limit` above 1.
@@ -208,14 +212,17 @@ fn snapshot_of(reply: StatusReply) -> Snapshot {
         holder,
         pttl,
         fence,
-        last_run,
-        history,
+        last_run: last_run.as_deref().map(Stored::read),
+        history: history.iter().map(|r| Stored::read(r)).collect(),
         instant,
         schedule,
         limit,
         slots,
-        ledger,
-        suspended,
+        ledger: ledger
+            .into_iter()
+            .map(|(at, raw)| (at, Stored::read(&raw)))
+            .collect(),
+        suspended: suspended.as_deref().map(Stored::read),
     }
 }
 
@@ -267,9 +274,9 @@ pub fn merge(
         .cloned();
     let started = |s: &&&Snapshot| {
         s.last_run
-            .as_deref()
-            .and_then(|r| serde_json::from_str::<serde_json::Value>(r).ok())
-            .and_then(|v| v["started"].as_u64())
+            .as_ref()
+            .and_then(Stored::ours)
+            .and_then(|r| r.started)
             .unwrap_or(0)
     };
     let newest = ok.iter().max_by_key(started).expect("a majority answered");

@@ -11,6 +11,8 @@ use anyhow::Result;
 use redis::{Script, Value};
 
 use crate::clock::Instant;
+use crate::record::suspension::Suspension;
+use crate::record::Stored;
 pub use crate::store::holder::Holder;
 use crate::store::keys::Keys;
 use crate::store::topology::{Call, Failure, Link};
@@ -123,7 +125,7 @@ pub enum Attempt {
     /// KEY is suspended (`--suspend`): the suspension record, and (with a schedule) the instant
     /// this attempt was for, now recorded `skipped`.
     Suspended {
-        record: String,
+        record: Stored<Suspension>,
         instant: Option<i64>,
     },
 }

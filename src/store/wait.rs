@@ -14,6 +14,8 @@ use anyhow::{anyhow, Result};
 use crate::clock::Instant;
 use crate::duration::Span;
 use crate::log::Log;
+use crate::record::suspension::Suspension;
+use crate::record::Stored;
 use crate::signals;
 use crate::store::keys::Keys;
 use crate::store::lock::{self, Attempt, Held, Holder};
@@ -38,7 +40,7 @@ pub enum Acquired {
     AlreadyRan { instant: i64, ran: i64 },
     /// KEY is suspended (`--suspend`): the record (who, since when, why); no wait outlasts it.
     Suspended {
-        record: String,
+        record: Stored<Suspension>,
         instant: Option<i64>,
     },
 }

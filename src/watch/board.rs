@@ -8,9 +8,11 @@ use std::time::Duration;
 
 use crate::clock::Instant;
 use crate::config::RunConfig;
-use crate::fleet::ledger::MissedReason;
 use crate::fleet::metrics::{self, Attempt, OUTCOMES};
 use crate::fleet::schedule::Schedule;
+use crate::record::ledger::{LedgerEntry, MissedReason};
+use crate::record::suspension::Suspension;
+use crate::record::Stored;
 
 /// `/healthz` answers 503 once the replica's loop has not turned for this long. The loop turns at
 /// least every 2 s (it looks at the crontab's modification time), so a loop three times that
@@ -41,10 +43,10 @@ pub struct Running {
 /// The fleet-wide state of one job, read from Redis for a request.
 #[derive(Clone, Default)]
 pub struct Fleetwide {
-    /// While `--suspend` is in force: its record (JSON).
-    pub suspended: Option<String>,
-    /// The ledger, newest first: (instant in Unix ms, entry as JSON).
-    pub ledger: Vec<(i64, String)>,
+    /// While `--suspend` is in force: its record.
+    pub suspended: Option<Stored<Suspension>>,
+    /// The ledger, newest first: (instant in Unix ms, entry).
+    pub ledger: Vec<(i64, Stored<LedgerEntry>)>,
 }
 
 /// The round-trip times to Redis, as a histogram (upper bounds in seconds).

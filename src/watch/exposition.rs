@@ -4,14 +4,14 @@
 //! whether it is suspended and its ledger's instants by state; per replica, its jobs, runs,
 //! `--max-jobs`, claims, whether it drains, its calls to Redis and its version.
 
-use crate::fleet::ledger::MissedReason;
+use crate::record::ledger::MissedReason;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use crate::clock::unix_millis;
-use crate::fleet::ledger::STATES;
 use crate::fleet::metrics::OUTCOMES;
 use crate::host::hostname;
+use crate::record::ledger::STATES;
 
 use super::answer::Answer;
 use super::board::{Board, RTT_BOUNDS};
@@ -145,7 +145,11 @@ pub fn answer(board: &Board, fleet: &mut Reader) -> Answer {
             &key,
             u8::from(state.suspended.is_some()),
         );
-        let states: Vec<String> = state.ledger.iter().map(|(_, raw)| state_of(raw)).collect();
+        let states: Vec<String> = state
+            .ledger
+            .iter()
+            .map(|(_, e)| e.ours().and_then(|e| e.state.clone()).unwrap_or_default())
+            .collect();
         for st in STATES {
             let n = states.iter().filter(|s| *s == st).count();
             f.add(
@@ -163,14 +167,6 @@ pub fn answer(board: &Board, fleet: &mut Reader) -> Answer {
         kind: "text/plain; version=0.0.4; charset=utf-8",
         body: f.text(),
     }
-}
-
-/// An entry's state.
-fn state_of(raw: &str) -> String {
-    serde_json::from_str::<serde_json::Value>(raw)
-        .ok()
-        .and_then(|v| v["state"].as_str().map(str::to_string))
-        .unwrap_or_default()
 }
 
 /// The replica's own series.

@@ -6,12 +6,12 @@
 
 use std::fmt::Write as _;
 
-use serde_json::Value;
-
 use crate::clock::{rfc3339, unix_millis};
-use crate::fleet::describe::{describe_suspension, round_ms, text_field};
-use crate::fleet::ledger::{entry_json, STATES};
+use crate::fleet::describe::{describe_suspension, round_ms};
+use crate::fleet::ledger;
 use crate::host::hostname;
+use crate::record::ledger::{LedgerEntry, STATES};
+use crate::record::{or_unknown, Stored};
 
 use super::answer::Answer;
 use super::board::{Board, Fleetwide, JobLine, Running};
@@ -100,7 +100,7 @@ fn row(
     let (runs, suspended) = match fleet {
         Some(f) => (
             now_running(f, here),
-            f.suspended.as_deref().map_or("no".to_string(), |r| {
+            f.suspended.as_ref().map_or("no".to_string(), |r| {
                 format!("yes, {}", describe_suspension(r))
             }),
         ),
@@ -124,9 +124,8 @@ fn row(
         runs = esc(&runs),
         susp = esc(&suspended),
     );
-    for (at, raw) in fleet.map_or(&[][..], |f| &f.ledger[..]).iter().take(CELLS) {
-        let entry = entry_json(*at, raw);
-        let st = text_field(&entry, "state");
+    for (at, entry) in fleet.map_or(&[][..], |f| &f.ledger[..]).iter().take(CELLS) {
+        let st = ledger::state(entry);
         let class = if st.chars().all(|c| c.is_ascii_lowercase()) {
             st.as_str()
         } else {
@@ -136,7 +135,7 @@ fn row(
             out,
             "<span class=\"c {class}\" data-state=\"{}\" title=\"{}\"></span>",
             esc(&st),
-            esc(&details(&entry))
+            esc(&details(*at, entry))
         );
     }
     out.push_str("</td></tr>");
@@ -144,12 +143,11 @@ fn row(
 
 /// Whether the job runs now, fleet-wide: the newest instant's attempt while it is `running`.
 fn now_running(f: &Fleetwide, here: Option<&Running>) -> String {
-    let newest = f.ledger.first().map(|(at, raw)| entry_json(*at, raw));
-    if let Some(entry) = newest.filter(|e| e["state"] == "running") {
-        let attempts = entry["attempts"].as_array().cloned().unwrap_or_default();
-        let n = attempts.len();
-        let last = attempts.last().cloned().unwrap_or(Value::Null);
-        let since = last["started"].as_u64().map_or(String::new(), |ms| {
+    let newest = f.ledger.first().and_then(|(_, e)| e.ours());
+    if let Some(entry) = newest.filter(|e| e.state.as_deref() == Some("running")) {
+        let n = entry.attempts.len();
+        let last = entry.attempts.last();
+        let since = last.and_then(|a| a.started).map_or(String::new(), |ms| {
             format!(
                 " since {} ({} ago)",
                 rfc3339(ms),
@@ -158,7 +156,7 @@ fn now_running(f: &Fleetwide, here: Option<&Running>) -> String {
         });
         return format!(
             "running on {}{since}, attempt {n}",
-            text_field(&last, "host")
+            or_unknown(last.and_then(|a| a.host.as_deref()))
         );
     }
     match here {
@@ -172,31 +170,17 @@ fn now_running(f: &Fleetwide, here: Option<&Running>) -> String {
 }
 
 /// An instant's details, for the hover: its time, state and attempts.
-fn details(entry: &Value) -> String {
-    let mut s = format!(
-        "{}: {}",
-        entry["instant_time"].as_str().unwrap_or("?"),
-        text_field(entry, "state")
-    );
-    for (i, a) in entry["attempts"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
-        let exit = a["exit"]
-            .as_i64()
-            .map_or(String::new(), |c| format!(", exit {c}"));
-        let took = match (a["started"].as_u64(), a["ended"].as_u64()) {
-            (Some(s), Some(e)) => format!(", {}", round_ms(e.saturating_sub(s))),
-            _ => String::new(),
-        };
+fn details(at: i64, entry: &Stored<LedgerEntry>) -> String {
+    let mut s = format!("{}: {}", rfc3339(at.max(0) as u64), ledger::state(entry));
+    for (i, a) in ledger::attempts(entry).iter().enumerate() {
+        let exit = a.exit.map_or(String::new(), |c| format!(", exit {c}"));
+        let took = ledger::took(a).map_or(String::new(), |t| format!(", {t}"));
         let _ = write!(
             s,
             "\nattempt {} on {}: {}{exit}{took}",
             i + 1,
-            text_field(a, "host"),
-            text_field(a, "state")
+            or_unknown(a.host.as_deref()),
+            or_unknown(a.state.as_deref())
         );
     }
     s

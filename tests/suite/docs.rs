@@ -407,3 +407,72 @@ fn manual_links_resolve() {
     }
     assert!(checked >= 20, "only {checked} links checked");
 }
+
+/// Every file and module ARCHITECTURE.md cites exists: a cited `x/y.rs` (or a bare `y.rs`) is
+/// some file of `src/` or `tests/` ending so, and a cited module path (`fleet::describe`,
+/// `job::supervise::Keeper`) is a file of `src/` named by its lowercase segments.
+#[test]
+fn architecture_cites_only_paths_that_exist() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    let mut dirs = vec![root.join("src"), root.join("tests"), root.join("scripts")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if let Ok(rel) = path.strip_prefix(root) {
+                files.push(rel.to_string_lossy().into_owned());
+            }
+        }
+    }
+    let exists = |suffix: &str| {
+        files
+            .iter()
+            .any(|f| f == suffix || f.ends_with(&format!("/{suffix}")))
+    };
+    let text = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let mut missing = Vec::new();
+    for cited in text.split('`').skip(1).step_by(2) {
+        if cited.contains(' ')
+            || cited
+                .chars()
+                .any(|c| c.is_ascii_uppercase() && cited.contains('/'))
+        {
+            continue;
+        }
+        let path = cited.split("::").next().unwrap_or_default();
+        if path.ends_with(".rs") {
+            if !exists(path) {
+                missing.push(cited.to_string());
+            }
+            continue;
+        }
+        let modules: Vec<&str> = cited
+            .split("::")
+            .take_while(|s| s.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+            .collect();
+        if !cited.contains("::") || modules.is_empty() || modules[0] == "crate" {
+            continue;
+        }
+        // The crate itself, paths relative to a file, and other crates.
+        let outside = [
+            "cronlock", "super", "self", "std", "rustls", "serde", "clap", "nix",
+        ];
+        if outside.contains(&modules[0]) {
+            continue;
+        }
+        // `a::b::item` names a function of `a/b.rs`: the longest prefix that is a file counts.
+        let found = (1..=modules.len()).rev().any(|n| {
+            let m = modules[..n].join("/");
+            exists(&format!("{m}.rs")) || exists(&format!("{m}/mod.rs"))
+        });
+        if !found {
+            missing.push(cited.to_string());
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md cites what does not exist: {missing:#?}"
+    );
+}

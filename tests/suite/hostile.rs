@@ -55,6 +55,8 @@ fn renewal_fails(mischief: Mischief) -> String {
     let proxy = Hostile::start(r.port);
     let dir = scratch("hostile-renew");
     let ttl = Duration::from_secs(3);
+    // Alone from before the start: a wait for the other tests could outlast the job.
+    let _alone = measure_alone();
     let mut measured = cronlock_measured(&proxy.url());
     measured
         .cmd
@@ -62,7 +64,6 @@ fn renewal_fails(mischief: Mischief) -> String {
         .arg(format!("echo $$ > {}/pid; exec sleep 30", dir.display()));
     let measured = std::thread::spawn(move || measured.run());
     let job = read_pid(&dir.join("pid"));
-    let _alone = measure_alone();
     let turned = Instant::now();
     proxy.set(mischief);
     let mut died = None;

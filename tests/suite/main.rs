@@ -26,6 +26,7 @@ mod monitoring;
 mod newcomer;
 mod owner;
 mod quorum;
+mod records;
 mod replicated;
 mod report;
 mod safety;

@@ -88,6 +88,9 @@ impl Contenders {
 /// command is stopped (122) within 500 ms of it, and returns how long it took.
 pub fn stopped_at_once(mut cmd: Command, key: &str, vanish: impl FnOnce()) -> Duration {
     use std::io::BufRead;
+    // Alone from before the start: waiting for the other tests to end while the job runs could
+    // outlast its `sleep 60`, and the lock would vanish after its release.
+    let _alone = super::measure_alone();
     let mut c = cmd
         .args([
             "-v",
@@ -117,7 +120,6 @@ pub fn stopped_at_once(mut cmd: Command, key: &str, vanish: impl FnOnce()) -> Du
     });
     rx.recv_timeout(Duration::from_secs(10))
         .expect("cronlock did not start watching its lock");
-    let _alone = super::measure_alone();
     vanish();
     let gone = Instant::now();
     let mut status = None;

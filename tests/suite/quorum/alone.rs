@@ -63,6 +63,8 @@ fn losing_the_quorum_mid_run_stops_the_command_before_expiry() {
     let m = three();
     let dir = scratch("quorum-lost");
     let ttl = Duration::from_secs(3);
+    // Alone from before the start: a wait for the other tests could outlast the job.
+    let _alone = measure_alone();
     let job = on(&m)
         .current_dir(&dir)
         .args([
@@ -78,7 +80,6 @@ fn losing_the_quorum_mid_run_stops_the_command_before_expiry() {
         .spawn()
         .unwrap();
     let pid = read_pid(&dir.join("pid"));
-    let _alone = measure_alone();
     m[0].pause();
     m[1].pause();
     let paused = Instant::now();

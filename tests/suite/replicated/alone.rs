@@ -25,6 +25,8 @@ fn min_replicas_stops_the_command_when_renewals_are_not_replicated() {
     let replica = Redis::replica_of(&primary);
     let dir = scratch("replicas-midrun");
     let ttl = Duration::from_secs(3);
+    // Alone from before the start: a wait for the other tests could outlast the job.
+    let _alone = measure_alone();
     let job = cronlock(&primary)
         .current_dir(&dir)
         .args([
@@ -42,7 +44,6 @@ fn min_replicas_stops_the_command_when_renewals_are_not_replicated() {
         .spawn()
         .unwrap();
     let pid = read_pid(&dir.join("pid"));
-    let _alone = measure_alone();
     replica.pause();
     let paused = Instant::now();
     let out = job.wait_with_output().unwrap();

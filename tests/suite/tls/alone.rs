@@ -190,6 +190,8 @@ fn dripped_tls_renewals_stop_the_job_in_time() {
     let relay = Relay::start(s.port, None);
     let dir = scratch("tls-drip-renew");
     let ttl = Duration::from_secs(3);
+    // Alone from before the start: a wait for the other tests could outlast the job.
+    let _alone = measure_alone();
     let mut cmd = tls_cronlock(&format!("rediss://127.0.0.1:{}", relay.port));
     cmd.env("CRONLOCK_TLS_CA_CERT", ca())
         .args(["--ttl", "3s", "--connect-timeout", "1s", "k", "-c"])
@@ -197,7 +199,6 @@ fn dripped_tls_renewals_stop_the_job_in_time() {
         .stderr(Stdio::piped());
     let holder = cmd.spawn().unwrap();
     let job = read_pid(&dir.join("pid"));
-    let _alone = measure_alone();
     let turned = std::time::Instant::now();
     relay.drip_now();
     let mut died = None;

@@ -1,0 +1,134 @@
+//! The messages between a replica (`--crontab`) and a run it started, one line of JSON each
+//! with a version (`"v"`) and a kind: the replica sends one `lock`; the run sends `started`,
+//! then `release` (what to record) and waits for the replica's `released`, then `ended`
+//! (`fleet/handover.rs` carries them).
+
+use anyhow::{anyhow, bail, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::record::run::Ending;
+
+/// The version of the messages; a process refuses any other.
+pub const VERSION: u64 = 2;
+
+/// One message, by kind.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Message {
+    /// The lock a replica won, handed to its run.
+    Lock(LockMessage),
+    /// The command started, as process `pid`.
+    Started { pid: u32 },
+    /// Release the lock for the run, recording this.
+    Release(ReleaseMessage),
+    /// The replica's answer to a `release`.
+    Released(ReleasedMessage),
+    /// The run ended: its exit status and how the command ended, `duration_ms` after the claim.
+    Ended {
+        status: u8,
+        ending: Ending,
+        duration_ms: u64,
+    },
+}
+
+/// A won lock: the holder value and its parts, the fencing token, and when the claim was sent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LockMessage {
+    pub key: String,
+    /// The holder value exactly as written to Redis.
+    pub value: String,
+    pub token: String,
+    pub host: String,
+    pub pid: u32,
+    pub started: u64,
+    pub command: String,
+    pub fence: i64,
+    pub slot: u32,
+    pub limit: u32,
+    pub instant: Option<i64>,
+    pub attempt: u32,
+    pub ttl_ms: u64,
+    /// When the claim was sent, on `CLOCK_BOOTTIME` (the same clock in every process).
+    pub sent_boot_ns: u64,
+}
+
+/// What a run asks its replica to record at release.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReleaseMessage {
+    pub hold_ms: u64,
+    /// The run record, as stored.
+    pub record: Option<String>,
+    pub history: u32,
+    pub record_ttl_ms: Option<u64>,
+    pub ledger: Option<LedgerEndMessage>,
+}
+
+/// How the run's instant ends in the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LedgerEndMessage {
+    pub instant: i64,
+    pub exit: u8,
+    pub interrupted: bool,
+}
+
+/// How the replica's release went, or why it failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleasedMessage {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<ReleaseOutcome>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReleaseOutcome {
+    Deleted,
+    Kept,
+    NotOurs,
+}
+
+#[derive(Deserialize)]
+struct Envelope {
+    #[serde(flatten)]
+    message: Message,
+}
+
+#[derive(Serialize)]
+struct Sent<'a> {
+    v: u64,
+    #[serde(flatten)]
+    message: &'a Message,
+}
+
+#[derive(Deserialize)]
+struct Version {
+    v: Option<u64>,
+}
+
+impl Message {
+    /// The message, one line ending in a newline.
+    pub fn line(&self) -> String {
+        let sent = Sent {
+            v: VERSION,
+            message: self,
+        };
+        let mut text = serde_json::to_string(&sent).unwrap_or_default();
+        text.push('\n');
+        text
+    }
+
+    /// Read one line (without its newline): a message of this version, in its exact shape.
+    pub fn parse(line: &str) -> Result<Message> {
+        let version: Version =
+            serde_json::from_str(line).map_err(|_| anyhow!("the message is not JSON"))?;
+        match version.v {
+            Some(VERSION) => {}
+            Some(other) => bail!("message version {other}, and this cronlock speaks {VERSION}"),
+            None => bail!("the message has no version"),
+        }
+        let envelope: Envelope =
+            serde_json::from_str(line).map_err(|e| anyhow!("a message out of shape: {e}"))?;
+        Ok(envelope.message)
+    }
+}
