@@ -1,5 +1,5 @@
 //! The lease: how long the lock is ours, on our monotonic clock ([`crate::clock`], which counts
-//! system suspend). [`Timing`] follows from `--ttl` and `--grace`; [`Watch`] is the one shared
+//! system suspend). [`Timing`] follows from `--ttl` and `--grace`; [`Validity`] is the one shared
 //! view of "valid until" (or lost, and why) that the renewal thread moves on, the lock's watch
 //! shortens, and the supervising loop acts on.
 //!
@@ -99,19 +99,19 @@ pub type Publish = Arc<dyn Fn(Instant) + Send + Sync>;
 /// The shared view of the lock's validity; every move of it is published as the guard's kill-by
 /// time ([`kill_by`]).
 #[derive(Clone)]
-pub struct Watch {
+pub struct Validity {
     inner: Arc<Mutex<Inner>>,
     publish: Publish,
     pub margin: Duration,
 }
 
-impl Watch {
+impl Validity {
     /// Validity starts at `valid_until`. The guard's kill-by time follows it, half a margin
     /// earlier: after cronlock's own SIGKILL (a whole margin early), so a live cronlock acts
     /// first, yet still before the lock can expire.
     /// `publish` has already been told [`kill_by`]`(valid_until, margin)`.
-    pub fn new(valid_until: Instant, margin: Duration, publish: Publish) -> Watch {
-        Watch {
+    pub fn new(valid_until: Instant, margin: Duration, publish: Publish) -> Validity {
+        Validity {
             inner: Arc::new(Mutex::new(Inner {
                 valid_until,
                 lost: None,

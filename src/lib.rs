@@ -12,6 +12,7 @@ pub mod exit;
 pub mod files;
 pub mod fleet;
 pub mod host;
+pub mod http;
 pub mod lease;
 pub mod log;
 pub mod record;
@@ -19,7 +20,6 @@ pub mod replica;
 pub mod run;
 pub mod signals;
 pub mod store;
-pub mod watch;
 pub mod watchdog;
 
 use std::sync::atomic::Ordering;
@@ -140,9 +140,9 @@ fn checking_args() -> bool {
 /// `--check` could not judge: the plugin's UNKNOWN line, never status 125.
 fn unknown(message: &str) -> Exit {
     let text = message.strip_prefix("cronlock: ").unwrap_or(message);
-    let verdict = check::Verdict::unknown(text.to_string());
+    let verdict = check::CheckVerdict::unknown(text.to_string());
     let _ = admin::print(&verdict.render("", false));
-    Exit::Check(check::State::Unknown as u8)
+    Exit::Check(check::CheckState::Unknown as u8)
 }
 
 /// How long the exit waits for queued log lines to reach a slow stderr.
@@ -212,7 +212,7 @@ fn admin_mode(admin: &Admin, log: &Log) -> Result<Exit> {
 }
 
 /// `--check KEY`: every failure is an UNKNOWN verdict, never an error.
-fn check_key(admin: &Admin, masters: &mut Masters) -> check::Verdict {
+fn check_key(admin: &Admin, masters: &mut Masters) -> check::CheckVerdict {
     let AdminMode::Check {
         key,
         max_age,
@@ -232,6 +232,6 @@ fn check_key(admin: &Admin, masters: &mut Masters) -> check::Verdict {
             schedule.as_ref(),
             crate::clock::unix_millis(),
         ),
-        Err(e) => check::Verdict::unknown(format!("{e:#}")),
+        Err(e) => check::CheckVerdict::unknown(format!("{e:#}")),
     }
 }

@@ -32,13 +32,13 @@ use std::time::Duration;
 use crate::clock::Instant;
 use crate::command::supervise::Keeper;
 use crate::duration::Span;
-use crate::lease::{Timing, Watch};
+use crate::lease::{Timing, Validity};
 use crate::log::{Level, Log};
 use crate::store::lock::Held;
 use crate::store::quorum::Masters;
 
 /// The lock's watch reports to the validity view: a change asks for a renewal now.
-impl crate::store::tracking::Listener for Watch {
+impl crate::store::tracking::Listener for Validity {
     fn changed(&self) {
         self.renew_now();
     }
@@ -52,14 +52,14 @@ impl crate::store::tracking::Listener for Watch {
 /// then (most cron jobs' `true`-sized runs) never pays for a thread. Renewals keep their schedule,
 /// counted from the time the acquire was sent, whenever the thread starts.
 pub struct Watchdog {
-    pub watch: Watch,
-    state: State,
+    pub validity: Validity,
+    state: RenewalState,
     /// The watch for changes to the lock key ([`crate::store::tracking`]): planned, then running.
-    tracking: Tracking,
+    tracking: TrackingStage,
 }
 
-enum Tracking {
-    Planned(Instant, crate::store::tracking::Plan),
+enum TrackingStage {
+    Planned(Instant, crate::store::tracking::WatchPlan),
     /// Kept for its `Drop`, which ends the watch threads.
     Running {
         _threads: crate::store::tracking::Tracking,
@@ -67,7 +67,7 @@ enum Tracking {
     Off,
 }
 
-enum State {
+enum RenewalState {
     /// Nothing to do before `due`; the main loop calls [`Keeper::start_if_due`].
     Pending { due: Instant, renewal: Box<Renewal> },
     Running {
@@ -80,7 +80,7 @@ enum State {
 
 /// What the main thread tells the renewal thread.
 enum Msg {
-    /// Renew now (see [`Watch::renew_now`]).
+    /// Renew now (see [`Validity::renew_now`]).
     Renew,
     Stop,
 }
@@ -96,7 +96,13 @@ struct Renewal {
 impl Watchdog {
     /// Prepare to renew `held` over `link` (the one that took the lock). No thread runs yet: see
     /// [`Keeper::start_if_due`].
-    pub fn new(masters: Masters, held: Held, timing: Timing, watch: Watch, log: Log) -> Watchdog {
+    pub fn new(
+        masters: Masters,
+        held: Held,
+        timing: Timing,
+        validity: Validity,
+        log: Log,
+    ) -> Watchdog {
         let due = held.sent_at + timing.interval;
         let renewal = Box::new(Renewal {
             masters,
@@ -105,15 +111,16 @@ impl Watchdog {
             log,
         });
         Watchdog {
-            watch,
-            state: State::Pending { due, renewal },
-            tracking: Tracking::Off,
+            validity,
+            state: RenewalState::Pending { due, renewal },
+            tracking: TrackingStage::Off,
         }
     }
 
-    /// Watch the lock key for changes once the command started at `started` has run a little.
-    pub fn track(&mut self, plan: crate::store::tracking::Plan, started: Instant) {
-        self.tracking = Tracking::Planned(crate::store::tracking::Plan::due(started), plan);
+    /// Validity the lock key for changes once the command started at `started` has run a little.
+    pub fn track(&mut self, plan: crate::store::tracking::WatchPlan, started: Instant) {
+        self.tracking =
+            TrackingStage::Planned(crate::store::tracking::WatchPlan::due(started), plan);
     }
 
     /// Stop renewing; returns the links if they are still good, for the release. Waits at most
@@ -122,75 +129,77 @@ impl Watchdog {
     pub fn stop(self, within: Duration) -> Option<Masters> {
         drop(self.tracking);
         match self.state {
-            State::Pending { renewal, .. } => Some(renewal.masters),
-            State::Running { stop, done } => {
+            RenewalState::Pending { renewal, .. } => Some(renewal.masters),
+            RenewalState::Running { stop, done } => {
                 let _ = stop.send(Msg::Stop);
                 done.recv_timeout(within).ok().flatten()
             }
-            State::Failed => None,
+            RenewalState::Failed => None,
         }
     }
 }
 
 impl Keeper for Watchdog {
-    fn watch(&self) -> &Watch {
-        &self.watch
+    fn validity(&self) -> &Validity {
+        &self.validity
     }
 
     /// When the main loop must call [`Keeper::start_if_due`] next, if at all.
     fn due(&self) -> Option<Instant> {
         let renewal = match &self.state {
-            State::Pending { due, .. } => Some(*due),
+            RenewalState::Pending { due, .. } => Some(*due),
             _ => None,
         };
         let tracking = match &self.tracking {
-            Tracking::Planned(at, _) => Some(*at),
+            TrackingStage::Planned(at, _) => Some(*at),
             _ => None,
         };
         renewal.into_iter().chain(tracking).min()
     }
 
     /// Start the renewal thread once its first renewal is due, or at once when a renewal was
-    /// asked for ([`Watch::renew_now`]); a running thread is told to renew now. If it cannot
+    /// asked for ([`Validity::renew_now`]); a running thread is told to renew now. If it cannot
     /// start, nothing will renew the lock: it is marked lost, so the command is stopped before the
     /// lock can expire.
     fn start_if_due(&mut self, now: Instant) {
-        if matches!(&self.tracking, Tracking::Planned(at, _) if now >= *at) {
-            if let Tracking::Planned(_, plan) = std::mem::replace(&mut self.tracking, Tracking::Off)
+        if matches!(&self.tracking, TrackingStage::Planned(at, _) if now >= *at) {
+            if let TrackingStage::Planned(_, plan) =
+                std::mem::replace(&mut self.tracking, TrackingStage::Off)
             {
-                self.tracking = Tracking::Running {
-                    _threads: plan.start(Arc::new(self.watch.clone())),
+                self.tracking = TrackingStage::Running {
+                    _threads: plan.start(Arc::new(self.validity.clone())),
                 };
             }
         }
-        let asked = self.watch.take_renew_now();
+        let asked = self.validity.take_renew_now();
         match &self.state {
-            State::Pending { due, .. } if now >= *due || asked => {}
-            State::Running { stop, .. } if asked => {
+            RenewalState::Pending { due, .. } if now >= *due || asked => {}
+            RenewalState::Running { stop, .. } if asked => {
                 let _ = stop.send(Msg::Renew);
                 return;
             }
             _ => return,
         }
-        let State::Pending { renewal, .. } = std::mem::replace(&mut self.state, State::Failed)
+        let RenewalState::Pending { renewal, .. } =
+            std::mem::replace(&mut self.state, RenewalState::Failed)
         else {
             return;
         };
-        match spawn(*renewal, self.watch.clone()) {
+        match spawn(*renewal, self.validity.clone()) {
             Ok(running) => {
-                if let (true, State::Running { stop, .. }) = (asked, &running) {
+                if let (true, RenewalState::Running { stop, .. }) = (asked, &running) {
                     let _ = stop.send(Msg::Renew);
                 }
                 self.state = running;
             }
-            Err(e) => self.watch.lose(format!(
+            Err(e) => self.validity.lose(format!(
                 "cannot start the watchdog thread that renews it ({e})"
             )),
         }
     }
 }
 
-fn spawn(r: Renewal, watch: Watch) -> std::io::Result<State> {
+fn spawn(r: Renewal, watch: Validity) -> std::io::Result<RenewalState> {
     #[cfg(debug_assertions)]
     if std::env::var_os("CRONLOCK_DEBUG_PANIC").is_some_and(|v| v == "watchdog-start") {
         return Err(std::io::Error::other("injected by CRONLOCK_DEBUG_PANIC"));
@@ -217,14 +226,14 @@ fn spawn(r: Renewal, watch: Watch) -> std::io::Result<State> {
             });
             let _ = done_tx.send(con);
         })?;
-    Ok(State::Running { stop, done })
+    Ok(RenewalState::Running { stop, done })
 }
 
 fn renew_loop(
     mut masters: Masters,
     held: Held,
     timing: Timing,
-    watch: Watch,
+    watch: Validity,
     stop: mpsc::Receiver<Msg>,
     log: Log,
 ) -> Option<Masters> {

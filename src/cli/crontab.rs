@@ -81,8 +81,8 @@ pub fn load(path: &Path) -> Result<Vec<CronJob>> {
     let mut place: HashMap<String, usize> = HashMap::new();
     let mut zone: Option<String> = None;
     let mut lines_of: HashMap<String, usize> = HashMap::new();
-    // Built once: clap's definition is tens of KiB, and building it per line made a file of
-    // 20,000 lines take seconds to read.
+    // Built once: clap's definition is tens of KiB, too much to build again for every line of a
+    // large file.
     // The replica's own options, given as variables, are the replica's: a job line never reads
     // them (they would be refused there: they need --crontab).
     let mut command = Cli::command();
@@ -116,7 +116,7 @@ pub fn load(path: &Path) -> Result<Vec<CronJob>> {
             }
             continue;
         }
-        let job = job(line, (zone.as_deref(), &env), n, &mut command)
+        let job = job(line, zone.as_deref(), &env, n, &mut command)
             .map_err(|e| anyhow!("{shown}:{n}: {e:#}"))?;
         if let Some(first) = lines_of.insert(job.key.clone(), n) {
             bail!(
@@ -234,7 +234,8 @@ fn cron_field(word: &str) -> bool {
 /// One job line.
 fn job(
     line: &str,
-    (zone, env): (Option<&str>, &Env),
+    zone: Option<&str>,
+    env: &Env,
     n: usize,
     command: &mut clap::Command,
 ) -> Result<CronJob> {
@@ -327,12 +328,7 @@ mod tests {
     use super::*;
 
     fn job(line: &str, zone: Option<&str>, env: &[(String, String)], n: usize) -> Result<CronJob> {
-        super::job(
-            line,
-            (zone, &Arc::new(env.to_vec())),
-            n,
-            &mut Cli::command(),
-        )
+        super::job(line, zone, &Arc::new(env.to_vec()), n, &mut Cli::command())
     }
 
     #[test]

@@ -23,7 +23,7 @@ pub use message::one_line;
 /// What cronlock was asked to do, before it is resolved ([`resolve`]).
 #[derive(Debug, Clone)]
 pub(crate) enum Mode {
-    Run(Target),
+    Run(RunTarget),
     Status(String),
     Check(String),
     List,
@@ -35,7 +35,7 @@ pub(crate) enum Mode {
 
 /// What a run is for, once the arguments are checked: its KEY and its command.
 #[derive(Debug, Clone)]
-pub(crate) struct Target {
+pub(crate) struct RunTarget {
     pub key: String,
     /// argv of the child: `[COMMAND, ARGS...]` or `["/bin/sh", "-c", SHELL_COMMAND]`.
     pub argv: Vec<OsString>,
@@ -224,7 +224,7 @@ impl Cli {
     }
 
     /// Checks that clap cannot express, each with a message naming what is wrong.
-    pub(crate) fn target(&self) -> Result<Target> {
+    pub(crate) fn target(&self) -> Result<RunTarget> {
         let key = match self.key.as_deref() {
             None => bail!("missing KEY: usage: cronlock [OPTIONS] <KEY> [--] <COMMAND> [ARGS]..."),
             Some("") => bail!("KEY must not be empty"),
@@ -259,7 +259,7 @@ impl Cli {
                 self.limit
             );
         }
-        Ok(Target { key, argv })
+        Ok(RunTarget { key, argv })
     }
 }
 

@@ -139,7 +139,7 @@ fn kill_by_ns(p: &Prepared) -> u64 {
 /// has an address space of its own: the kernel's OOM killer, which SIGKILLs the process it picks
 /// *and every process sharing that process's memory*, cannot take the guard along with cronlock.
 /// The copy costs little: cronlock's anonymous memory is small, and file-backed pages are not
-/// copied at all (measured in the README's "where the time goes").
+/// copied at all (`docs/benchmarks.md`, "where the time goes").
 ///
 /// # Safety
 /// Call from cronlock's main thread, which lives as long as cronlock (`PR_SET_PDEATHSIG` fires

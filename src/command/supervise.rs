@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::clock::Instant;
 use crate::command::child::{guard_died_message, Child, Ended, Finished, Stop};
 use crate::exit::Exit;
-use crate::lease::{LockState, Watch};
+use crate::lease::{LockState, Validity};
 use crate::log::{Level, Log};
 use crate::signals;
 
@@ -16,7 +16,7 @@ use crate::signals;
 /// first never pays for a thread.
 pub trait Keeper {
     /// The lease the loop acts on.
-    fn watch(&self) -> &Watch;
+    fn validity(&self) -> &Validity;
     /// When the keeper next needs the loop ([`Keeper::start_if_due`]), if ever.
     fn due(&self) -> Option<Instant>;
     /// Start what is due by `now`. If it cannot start, the lease is marked lost.
@@ -44,7 +44,7 @@ pub struct Limits {
 /// On the safety path the signal always goes out before anything is logged: a log line may wait
 /// for a stalled stderr reader (it is queued, see [`crate::log`]), a kill must not.
 pub fn supervise(mut child: Child, keeper: &mut dyn Keeper, limits: Limits, log: &Log) -> Ended {
-    let watch = keeper.watch().clone();
+    let watch = keeper.validity().clone();
     let set = signals::watched();
     let mut s = Supervision {
         limits,
@@ -176,7 +176,7 @@ impl Supervision {
     fn why_stop(
         &self,
         child: &Child,
-        watch: &Watch,
+        watch: &Validity,
         lock: &LockState,
         term_at: Option<Instant>,
         now: Instant,

@@ -10,10 +10,10 @@
 //! answer: a value, or `-errno`. They allocate nothing, take no locks, keep no state and cannot
 //! panic.
 //!
-//! What they buy, measured (interleaved, 300 rounds x 3 against `flock -n FILE true`): starting
-//! the command with `clone3(CLONE_INTO_CGROUP)` instead of a `fork()` that joins the cgroup through
-//! `cgroup.procs` keeps the slowest runs fast: p90 2.8-3.0 ms instead of 8.3-10.2 ms (a migration
-//! waits for an RCU grace period in more than one run in ten), with the same median.
+//! Why `clone3(CLONE_INTO_CGROUP)` rather than a `fork()` that joins the cgroup through
+//! `cgroup.procs`: a migration into a cgroup may wait for an RCU grace period, which makes the
+//! slowest runs several times slower; a process born in its cgroup never migrates
+//! (`docs/benchmarks.md` has the figures).
 //!
 //! On x86_64 this is one `syscall` instruction. Elsewhere libc's `syscall()` is used and its
 //! `errno` read back, and the command's process is a plain `fork()` of the guard.

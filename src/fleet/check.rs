@@ -11,26 +11,26 @@ use serde_json::{json, Value};
 use crate::fleet::describe::{describe_suspension, round_ms};
 use crate::fleet::schedule::Schedule;
 use crate::record::holder::HolderValue;
-use crate::record::run::{Ended, Ending, RunRecord};
+use crate::record::run::{Ending, RecordedEnding, RunRecord};
 use crate::record::{or_unknown, Stored};
 use crate::store::inspect::Snapshot;
 
 /// The plugin states, with their exit statuses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum State {
+pub enum CheckState {
     Ok = 0,
     Warning = 1,
     Critical = 2,
     Unknown = 3,
 }
 
-impl State {
+impl CheckState {
     pub fn name(self) -> &'static str {
         match self {
-            State::Ok => "OK",
-            State::Warning => "WARNING",
-            State::Critical => "CRITICAL",
-            State::Unknown => "UNKNOWN",
+            CheckState::Ok => "OK",
+            CheckState::Warning => "WARNING",
+            CheckState::Critical => "CRITICAL",
+            CheckState::Unknown => "UNKNOWN",
         }
     }
 }
@@ -40,17 +40,17 @@ pub const DEFAULT_SCHEDULE_GRACE: Duration = Duration::from_secs(5 * 60);
 
 /// What the check found.
 #[derive(Debug, Clone)]
-pub struct Verdict {
-    pub state: State,
+pub struct CheckVerdict {
+    pub state: CheckState,
     pub message: String,
     /// Performance data: (label, milliseconds), shown in seconds.
     pub perf: Vec<(&'static str, u64)>,
 }
 
-impl Verdict {
-    pub fn unknown(message: String) -> Verdict {
-        Verdict {
-            state: State::Unknown,
+impl CheckVerdict {
+    pub fn unknown(message: String) -> CheckVerdict {
+        CheckVerdict {
+            state: CheckState::Unknown,
             message,
             perf: Vec::new(),
         }
@@ -107,9 +107,9 @@ fn coarse(ms: u64) -> String {
 /// How a recorded run ended, in a few words; `None` when it succeeded.
 fn failure(run: &RunRecord) -> Option<String> {
     let status = run.exit_status;
-    let Some(Ended::Known(ending)) = &run.ended else {
+    let Some(RecordedEnding::Known(ending)) = &run.ended else {
         let word = match &run.ended {
-            Some(Ended::Other(word)) => word.as_str(),
+            Some(RecordedEnding::Other(word)) => word.as_str(),
             _ => "?",
         };
         return Some(format!("ended '{word}'"));
@@ -132,11 +132,11 @@ pub fn judge(
     max_age: Option<Duration>,
     schedule: Option<&Schedule>,
     now_ms: u64,
-) -> Verdict {
+) -> CheckVerdict {
     let verdict = judge_runs(key, snap, max_age, schedule, now_ms);
     match &snap.suspended {
-        Some(record) => Verdict {
-            state: State::Warning,
+        Some(record) => CheckVerdict {
+            state: CheckState::Warning,
             message: format!(
                 "{key} is suspended {} (its runs: {})",
                 describe_suspension(record),
@@ -155,7 +155,7 @@ fn judge_runs(
     max_age: Option<Duration>,
     schedule: Option<&Schedule>,
     now_ms: u64,
-) -> Verdict {
+) -> CheckVerdict {
     let last = snap.last_run.as_ref().and_then(Stored::ours);
     // With --limit above 1, any holder means a run is going on.
     let holder = snap
@@ -184,8 +184,8 @@ fn judge_runs(
             ),
             None => format!("{key} never ran"),
         };
-        return Verdict {
-            state: State::Critical,
+        return CheckVerdict {
+            state: CheckState::Critical,
             message,
             perf: Vec::new(),
         };
@@ -207,7 +207,7 @@ fn running(
     last: Option<&RunRecord>,
     max_age: Option<Duration>,
     now_ms: u64,
-) -> Option<Verdict> {
+) -> Option<CheckVerdict> {
     let h = holder?;
     let last_token = last.and_then(|l| l.token.as_ref());
     let finished = last_token.is_some() && last_token == h.token.as_ref();
@@ -216,8 +216,8 @@ fn running(
     let perf = vec![("running", running)];
     let host = or_unknown(h.host.as_deref());
     if max_age.is_some_and(|m| running > m.as_millis() as u64) {
-        return Some(Verdict {
-            state: State::Warning,
+        return Some(CheckVerdict {
+            state: CheckState::Warning,
             message: format!(
                 "{key} has been running on {host} for {}, longer than --max-age {}",
                 coarse(running),
@@ -226,8 +226,8 @@ fn running(
             perf,
         });
     }
-    Some(Verdict {
-        state: State::Ok,
+    Some(CheckVerdict {
+        state: CheckState::Ok,
         message: format!("{key} is running on {host} for {}", coarse(running)),
         perf,
     })
@@ -241,7 +241,7 @@ fn judge_last(
     missed: Option<(&Schedule, i64)>,
     max_age: Option<Duration>,
     now_ms: u64,
-) -> Verdict {
+) -> CheckVerdict {
     let since = |ms: u64| now_ms.saturating_sub(ms);
     let started = run.started.unwrap_or(0);
     let age = since(started);
@@ -250,15 +250,15 @@ fn judge_last(
     let host = or_unknown(run.host.as_deref());
     let when = format!("on {host} {} ago", coarse(age));
     if let Some(how) = failure(run) {
-        return Verdict {
-            state: State::Critical,
+        return CheckVerdict {
+            state: CheckState::Critical,
             message: format!("{key} failed {when} ({how}, {})", coarse(duration)),
             perf,
         };
     }
     if let Some((s, instant)) = missed {
-        return Verdict {
-            state: State::Critical,
+        return CheckVerdict {
+            state: CheckState::Critical,
             message: format!(
                 "{key}: no run for the {} instant (last run {when})",
                 s.label_at(instant, now_ms as i64)
@@ -267,8 +267,8 @@ fn judge_last(
         };
     }
     if let Some(m) = max_age.filter(|m| age > m.as_millis() as u64) {
-        return Verdict {
-            state: State::Critical,
+        return CheckVerdict {
+            state: CheckState::Critical,
             message: format!(
                 "{key}: no run started within --max-age {} (last run {when})",
                 coarse(m.as_millis() as u64)
@@ -276,8 +276,8 @@ fn judge_last(
             perf,
         };
     }
-    Verdict {
-        state: State::Ok,
+    CheckVerdict {
+        state: CheckState::Ok,
         message: format!("{key} succeeded {when} (exit 0, {})", coarse(duration)),
         perf,
     }
@@ -308,12 +308,12 @@ mod tests {
     #[test]
     fn a_suspended_key_is_a_warning_whatever_its_runs() {
         let mut s = snap(None, Some(run("exited", 1, 60, "t")), None);
-        assert_eq!(judge("k", &s, None, None, NOW).state, State::Critical);
+        assert_eq!(judge("k", &s, None, None, NOW).state, CheckState::Critical);
         s.suspended = Some(Stored::read(
             r#"{"host":"h","user":"ops","since":1,"reason":"db move"}"#,
         ));
         let v = judge("k", &s, None, None, NOW);
-        assert_eq!(v.state, State::Warning);
+        assert_eq!(v.state, CheckState::Warning);
         assert!(v.message.contains("suspended by ops on h"), "{}", v.message);
         assert!(v.message.contains("db move"), "{}", v.message);
     }
@@ -343,23 +343,23 @@ mod tests {
     fn failures_age_and_running() {
         let day = Some(Duration::from_secs(86_400));
         let s = snap(None, Some(run("exited", 1, 60, "a")), None);
-        assert_eq!(judge("k", &s, day, None, NOW).state, State::Critical);
+        assert_eq!(judge("k", &s, day, None, NOW).state, CheckState::Critical);
         let s = snap(None, Some(run("lost", 122, 60, "a")), None);
         assert!(judge("k", &s, day, None, NOW)
             .message
             .contains("lost its lock"));
         let s = snap(None, Some(run("exited", 0, 90_000, "a")), None);
-        assert_eq!(judge("k", &s, day, None, NOW).state, State::Critical);
-        assert_eq!(judge("k", &s, None, None, NOW).state, State::Ok);
+        assert_eq!(judge("k", &s, day, None, NOW).state, CheckState::Critical);
+        assert_eq!(judge("k", &s, None, None, NOW).state, CheckState::Ok);
         let s = snap(None, None, None);
-        assert_eq!(judge("k", &s, day, None, NOW).state, State::Critical);
+        assert_eq!(judge("k", &s, day, None, NOW).state, CheckState::Critical);
         let holder = json!({"host": "web-2", "started": NOW - 7_200_000, "token": "b"});
         let s = snap(Some(holder), Some(run("exited", 0, 90_000, "a")), None);
         assert_eq!(
             judge("k", &s, Some(Duration::from_secs(3600)), None, NOW).state,
-            State::Warning
+            CheckState::Warning
         );
-        assert_eq!(judge("k", &s, day, None, NOW).state, State::Ok);
+        assert_eq!(judge("k", &s, day, None, NOW).state, CheckState::Ok);
     }
 
     #[test]
@@ -372,13 +372,16 @@ mod tests {
             Some(today_2am - 86_400_000),
         );
         let v = judge("k", &s, None, Some(&daily), NOW);
-        assert_eq!(v.state, State::Critical);
+        assert_eq!(v.state, CheckState::Critical);
         assert!(
             v.message.contains("no run for the 02:00 instant"),
             "{}",
             v.message
         );
         let s = snap(None, Some(run("exited", 0, 4 * 3600, "a")), Some(today_2am));
-        assert_eq!(judge("k", &s, None, Some(&daily), NOW).state, State::Ok);
+        assert_eq!(
+            judge("k", &s, None, Some(&daily), NOW).state,
+            CheckState::Ok
+        );
     }
 }

@@ -139,51 +139,50 @@ impl Handover {
 
 /// What a run tells its replica.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Report {
+pub enum RunReport {
     /// The command started, as process `pid`.
     Started { pid: u32 },
     /// Release the lock for the run, recording this; the run waits for [`ReleaseAnswer`].
     Release(Box<ReleaseOptions>),
-    /// The run ended (the lock released and the instant recorded): the run's exit status and
-    /// how the command ended, after `duration` from the claim.
-    Ended {
-        status: u8,
-        ending: Ending,
-        duration: Duration,
-    },
+    /// The run ended (the lock released and the instant recorded).
+    Ended(RunEnd),
 }
 
-impl Report {
+/// How a run ended: its exit status, how the command ended, and when, from the claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunEnd {
+    pub status: u8,
+    pub ending: Ending,
+    pub duration: Duration,
+}
+
+impl RunReport {
     pub fn line(&self) -> String {
         match self {
-            Report::Started { pid } => Message::Started { pid: *pid },
-            Report::Release(opts) => Message::Release(release_message(opts)),
-            Report::Ended {
-                status,
-                ending,
-                duration,
-            } => Message::Ended {
-                status: *status,
-                ending: *ending,
-                duration_ms: duration.as_millis() as u64,
+            RunReport::Started { pid } => Message::Started { pid: *pid },
+            RunReport::Release(opts) => Message::Release(release_message(opts)),
+            RunReport::Ended(end) => Message::Ended {
+                status: end.status,
+                ending: end.ending,
+                duration_ms: end.duration.as_millis() as u64,
             },
         }
         .line()
     }
 
-    pub fn parse(line: &str) -> Result<Report> {
+    pub fn parse(line: &str) -> Result<RunReport> {
         match Message::parse(line)? {
-            Message::Started { pid } => Ok(Report::Started { pid }),
-            Message::Release(m) => Ok(Report::Release(Box::new(release_options(m)))),
+            Message::Started { pid } => Ok(RunReport::Started { pid }),
+            Message::Release(m) => Ok(RunReport::Release(Box::new(release_options(m)))),
             Message::Ended {
                 status,
                 ending,
                 duration_ms,
-            } => Ok(Report::Ended {
+            } => Ok(RunReport::Ended(RunEnd {
                 status,
                 ending,
                 duration: Duration::from_millis(duration_ms),
-            }),
+            })),
             Message::Lock(_) | Message::Released(_) => bail!("not a report"),
         }
     }
@@ -310,7 +309,7 @@ impl RunSide {
         opts: &ReleaseOptions,
         within: Duration,
     ) -> Option<ReleaseAnswer> {
-        self.send(&Report::Release(Box::new(opts.clone())));
+        self.send(&RunReport::Release(Box::new(opts.clone())));
         let wait = within.max(Duration::from_millis(1));
         self.stream.set_read_timeout(Some(wait)).ok()?;
         let mut line = String::new();
@@ -322,7 +321,7 @@ impl RunSide {
     }
 
     /// Tell the replica; a replica that is gone is not an error (the run goes on).
-    pub fn send(&mut self, report: &Report) {
+    pub fn send(&mut self, report: &RunReport) {
         let _ = self.stream.set_write_timeout(Some(Duration::from_secs(1)));
         let _ = self.stream.write_all(report.line().as_bytes());
     }
@@ -343,13 +342,13 @@ impl ReplicaSide {
 
     /// The next report; `None` at end of file (or a broken channel). A line that is not a report
     /// is skipped.
-    pub fn report(&mut self) -> Option<Report> {
+    pub fn report(&mut self) -> Option<RunReport> {
         loop {
             let mut line = String::new();
             match self.reader.read_line(&mut line) {
                 Ok(0) | Err(_) => return None,
                 Ok(_) => {
-                    if let Ok(report) = Report::parse(line.trim_end()) {
+                    if let Ok(report) = RunReport::parse(line.trim_end()) {
                         return Some(report);
                     }
                 }

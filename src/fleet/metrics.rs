@@ -68,7 +68,7 @@ pub struct Ran {
 
 /// One attempt, as the metrics file records it.
 #[derive(Debug, Clone, Copy)]
-pub struct Attempt {
+pub struct MetricsAttempt {
     pub outcome: Outcome,
     /// Unix ms.
     pub at_ms: u64,
@@ -140,7 +140,7 @@ fn seconds(ms: u64) -> String {
 }
 
 /// The file's new text.
-pub fn render(key: &str, host: &str, attempt: &Attempt, old: &str) -> String {
+pub fn render(key: &str, host: &str, attempt: &MetricsAttempt, old: &str) -> String {
     let labels = format!("key=\"{}\",host=\"{}\"", escape(key), escape(host));
     let mut out = String::new();
     let mut gauge = |name: &str, help: &str, lines: &[(String, String)]| {
@@ -218,7 +218,7 @@ pub fn render(key: &str, host: &str, attempt: &Attempt, old: &str) -> String {
 
 /// The last run's start, duration, exit status and last success, from `attempt`, or carried
 /// over from the previous file when it ran nothing.
-fn last_run(attempt: &Attempt, old: &str) -> [Option<String>; 4] {
+fn last_run(attempt: &MetricsAttempt, old: &str) -> [Option<String>; 4] {
     match attempt.run {
         Some(run) => {
             let success = (run.exit_status == 0 && attempt.outcome == Outcome::Ran)
@@ -237,7 +237,7 @@ fn last_run(attempt: &Attempt, old: &str) -> [Option<String>; 4] {
 
 /// `cronlock_suspended` and since when: from `attempt`, or, when it could not tell (an error),
 /// carried over from the previous file.
-fn suspension(attempt: &Attempt, old: &str) -> (String, Option<String>) {
+fn suspension(attempt: &MetricsAttempt, old: &str) -> (String, Option<String>) {
     match (attempt.suspended, attempt.outcome) {
         (Some(since), _) => ("1".to_string(), Some(seconds(since))),
         (None, Outcome::Error) => (
@@ -278,7 +278,7 @@ pub fn render_started(key: &str, host: &str, attempt: u32, old: &str) -> String 
 /// symlink (`O_CREAT|O_EXCL|O_NOFOLLOW`), mode 0644 whatever the umask, then renamed over the final
 /// name (which replaces a symlink there instead of following it). The previous file is read
 /// without following a symlink.
-pub fn write(dir: &Path, key: &str, host: &str, attempt: &Attempt) -> std::io::Result<()> {
+pub fn write(dir: &Path, key: &str, host: &str, attempt: &MetricsAttempt) -> std::io::Result<()> {
     replace(dir, key, |old| render(key, host, attempt, old))
 }
 
@@ -375,7 +375,7 @@ mod tests {
 
     #[test]
     fn a_skip_keeps_the_last_run() {
-        let run = Attempt {
+        let run = MetricsAttempt {
             outcome: Outcome::Ran,
             at_ms: 1_000_000,
             run: Some(Ran {
@@ -393,7 +393,7 @@ mod tests {
             ),
             "{first}"
         );
-        let skip = Attempt {
+        let skip = MetricsAttempt {
             outcome: Outcome::Skipped,
             at_ms: 2_000_000,
             run: None,

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::exit::Exit;
-use crate::record::run::{Ended, Ending, RunRecord};
+use crate::record::run::{Ending, RecordedEnding, RunRecord};
 use crate::store::lock::Held;
 
 /// The record of one run.
@@ -14,7 +14,7 @@ pub fn run_record(held: &Held, ending: Ending, exit: Exit, duration: Duration) -
     RunRecord {
         command: Some(h.command.clone()),
         duration_ms: Some(duration.as_millis() as u64),
-        ended: Some(Ended::Known(ending)),
+        ended: Some(RecordedEnding::Known(ending)),
         exit_status: Some(i64::from(exit.code())),
         fencing_token: Some(held.fence),
         finished: Some(h.started_ms + duration.as_millis() as u64),

@@ -97,7 +97,7 @@ impl Report {
             Ok(_) => Outcome::Error,
         };
         if let Some(dir) = &self.metrics_dir {
-            let attempt = metrics::Attempt {
+            let attempt = metrics::MetricsAttempt {
                 outcome: kind,
                 at_ms: attempted,
                 run: outcome.run,
@@ -118,7 +118,7 @@ impl Report {
     /// says `missed`.
     pub fn missed(&self, key: &str, at_ms: u64, log: &Log) {
         if let Some(dir) = &self.metrics_dir {
-            let attempt = metrics::Attempt {
+            let attempt = metrics::MetricsAttempt {
                 outcome: metrics::Outcome::Missed,
                 at_ms,
                 run: None,

@@ -13,7 +13,7 @@ use crate::fleet::describe::{ago, describe_suspension, round_ms, suspension_json
 use crate::fleet::ledger::{self, Ledger};
 use crate::fleet::schedule::Schedule;
 use crate::record::holder::HolderValue;
-use crate::record::run::{Ended, Ending, RunRecord};
+use crate::record::run::{Ending, RecordedEnding, RunRecord};
 use crate::record::{or_unknown, Stored};
 use crate::store::inspect;
 use crate::store::inspect::merge;
@@ -21,14 +21,14 @@ use crate::store::keys::Keys;
 use crate::store::quorum::Masters;
 
 /// Everything `--status` shows, gathered from the masters.
-struct View {
+struct StatusView {
     snap: inspect::Snapshot,
     /// Each master's own view (with several masters): its URL as shown, and what it holds.
     per_master: Vec<(String, MasterView)>,
     /// "N of M needed", with several masters.
     majority: usize,
     masters: usize,
-    plan: Option<Plan>,
+    plan: Option<SchedulePlan>,
     holder: Option<Stored<HolderValue>>,
     holders: Vec<SlotView>,
     with_history: bool,
@@ -124,7 +124,7 @@ pub fn status(
             fence: h.fence,
         })
         .collect();
-    let view = View {
+    let view = StatusView {
         plan: plan(&snap, schedule),
         holder: snap.holder.as_deref().map(Stored::read),
         holders,
@@ -149,7 +149,7 @@ pub fn status(
 }
 
 /// `--status --json` of a plain lock.
-fn json_status(keys: &Keys, view: &View) -> String {
+fn json_status(keys: &Keys, view: &StatusView) -> String {
     let (snap, holder) = (&view.snap, &view.holder);
     let mut doc = json!({
         "key": keys.name,
@@ -186,7 +186,7 @@ fn json_status(keys: &Keys, view: &View) -> String {
 }
 
 /// `--status` of a plain lock, for people.
-fn text_status(keys: &Keys, view: &View) -> String {
+fn text_status(keys: &Keys, view: &StatusView) -> String {
     let mut out = String::new();
     match &view.holder {
         Some(h) => {
@@ -240,7 +240,7 @@ fn suspended_line(out: &mut String, keys: &Keys, snap: &inspect::Snapshot) {
 }
 
 /// Each master's view, with several masters.
-fn masters_lines(out: &mut String, view: &View) {
+fn masters_lines(out: &mut String, view: &StatusView) {
     if view.per_master.is_empty() {
         return;
     }
@@ -272,7 +272,7 @@ fn masters_lines(out: &mut String, view: &View) {
 }
 
 /// The schedule: the last instant a run started for (and its state in the ledger), and the next.
-fn schedule_lines(out: &mut String, p: &Plan, ledger: &Ledger) {
+fn schedule_lines(out: &mut String, p: &SchedulePlan, ledger: &Ledger) {
     w!(out, "schedule:        {}", p.schedule.text);
     match p.last {
         Some(ms) => {
@@ -317,7 +317,7 @@ fn history_lines(out: &mut String, runs: &[Stored<RunRecord>]) {
 }
 
 /// `--status` of a KEY held with `--limit` above 1: every holder, with its slot.
-fn slots_status(keys: &Keys, limit: u32, view: &View, as_json: bool) -> String {
+fn slots_status(keys: &Keys, limit: u32, view: &StatusView, as_json: bool) -> String {
     let mut out = String::new();
     let holders = &view.holders;
     if as_json {
@@ -367,19 +367,19 @@ fn last_run_lines(out: &mut String, last: Option<&Stored<RunRecord>>) {
 }
 
 /// What `--status` says about the schedule: the given `--schedule`, else the one recorded.
-struct Plan {
+struct SchedulePlan {
     schedule: Schedule,
     last: Option<i64>,
     next: Option<i64>,
 }
 
-fn plan(snap: &inspect::Snapshot, given: Option<&Schedule>) -> Option<Plan> {
+fn plan(snap: &inspect::Snapshot, given: Option<&Schedule>) -> Option<SchedulePlan> {
     let schedule = match given {
         Some(s) => s.clone(),
         None => Schedule::parse(snap.schedule.as_deref()?).ok()?,
     };
     let next = schedule.next_after(unix_millis() as i64);
-    Some(Plan {
+    Some(SchedulePlan {
         schedule,
         last: snap.instant,
         next,
@@ -438,16 +438,16 @@ fn run_lines(r: &Stored<RunRecord>) -> Vec<String> {
     };
     let status = or_unknown(r.exit_status);
     let mut how = match &r.ended {
-        Some(Ended::Known(Ending::Exited)) => format!("exited with status {status}"),
-        Some(Ended::Known(Ending::Signalled)) => {
+        Some(RecordedEnding::Known(Ending::Exited)) => format!("exited with status {status}"),
+        Some(RecordedEnding::Known(Ending::Signalled)) => {
             format!("killed by signal {}", or_unknown(r.signal))
         }
-        Some(Ended::Known(Ending::Lost)) => "stopped: the lock was lost (exit 122)".into(),
-        Some(Ended::Known(Ending::MaxRuntime)) => {
+        Some(RecordedEnding::Known(Ending::Lost)) => "stopped: the lock was lost (exit 122)".into(),
+        Some(RecordedEnding::Known(Ending::MaxRuntime)) => {
             "stopped: ran past --max-runtime (exit 124)".into()
         }
-        Some(Ended::Known(Ending::NotStarted)) => format!("not started (exit {status})"),
-        Some(Ended::Other(word)) => word.clone(),
+        Some(RecordedEnding::Known(Ending::NotStarted)) => format!("not started (exit {status})"),
+        Some(RecordedEnding::Other(word)) => word.clone(),
         None => "?".into(),
     };
     if let Some(ms) = r.duration_ms {

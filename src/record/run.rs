@@ -24,7 +24,7 @@ pub enum Ending {
 /// A recorded ending: one this version knows, or the word another version wrote.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
-pub enum Ended {
+pub enum RecordedEnding {
     Known(Ending),
     Other(String),
 }
@@ -50,7 +50,7 @@ pub struct RunRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ended: Option<Ended>,
+    pub ended: Option<RecordedEnding>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_status: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

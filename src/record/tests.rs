@@ -4,7 +4,7 @@ use serde_json::Value;
 
 use super::holder::HolderValue;
 use super::ledger::LedgerEntry;
-use super::run::{Ended, Ending, RunRecord};
+use super::run::{Ending, RecordedEnding, RunRecord};
 use super::suspension::Suspension;
 use super::Stored;
 
@@ -42,14 +42,14 @@ fn run_records_keep_endings_this_version_does_not_know() {
     let rec = Stored::<RunRecord>::read(raw);
     assert_eq!(
         rec.ours().unwrap().ended,
-        Some(Ended::Known(Ending::Exited))
+        Some(RecordedEnding::Known(Ending::Exited))
     );
     let later = r#"{"ended":"vanished","host":"h"}"#;
     round_trip::<RunRecord>(later, later);
     let rec = Stored::<RunRecord>::read(later);
     assert_eq!(
         rec.ours().unwrap().ended,
-        Some(Ended::Other("vanished".into()))
+        Some(RecordedEnding::Other("vanished".into()))
     );
 }
 

@@ -13,7 +13,7 @@ use crate::record::ledger::MissedReason;
 use crate::store::lock::{Held, Undo};
 
 use super::beat::period;
-use super::claim::{Answer, Ask, Verdict};
+use super::claim::{Answer, Ask, ClaimVerdict};
 use super::table::Table;
 use super::{health, runs, Phase, Replicant};
 
@@ -76,37 +76,37 @@ impl Replicant<'_> {
                 }
             };
             self.in_flight = self.in_flight.saturating_sub(1);
-            let failed = matches!(verdict, Verdict::Failed(_));
+            let failed = matches!(verdict, ClaimVerdict::Failed(_));
             match &verdict {
-                Verdict::Won(_) => self.show_claim(&key, Some(true), None),
-                Verdict::Failed(_) => self.show_claim(&key, None, None),
+                ClaimVerdict::Won(_) => self.show_claim(&key, Some(true), None),
+                ClaimVerdict::Failed(_) => self.show_claim(&key, None, None),
                 _ => {}
             }
             table.answered(&key, !failed, self.log);
             let first_news = failed && !std::mem::replace(&mut self.trouble_told, failed);
             let Some(job) = table.job(&key).map(|j| j.cron.clone()) else {
                 // Removed by a reload meanwhile: a won claim is undone.
-                if let Verdict::Won(held) = verdict {
+                if let ClaimVerdict::Won(held) = verdict {
                     self.unclaim(config, held);
                 }
                 continue;
             };
             match verdict {
                 // Won while draining (or sick): undone, so another replica runs it at once.
-                Verdict::Won(held) if phase != Phase::Serving || self.sick.is_some() => {
+                ClaimVerdict::Won(held) if phase != Phase::Serving || self.sick.is_some() => {
                     self.unclaim(config, held);
                     if phase == Phase::Serving {
                         table.look_again(&key, instant);
                     }
                 }
-                Verdict::Won(held) => {
+                ClaimVerdict::Won(held) => {
                     // A run that cannot start: its instant back in the table, recorded missed at
                     // its deadline unless another replica runs it.
                     if !self.start(&job, held) {
                         table.look_again(&key, instant);
                     }
                 }
-                Verdict::Failed(text) if first_news => self.log.warn(
+                ClaimVerdict::Failed(text) if first_news => self.log.warn(
                     "claim_failed",
                     &format!(
                         "{key}: cannot claim the {} instant: {text}; trying again every second \
@@ -114,7 +114,7 @@ impl Replicant<'_> {
                         rfc3339(instant.max(0) as u64)
                     ),
                 ),
-                Verdict::Failed(_) => {}
+                ClaimVerdict::Failed(_) => {}
                 lost => self.lost(table, &job, instant, lost),
             }
         }
@@ -211,7 +211,7 @@ impl Replicant<'_> {
             }
         }
         let heard = &self.heard.0;
-        match runs::spawn(&self.exe, job, &held, (self.json, heard), self.log) {
+        match runs::spawn(&self.exe, job, &held, self.json, heard, self.log) {
             Ok(run) => {
                 self.runs.insert(run.pid(), run);
                 self.idle_probe_at = Instant::now() + health::IDLE_PROBE;
@@ -236,12 +236,12 @@ impl Replicant<'_> {
     /// A claim another replica's run (or a suspension) answered: said under `-v`, reported in the
     /// job's metrics file, and, with `--retries`, looked at again when the holder's lock would
     /// lapse; a claim sent ahead that Redis found not yet due, at the instant.
-    fn lost(&mut self, table: &mut Table, job: &CronJob, instant: i64, verdict: Verdict) {
+    fn lost(&mut self, table: &mut Table, job: &CronJob, instant: i64, verdict: ClaimVerdict) {
         let key = &job.key;
         let at = rfc3339(instant.max(0) as u64);
         let mut suspended = None;
         let text = match &verdict {
-            Verdict::Busy { holder, expires_in } => {
+            ClaimVerdict::Busy { holder, expires_in } => {
                 if let (true, Some(left)) = (job.retries > 0, expires_in) {
                     let at = unix_millis() as i64 + left.as_millis() as i64 + 250;
                     table.look_again(key, at);
@@ -251,17 +251,19 @@ impl Replicant<'_> {
             }
             // Claimed ahead of the instant, and Redis's clock (a little behind this host's)
             // judged it not yet due: looked at again at the instant itself, once; not lost yet.
-            Verdict::AlreadyRan if instant > unix_millis() as i64 => {
+            ClaimVerdict::AlreadyRan if instant > unix_millis() as i64 => {
                 table.look_again(key, instant);
                 return;
             }
-            Verdict::AlreadyRan => format!("{key}: the {at} instant already ran or is not due"),
-            Verdict::Suspended(record) => {
+            ClaimVerdict::AlreadyRan => {
+                format!("{key}: the {at} instant already ran or is not due")
+            }
+            ClaimVerdict::Suspended(record) => {
                 suspended = Some(crate::fleet::describe::suspended_since(record).unwrap_or(0));
                 let how = crate::fleet::describe::describe_suspension(record);
                 format!("{key}: suspended {how}; the {at} instant is recorded skipped")
             }
-            Verdict::Won(_) | Verdict::Failed(_) => return,
+            ClaimVerdict::Won(_) | ClaimVerdict::Failed(_) => return,
         };
         let fields = [("key", key.clone().into()), ("instant", instant.into())];
         self.log.event(Level::Debug, "claim_lost", &text, &fields);
@@ -272,7 +274,7 @@ impl Replicant<'_> {
     }
 }
 
-/// A lost claim in the job's metrics file, as the losing run used to write it (skipped, and
+/// A lost claim in the job's metrics file, as a run that lost its acquire writes it (skipped, and
 /// `cronlock_suspended` while KEY is suspended).
 fn report_skip(job: &CronJob, suspended: Option<u64>, log: &Log) {
     use crate::fleet::report::{Report, RunOutcome};

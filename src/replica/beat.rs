@@ -11,10 +11,9 @@ use crate::clock::Instant;
 use super::entry::LEAD_MS;
 
 /// The heartbeat's period with up to 5 replicas; 200 ms more per replica above that, so the
-/// heartbeats of a fleet cost Redis about 5 calls a second, in the wakes of Redis that claim the
-/// instants on whole seconds (a period of 0.5 s woke Redis once more a second for the heartbeats
-/// alone, and 10 replicas' 10 calls a second cost Redis 0.01 ms a run at 20 runs a second). A
-/// replica lapses after 3 periods without one. Shorter for a short `--ttl`: see [`period`].
+/// heartbeats of a fleet cost Redis about 5 calls a second, sent in the wakes of Redis that claim
+/// the instants on whole seconds (a period under a second would wake Redis again between
+/// instants for the heartbeats alone). A replica lapses after 3 periods without one. Shorter for a short `--ttl`: see [`period`].
 pub const BEAT: Duration = Duration::from_millis(1000);
 /// The soonest a change of "full" is told again: so a replica whose runs come and go at
 /// `--max-jobs` adds at most two heartbeats a second.

@@ -29,11 +29,12 @@ use crate::fleet::handover::released_line;
 use crate::record::ledger::MissedReason;
 use crate::record::suspension::Suspension;
 use crate::record::Stored;
+use crate::store::acquire::Acquire;
 use crate::store::holder::Holder;
 use crate::store::keys::Keys;
-use crate::store::lock::{Attempt, Held, ReleaseOptions, Released, Undo};
-use crate::store::members::View;
-use crate::store::quorum::{Masters, Outcome, Refused};
+use crate::store::lock::{AcquireOutcome, Held, ReleaseOptions, Released, Undo};
+use crate::store::members::{FleetView, Heartbeat};
+use crate::store::quorum::{Masters, Refused, RoundOutcome};
 use crate::store::topology::Failure;
 
 /// What the loop asks of the claim thread.
@@ -105,7 +106,7 @@ pub fn group(config: &RunConfig) -> Group {
 }
 
 /// How a claim went.
-pub enum Verdict {
+pub enum ClaimVerdict {
     Won(Box<Held>),
     /// Held elsewhere: the holder's value, and when its lock lapses unless renewed.
     Busy {
@@ -126,7 +127,7 @@ pub enum Answer {
     Claim {
         key: String,
         instant: i64,
-        verdict: Verdict,
+        verdict: ClaimVerdict,
         /// The job's configuration when the claim was sent (a reload may have removed it since).
         config: Arc<RunConfig>,
     },
@@ -149,7 +150,7 @@ pub enum Answer {
     /// A heartbeat's view of the group's replicas, or why there is none.
     View {
         group: Group,
-        view: Result<View, String>,
+        view: Result<FleetView, String>,
     },
 }
 
@@ -212,14 +213,15 @@ pub(super) fn carry_out(links: &mut Links, ask: Ask) -> Option<Answer> {
             full,
         } => {
             let fleet = format!("{:016x}", group.fleet);
+            let beat = Heartbeat {
+                prefix: &config.prefix,
+                fleet: &fleet,
+                id: &id,
+                lapse,
+                full,
+            };
             let view = masters(links, &config)
-                .beat(
-                    config.connect_timeout,
-                    (&config.prefix, &fleet),
-                    &id,
-                    lapse,
-                    full,
-                )
+                .beat(config.connect_timeout, beat)
                 .map_err(|e| e.to_string());
             Some(Answer::View { group, view })
         }
@@ -256,28 +258,35 @@ pub(super) fn masters<'a>(links: &'a mut Links, config: &RunConfig) -> &'a mut M
 }
 
 /// One claim: the acquire the run would have made, for `instant`.
-fn claim(masters: &mut Masters, config: &RunConfig, instant: i64) -> Verdict {
+fn claim(masters: &mut Masters, config: &RunConfig, instant: i64) -> ClaimVerdict {
     let keys = Keys::new(&config.prefix, &config.key);
     let holder = Holder::new(&config.command_line());
     let instants = config.instants(Some(instant));
-    let within = config.connect_timeout;
-    let ttl = config.timing.ttl;
-    let outcome = masters.acquire(within, &keys, &holder, ttl, instants.as_ref(), config.limit);
+    let ask = Acquire {
+        keys: &keys,
+        holder: &holder,
+        ttl: config.timing.ttl,
+        instants: instants.as_ref(),
+        limit: config.limit,
+    };
+    let outcome = masters.acquire(config.connect_timeout, ask);
     verdict(outcome, config)
 }
 
 /// What an acquisition round came to, for the loop.
-pub(super) fn verdict(outcome: Outcome, config: &RunConfig) -> Verdict {
+pub(super) fn verdict(outcome: RoundOutcome, config: &RunConfig) -> ClaimVerdict {
     match outcome {
-        Ok(Attempt::Held(held)) => Verdict::Won(held),
-        Ok(Attempt::Busy(expires_in, holder, _)) => Verdict::Busy { holder, expires_in },
-        Ok(Attempt::AlreadyRan { .. }) => Verdict::AlreadyRan,
-        Ok(Attempt::Suspended { record, .. }) => Verdict::Suspended(record),
-        Ok(Attempt::Mismatch(other)) => Verdict::Failed(format!(
+        Ok(AcquireOutcome::Held(held)) => ClaimVerdict::Won(held),
+        Ok(AcquireOutcome::Busy(expires_in, holder, _)) => {
+            ClaimVerdict::Busy { holder, expires_in }
+        }
+        Ok(AcquireOutcome::AlreadyRan { .. }) => ClaimVerdict::AlreadyRan,
+        Ok(AcquireOutcome::Suspended { record, .. }) => ClaimVerdict::Suspended(record),
+        Ok(AcquireOutcome::Mismatch(other)) => ClaimVerdict::Failed(format!(
             "lock '{}' is held with --limit {other} by its current holders",
             config.key
         )),
-        Err(Refused { text, .. }) => Verdict::Failed(text),
+        Err(Refused { text, .. }) => ClaimVerdict::Failed(text),
     }
 }
 

@@ -14,11 +14,12 @@ use std::time::Duration;
 
 use crate::clock::Instant;
 use crate::config::RunConfig;
+use crate::http::Board;
 use crate::signals;
+use crate::store::acquire::Acquire;
 use crate::store::holder::Holder;
 use crate::store::keys::Keys;
 use crate::store::lock::{Held, ReleaseOptions};
-use crate::watch::Board;
 
 use super::claim::{self, answer_run, masters, verdict, Answer, Ask, Links};
 
@@ -81,9 +82,13 @@ fn serve(inbox: Receiver<Ask>, answers: Sender<Answer>, board: Option<Arc<Board>
     }
 }
 
+/// The loop that asked is gone (its end of the channel dropped): nothing more to carry out.
+#[derive(Debug)]
+pub struct LoopGone;
+
 /// Send an answer and wake the loop.
-fn tell(answers: &Sender<Answer>, answer: Answer) -> Result<(), ()> {
-    answers.send(answer).map_err(drop)?;
+fn tell(answers: &Sender<Answer>, answer: Answer) -> Result<(), LoopGone> {
+    answers.send(answer).map_err(|_| LoopGone)?;
     signals::wake_main();
     Ok(())
 }
@@ -139,12 +144,12 @@ struct RunRelease {
 
 /// Carry out a batch: its undos, then its claims (they are the ones a start waits for: their
 /// answers go to the loop at once, through `tell`), then its runs' releases, then the rest in
-/// order. An error: the loop is gone.
+/// order. [`LoopGone`]: the loop is gone.
 pub fn carry_out(
     links: &mut Links,
     asks: Vec<Ask>,
-    tell: &mut dyn FnMut(Answer) -> Result<(), ()>,
-) -> Result<(), ()> {
+    tell: &mut dyn FnMut(Answer) -> Result<(), LoopGone>,
+) -> Result<(), LoopGone> {
     let mut undos = Vec::new();
     let mut claims = Vec::new();
     let mut releases = Vec::new();
@@ -246,13 +251,12 @@ fn claim_together(links: &mut Links, group: Vec<ClaimAsk>) -> Vec<Answer> {
     let claims: Vec<_> = group
         .iter()
         .enumerate()
-        .map(|(i, c)| {
-            (
-                &keys[i],
-                &holders[i],
-                c.config.timing.ttl,
-                instants[i].as_ref(),
-            )
+        .map(|(i, c)| Acquire {
+            keys: &keys[i],
+            holder: &holders[i],
+            ttl: c.config.timing.ttl,
+            instants: instants[i].as_ref(),
+            limit: 1,
         })
         .collect();
     let outcomes = masters(links, &config).acquire_many(within, &claims);

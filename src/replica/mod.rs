@@ -53,7 +53,7 @@ use crate::signals::{self, SigSet};
 use beat::{period, Beat, BEAT_AGAIN};
 use claim::{Answer, Ask};
 use claimer::Claims;
-use runs::{Heard, Run};
+use runs::{Heard, Spawned};
 use table::Table;
 
 /// How often the file's modification time is looked at (a ConfigMap update, an edit).
@@ -82,7 +82,7 @@ struct Replicant<'a> {
     exe: std::path::PathBuf,
     json: bool,
     log: &'a Log,
-    runs: HashMap<u32, Run>,
+    runs: HashMap<u32, Spawned>,
     claims: Claims,
     answers: Receiver<Answer>,
     heard: (Sender<Heard>, Receiver<Heard>),
@@ -105,7 +105,7 @@ struct Replicant<'a> {
     /// The test hook [`runs::HOLD_AFTER_CLAIM`]: where to say a claim was won, then stop.
     hold: Option<std::path::PathBuf>,
     /// With `--listen`: what the server shows (`watched.rs`).
-    board: Option<std::sync::Arc<crate::watch::Board>>,
+    board: Option<std::sync::Arc<crate::http::Board>>,
     /// The table (its `loaded` count) the board last showed.
     shown_loaded: Option<u64>,
 }
@@ -135,8 +135,10 @@ pub fn serve(
         &[("jobs", table.jobs.len().into())],
     );
     let mut phase = Phase::Serving;
-    let mut modified = mtime(&replica.file);
-    let mut checked = Instant::now();
+    let mut file = FileSeen {
+        modified: mtime(&replica.file),
+        checked: Instant::now(),
+    };
     let set = SigSet::of(&[
         libc::SIGTERM,
         libc::SIGINT,
@@ -167,15 +169,9 @@ pub fn serve(
             r.check(&mut table);
             r.heartbeat(&mut table, false);
         }
-        let wake = r.wake(&table, phase, checked + FILE_CHECK);
+        let wake = r.wake(&table, phase, file.checked + FILE_CHECK);
         let got = signals::wait(&set, wake.saturating_duration_since(Instant::now()));
-        let got = reread(
-            got,
-            (replica, reload),
-            (&mut modified, &mut checked),
-            &mut table,
-            log,
-        );
+        let got = reread(got, replica, reload, &mut file, &mut table, log);
         if let Some(libc::SIGTERM | libc::SIGINT) = got {
             phase = r.asked_to_stop(&mut table, phase);
         }
@@ -233,7 +229,9 @@ impl<'a> Replicant<'a> {
             idle_probe_at: Instant::now() + health::IDLE_PROBE,
             me,
             beat: Beat::first(every),
-            hold: std::env::var_os(runs::HOLD_AFTER_CLAIM).map(Into::into),
+            hold: cfg!(debug_assertions)
+                .then(|| std::env::var_os(runs::HOLD_AFTER_CLAIM).map(Into::into))
+                .flatten(),
             board,
             shown_loaded: None,
         })
@@ -490,25 +488,32 @@ impl<'a> Replicant<'a> {
 /// signal it was stopped by, or the one the wait got, is returned.
 fn reread(
     got: Option<libc::c_int>,
-    (replica, reload): (&Replica, &dyn Fn() -> Result<Vec<CronJob>>),
-    (modified, checked): (&mut Option<SystemTime>, &mut Instant),
+    replica: &Replica,
+    reload: &dyn Fn() -> Result<Vec<CronJob>>,
+    file: &mut FileSeen,
     table: &mut Table,
     log: &Log,
 ) -> Option<libc::c_int> {
     let mut got = got;
     if got == Some(libc::SIGHUP) {
         got = table.reload(reload, log);
-        *modified = mtime(&replica.file);
+        file.modified = mtime(&replica.file);
     }
-    if checked.elapsed() >= FILE_CHECK {
-        *checked = Instant::now();
+    if file.checked.elapsed() >= FILE_CHECK {
+        file.checked = Instant::now();
         let now_modified = mtime(&replica.file);
-        if now_modified != *modified {
-            *modified = now_modified;
+        if now_modified != file.modified {
+            file.modified = now_modified;
             got = got.or(table.reload(reload, log));
         }
     }
     got
+}
+
+/// The crontab as the loop last looked at it: its modification time, and when it looked.
+struct FileSeen {
+    modified: Option<SystemTime>,
+    checked: Instant,
 }
 
 /// The file's modification time (a ConfigMap's symlink swap changes it too).

@@ -16,13 +16,13 @@ const MAX_LINE: usize = 64 * 1024;
 
 /// Which of the run's streams.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Stream {
+pub enum OutputStream {
     Stdout,
     Stderr,
 }
 
 /// Relay `from` (a run's stream) until it closes.
-pub fn relay(from: impl Read, stream: Stream, key: &str, json_out: bool) {
+pub fn relay(from: impl Read, stream: OutputStream, key: &str, json_out: bool) {
     let mut reader = BufReader::with_capacity(MAX_LINE, from);
     let mut buf = Vec::new();
     loop {
@@ -41,12 +41,12 @@ pub fn relay(from: impl Read, stream: Stream, key: &str, json_out: bool) {
 }
 
 /// One line of a job's output, whole.
-fn write_line(stream: Stream, key: &str, line: &str, json_out: bool) {
+fn write_line(stream: OutputStream, key: &str, line: &str, json_out: bool) {
     let mut text = if json_out {
         json!({
             "ts": crate::clock::unix_millis(),
             "key": key,
-            "stream": if stream == Stream::Stdout { "stdout" } else { "stderr" },
+            "stream": if stream == OutputStream::Stdout { "stdout" } else { "stderr" },
             "line": line,
         })
         .to_string()
@@ -56,7 +56,7 @@ fn write_line(stream: Stream, key: &str, line: &str, json_out: bool) {
     text.push('\n');
     let _held = WRITE.lock().unwrap_or_else(|e| e.into_inner());
     let _ = match stream {
-        Stream::Stdout => std::io::stdout().lock().write_all(text.as_bytes()),
-        Stream::Stderr => std::io::stderr().lock().write_all(text.as_bytes()),
+        OutputStream::Stdout => std::io::stdout().lock().write_all(text.as_bytes()),
+        OutputStream::Stderr => std::io::stderr().lock().write_all(text.as_bytes()),
     };
 }

@@ -8,7 +8,7 @@
 //! still undecided (the owner is dead, frozen, sick, or a ghost), so a settled fleet costs Redis
 //! two checks an instant, whatever its size.
 
-use crate::store::members::View;
+use crate::store::members::FleetView;
 
 /// About how many jobs a share holds.
 pub const SHARE: usize = 8;
@@ -36,7 +36,7 @@ pub(super) fn fnv(bytes: &[u8]) -> u64 {
 /// The replica that claims `at` of KEY (of a fleet of `shares` shares) in `view`: KEY's share's
 /// turn among the live replicas not at `--max-jobs` (among all live ones when all are; `me` when
 /// none is live).
-pub(super) fn owner(view: &View, me: &str, key: &str, at: i64, shares: u64) -> String {
+pub(super) fn owner(view: &FleetView, me: &str, key: &str, at: i64, shares: u64) -> String {
     let pool = pool(view);
     if pool.is_empty() {
         return me.to_string();
@@ -48,7 +48,7 @@ pub(super) fn owner(view: &View, me: &str, key: &str, at: i64, shares: u64) -> S
 
 /// The pool an instant's owners and checkers come from: the live replicas not at `--max-jobs`
 /// (all live ones when all are), sorted.
-fn pool(view: &View) -> Vec<&String> {
+fn pool(view: &FleetView) -> Vec<&String> {
     let open: Vec<&String> = view
         .live
         .iter()
@@ -69,7 +69,7 @@ fn pool(view: &View) -> Vec<&String> {
 /// after the owners in the instant's turn, so with more replicas than shares no checker owns a
 /// share, and with fewer the two checkers own different shares: a single replica's failure never
 /// leaves an instant unchecked.
-pub(super) fn checker(view: &View, me: &str, at: i64, shares: u64) -> Option<u64> {
+pub(super) fn checker(view: &FleetView, me: &str, at: i64, shares: u64) -> Option<u64> {
     let pool = pool(view);
     if pool.is_empty() {
         return None;
@@ -107,8 +107,8 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    fn view(live: &[&str], full: &[&str]) -> View {
-        View {
+    fn view(live: &[&str], full: &[&str]) -> FleetView {
+        FleetView {
             live: live.iter().map(|s| s.to_string()).collect(),
             full: full.iter().map(|s| s.to_string()).collect(),
         }

@@ -5,12 +5,12 @@
 use std::time::Duration;
 
 use crate::clock::{rfc3339, unix_millis};
-use crate::fleet::handover::Report;
+use crate::fleet::handover::{RunEnd, RunReport};
 use crate::log::Log;
 use crate::record::run::Ending;
 
 use super::claim::Ask;
-use super::runs::Run;
+use super::runs::Spawned;
 use super::table::Table;
 use super::Replicant;
 
@@ -29,13 +29,13 @@ impl Replicant<'_> {
             }
             match heard {
                 None => run.closed = true,
-                Some(Report::Started { pid: group }) => {
+                Some(RunReport::Started { pid: group }) => {
                     run.started = true;
                     said_started(run, group, self.log);
                 }
                 // Released on the claims thread's link, answered on the run's channel (at most
                 // once: a second ask goes unanswered, and the run releases by itself).
-                Some(Report::Release(opts)) => {
+                Some(RunReport::Release(opts)) => {
                     if let Some(reply) = run.reply.take() {
                         self.claims.send(Ask::ReleaseRun {
                             config: run.config.clone(),
@@ -46,15 +46,11 @@ impl Replicant<'_> {
                         });
                     }
                 }
-                Some(Report::Ended {
-                    status,
-                    ending,
-                    duration,
-                }) => {
+                Some(RunReport::Ended(end)) => {
                     run.ended = true;
-                    said_ended(run, (status, ending, duration), self.log);
+                    said_ended(run, &end, self.log);
                     let retries = table.job(&run.key).is_some_and(|j| j.cron.retries > 0);
-                    if status != 0 && retries {
+                    if end.status != 0 && retries {
                         table.look_again(&run.key, unix_millis() as i64 + 1000);
                     }
                 }
@@ -133,7 +129,7 @@ impl Replicant<'_> {
 }
 
 /// "KEY: started for the INSTANT instant, attempt N (fencing token F)".
-fn said_started(run: &Run, group: u32, log: &Log) {
+fn said_started(run: &Spawned, group: u32, log: &Log) {
     let at = run.instant.map_or(String::new(), |ms| {
         format!(" for the {} instant", rfc3339(ms.max(0) as u64))
     });
@@ -155,7 +151,12 @@ fn said_started(run: &Run, group: u32, log: &Log) {
 }
 
 /// "KEY: command exited with status S after D", or how else it ended.
-fn said_ended(run: &Run, (status, ending, took): (u8, Ending, Duration), log: &Log) {
+fn said_ended(run: &Spawned, end: &RunEnd, log: &Log) {
+    let RunEnd {
+        status,
+        ending,
+        duration: took,
+    } = *end;
     let how = match ending {
         Ending::Exited => format!("command exited with status {status}"),
         Ending::Signalled => format!("command was killed by a signal (status {status})"),

@@ -19,7 +19,7 @@ use anyhow::{anyhow, Result};
 
 use crate::command::guard::tie_to_parent;
 use crate::config::CronJob;
-use crate::fleet::handover::{Handover, ReplicaSide, Report, FD_VAR};
+use crate::fleet::handover::{Handover, ReplicaSide, RunReport, FD_VAR};
 use crate::log::Log;
 use crate::replica::output;
 use crate::signals;
@@ -32,18 +32,19 @@ const NOT_FOR_RUNS: &[&str] = &[
     "CRONLOCK_DRAIN",
     "CRONLOCK_LISTEN",
     HOLD_AFTER_CLAIM,
-    crate::watch::HOLD_LOOP,
+    crate::http::HOLD_LOOP,
 ];
 
 /// A test hook: with this variable naming a file, a replica that won a claim writes the KEY
 /// there and stops before starting the run (a test then kills it "between claim and spawn").
+/// Only a debug build (the tests' own) reads it.
 pub const HOLD_AFTER_CLAIM: &str = "CRONLOCK_TEST_HOLD_AFTER_CLAIM";
 
 /// What a run's channel said, for the loop: a report, or `None` at its end.
-pub type Heard = (u32, Option<Report>);
+pub type Heard = (u32, Option<RunReport>);
 
 /// A run this replica supervises.
-pub struct Run {
+pub struct Spawned {
     pub key: String,
     pub instant: Option<i64>,
     pub attempt: u32,
@@ -68,7 +69,7 @@ pub struct Run {
     pub closed: bool,
 }
 
-impl Run {
+impl Spawned {
     /// The run's process (cronlock itself).
     pub fn pid(&self) -> u32 {
         self.child.id()
@@ -85,9 +86,10 @@ pub fn spawn(
     exe: &std::path::Path,
     job: &CronJob,
     held: &Held,
-    (json, heard): (bool, &Sender<Heard>),
+    json: bool,
+    heard: &Sender<Heard>,
     log: &Log,
-) -> Result<Run> {
+) -> Result<Spawned> {
     let (mut ours, theirs) = UnixStream::pair().map_err(|e| anyhow!(crate::log::io_text(&e)))?;
     // Written before the run exists: the socket buffer holds it for the run to read.
     ours.write_all(Handover::from_held(&job.key, held).line().as_bytes())
@@ -129,7 +131,7 @@ pub fn spawn(
         );
         closed = true;
     }
-    Ok(Run {
+    Ok(Spawned {
         key: job.key.clone(),
         instant: held.instant,
         attempt: held.attempt,
@@ -149,15 +151,15 @@ pub fn spawn(
 
 /// Relay the run's stdout and stderr line by line with its KEY, each on a thread of its own.
 fn relay_output(child: &mut Child, key: &str, json: bool, log: &Log) {
-    let streams: [Option<(Box<dyn std::io::Read + Send>, output::Stream)>; 2] = [
+    let streams: [Option<(Box<dyn std::io::Read + Send>, output::OutputStream)>; 2] = [
         child
             .stdout
             .take()
-            .map(|s| (Box::new(s) as _, output::Stream::Stdout)),
+            .map(|s| (Box::new(s) as _, output::OutputStream::Stdout)),
         child
             .stderr
             .take()
-            .map(|s| (Box::new(s) as _, output::Stream::Stderr)),
+            .map(|s| (Box::new(s) as _, output::OutputStream::Stderr)),
     ];
     for (from, stream) in streams.into_iter().flatten() {
         let owned = key.to_string();
@@ -181,7 +183,7 @@ fn thread(name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> 
 }
 
 /// Note the runs whose process ended.
-pub fn reap(runs: &mut HashMap<u32, Run>) {
+pub fn reap(runs: &mut HashMap<u32, Spawned>) {
     for run in runs.values_mut().filter(|r| r.exited.is_none()) {
         match run.child.try_wait() {
             Ok(Some(status)) => run.exited = Some(status),
@@ -194,7 +196,7 @@ pub fn reap(runs: &mut HashMap<u32, Run>) {
 
 /// Send `sig` to every run's cronlock (which passes SIGTERM on to its command; SIGKILL leaves
 /// the command to the run's guard).
-pub fn stop(runs: &mut HashMap<u32, Run>, sig: libc::c_int, log: &Log) {
+pub fn stop(runs: &mut HashMap<u32, Spawned>, sig: libc::c_int, log: &Log) {
     for (pid, run) in runs.iter_mut().filter(|(_, r)| r.exited.is_none()) {
         if !run.stopped {
             log.warn(

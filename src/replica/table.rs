@@ -25,7 +25,7 @@ use anyhow::Result;
 use super::rank::{self, checker, fnv, owner, rank};
 use crate::clock::Instant;
 use crate::replica::claim::{group, Group};
-use crate::store::members::View;
+use crate::store::members::FleetView;
 
 pub use super::entry::Entry;
 use super::entry::{deadline, missed, Check, Due};
@@ -62,7 +62,7 @@ pub struct Table {
     /// This replica's identity (its id in the live set), for the ranking.
     me: String,
     /// The last view of each group's replicas, and when it came.
-    views: HashMap<Group, (View, Instant)>,
+    views: HashMap<Group, (FleetView, Instant)>,
     /// Until when a group's fleet is unsettled (its live or full replicas changed, or this
     /// replica had no view before): every replica checks its instants then, whatever its turn.
     unsettled: HashMap<Group, Instant>,
@@ -147,7 +147,7 @@ impl Table {
     /// A heartbeat's view of `group`. With `--retries`, a job whose latest instant belonged to a
     /// replica that left and is now this one's is looked at again at once: its attempt may have
     /// been abandoned.
-    pub fn set_view(&mut self, group: Group, view: View) {
+    pub fn set_view(&mut self, group: Group, view: FleetView) {
         let now = Instant::now();
         let before = self.fresh(&group).cloned();
         if let Some(old) = &before {
@@ -198,7 +198,7 @@ impl Table {
     }
 
     /// The group's view, if it is recent enough to trust.
-    fn fresh(&self, group: &Group) -> Option<&View> {
+    fn fresh(&self, group: &Group) -> Option<&FleetView> {
         let (view, when) = self.views.get(group)?;
         (when.elapsed() < self.lapse).then_some(view)
     }

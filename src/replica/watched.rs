@@ -1,4 +1,4 @@
-//! What the replica shows on its board (`--listen`, [`crate::watch`]): its jobs, each turn of its
+//! What the replica shows on its board (`--listen`, [`crate::http`]): its jobs, each turn of its
 //! loop, its runs' starts and ends, its claims won and lost, the instants it recorded missed, and
 //! whether Redis answers its heartbeats. Typed values, as the loop has them; nothing here is read
 //! back by the scheduler.
@@ -7,13 +7,13 @@ use crate::record::ledger::MissedReason;
 use std::time::Duration;
 
 use crate::clock::unix_millis;
-use crate::fleet::handover::Report;
-use crate::fleet::metrics::{Attempt, Outcome, Ran};
+use crate::fleet::handover::{RunEnd, RunReport};
+use crate::fleet::metrics::{MetricsAttempt, Outcome, Ran};
 use crate::host::hostname;
+use crate::http::{Board, JobLine, Running};
 use crate::record::run::Ending;
-use crate::watch::{Board, JobLine, Running};
 
-use super::runs::Run;
+use super::runs::Spawned;
 use super::table::Table;
 use super::{Phase, Replicant};
 
@@ -58,7 +58,7 @@ impl Replicant<'_> {
             Some(true) => board.state().claims_won += 1,
             Some(false) => {
                 board.state().claims_lost += 1;
-                let attempt = Attempt {
+                let attempt = MetricsAttempt {
                     outcome: Outcome::Skipped,
                     at_ms: unix_millis(),
                     run: None,
@@ -85,7 +85,7 @@ impl Replicant<'_> {
                 .missed
                 .entry((key.to_string(), reason))
                 .or_default() += 1;
-            let attempt = Attempt {
+            let attempt = MetricsAttempt {
                 outcome: Outcome::Missed,
                 at_ms: instant.max(0) as u64,
                 run: None,
@@ -115,9 +115,9 @@ impl Replicant<'_> {
 }
 
 /// A run reported `heard`.
-pub(super) fn show_report(board: &Board, run: &Run, heard: &Report) {
+pub(super) fn show_report(board: &Board, run: &Spawned, heard: &RunReport) {
     match heard {
-        Report::Started { .. } => board.started(
+        RunReport::Started { .. } => board.started(
             &run.key,
             &hostname(),
             Running {
@@ -126,23 +126,24 @@ pub(super) fn show_report(board: &Board, run: &Run, heard: &Report) {
                 instant: run.instant,
             },
         ),
-        Report::Ended {
-            status,
-            ending,
-            duration,
-        } => {
+        RunReport::Ended(end) => {
             let since = board.state().running.get(&run.key).map(|r| r.since_ms);
-            let attempt = ended(run, (*status, *ending), *duration, since);
+            let attempt = ended(run, end, since);
             board.attempted(&run.key, &hostname(), &attempt);
         }
-        Report::Release(_) => {}
+        RunReport::Release(_) => {}
     }
 }
 
 /// A run's end as the metrics count it (as [`crate::fleet::report::Report::tell`] does): its
 /// command ran from its reported start (`since`, Unix ms) until now; without a start, the
 /// attempt took `took` from the claim.
-fn ended(run: &Run, (status, ending): (u8, Ending), took: Duration, since: Option<u64>) -> Attempt {
+fn ended(run: &Spawned, end: &RunEnd, since: Option<u64>) -> MetricsAttempt {
+    let RunEnd {
+        status,
+        ending,
+        duration: took,
+    } = *end;
     let outcome = match ending {
         Ending::Exited | Ending::Signalled => Outcome::Ran,
         Ending::Lost => Outcome::Lost,
@@ -152,7 +153,7 @@ fn ended(run: &Run, (status, ending): (u8, Ending), took: Duration, since: Optio
     };
     let now = unix_millis();
     let started_ms = since.unwrap_or_else(|| now.saturating_sub(took.as_millis() as u64));
-    Attempt {
+    MetricsAttempt {
         outcome,
         at_ms: started_ms,
         run: Some(Ran {
@@ -175,6 +176,6 @@ pub(super) fn board(
         return Ok(None);
     };
     let board = Board::new(max_jobs);
-    crate::watch::start(addr, board.clone(), log.clone())?;
+    crate::http::start(addr, board.clone(), log.clone())?;
     Ok(Some(board))
 }

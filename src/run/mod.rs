@@ -19,11 +19,11 @@ use crate::command::{capture, cgroup};
 use crate::config::RunConfig;
 use crate::duration::Span;
 use crate::exit::Exit;
-use crate::fleet::handover::{Report, RunSide};
+use crate::fleet::handover::{RunEnd, RunReport, RunSide};
 use crate::fleet::metrics;
 use crate::fleet::record;
 use crate::fleet::report::RunOutcome;
-use crate::lease::{self, LockState, Watch};
+use crate::lease::{self, LockState, Validity};
 use crate::log::{Level, Log};
 use crate::record::run::Ending;
 use crate::signals;
@@ -39,7 +39,7 @@ type OnStart<'a> = &'a mut dyn FnMut(&str, u32);
 mod handed;
 mod take;
 
-use take::{acquired_line, take};
+use take::{acquired_line, take, Taken};
 
 /// The command's process group while one runs, so a panic on the main thread can still end it.
 pub static RUNNING_GROUP: AtomicI32 = AtomicI32::new(0);
@@ -67,17 +67,16 @@ fn run_locked(
     outcome: &mut RunOutcome,
 ) -> Result<Exit> {
     log.set_key(&config.key);
-    let (timing, redis) = (config.timing, &config.servers);
     let asked = Instant::now();
     // A replica's run is handed the lock the replica claimed; any other run takes it.
-    let (held, masters, mut channel) = match config.handover {
+    let (held, masters, channel) = match config.handover {
         Some(fd) => {
             let (held, masters, channel) = handed::receive(config, fd, log)?;
             (held, masters, Some(channel))
         }
         None => match take(config, log, &mut outcome.suspended)? {
-            Ok((held, masters)) => (held, masters, None),
-            Err(exit) => return Ok(exit),
+            Taken::Held(held, masters) => (*held, masters, None),
+            Taken::NotRun(exit) => return Ok(exit),
         },
     };
     outcome.locked = true;
@@ -91,230 +90,282 @@ fn run_locked(
             ("attempt", held.attempt.into()),
         ],
     );
-    let until = held.sent_at + timing.ttl;
-    // The guard's page, told the kill-by time each time the lease moves.
-    let shared = match Shared::new(lease::kill_by(until, timing.margin)) {
-        Ok(shared) => shared,
-        Err(e) => {
-            let until = held.sent_at + timing.ttl;
-            let within = config.connect_timeout;
-            let opts = ReleaseOptions::default();
-            release(redis, within, Some(masters), &held, until, &opts, log);
-            return Err(anyhow::Error::from(e).context("cannot map the page shared with the guard"));
-        }
-    };
-    let watch = Watch::new(
-        until,
-        timing.margin,
-        std::sync::Arc::new(move |kill_by| shared.set_kill_by(kill_by)),
-    );
-    let mut watchdog = Watchdog::new(masters, held.clone(), timing, watch, log.clone());
-    let limits = Limits {
-        grace: timing.grace,
-        max_runtime: config.max_runtime,
-        look_every: timing.interval,
-    };
-    if channel.is_some() {
-        handed::wait_for_instant(&held);
+    let (mut run, shared) = Run::new(config, log, held, masters, channel)?;
+    if run.channel.is_some() {
+        handed::wait_for_instant(&run.held);
     }
-    // The replica that handed the lock over is told when the command started, and how it ended.
-    let mut tell_start = |rid: &str, attempt: u32| {
-        on_start(rid, attempt);
-        if let Some(c) = channel.as_mut() {
-            let pid = RUNNING_GROUP.load(Ordering::SeqCst).max(0) as u32;
-            c.send(&Report::Started { pid });
-        }
-    };
-    let started = (&mut tell_start as OnStart<'_>, &mut outcome.body);
-    let ran = run_child(config, &held, (&mut watchdog, shared), limits, log, started);
-    outcome.run = finish(config, watchdog, &held, ran, (channel.as_mut(), log));
-    if let Some(c) = channel.as_mut() {
-        c.send(&Report::Ended {
-            status: ran.0.code(),
-            ending: ran.1,
-            duration: held.sent_at.elapsed(),
-        });
-    }
-    Ok(ran.0)
+    let end = run.command(shared, on_start, &mut outcome.body);
+    outcome.run = run.finish(end);
+    Ok(end.exit)
 }
 
-/// After the command: stop the watchdog (within `--connect-timeout`), then release and record the
-/// run (within another; a replica's run first asks its replica, see [`RunSide`]): the end of a
-/// run is bounded by 2x `--connect-timeout` (a scheduled run's release retries until its lock
-/// would lapse).
-/// Returns the command's run for the reports, if it started.
-fn finish(
-    config: &RunConfig,
+/// How the command ended: cronlock's exit status, and the ending the run record names.
+#[derive(Debug, Clone, Copy)]
+struct CommandEnd {
+    exit: Exit,
+    ending: Ending,
+}
+
+/// One run that holds its lock: what it was asked to do, the lock, its log, the channel to the
+/// replica that handed it the lock (a replica's run), and the watchdog that keeps the lock
+/// while the command runs. Its steps are its methods, in order: [`Run::command`] (start the
+/// command beside its guard, supervise it) and [`Run::finish`] (stop the watchdog, release,
+/// record).
+struct Run<'a> {
+    config: &'a RunConfig,
+    log: &'a Log,
+    held: Held,
+    channel: Option<RunSide>,
     watchdog: Watchdog,
-    held: &Held,
-    (exit, ending): (Exit, Ending),
-    (channel, log): (Option<&mut RunSide>, &Log),
-) -> Option<metrics::Ran> {
-    // Stopping the watchdog waits at most --connect-timeout (a renewal in flight); the release
-    // then has a --connect-timeout of its own.
-    let release_by = Instant::now() + config.connect_timeout;
-    let valid_until = match watchdog.watch.state() {
-        LockState::Valid { until } => until,
-        LockState::Lost { until, .. } => until,
-    };
-    // Confirmed by Redis, or feared by the main loop (no renewal in time): nothing to wait for.
-    let lost = watchdog.watch.is_lost() || ending == Ending::Lost;
-    let stop_wait = if lost {
-        Duration::ZERO
-    } else {
-        (release_by - Instant::now()).min(valid_until - Instant::now())
-    };
-    let masters = watchdog.stop(stop_wait);
-    let duration = held.sent_at.elapsed();
-    let run = (ending != Ending::NotStarted).then_some(metrics::Ran {
-        started_ms: held.holder.started_ms,
-        duration,
-        exit_status: exit.code(),
-        attempt: held.attempt,
-    });
-    let opts = ReleaseOptions {
-        hold: (held.sent_at + config.min_hold).saturating_duration_since(Instant::now()),
-        record: Some(crate::record::to_text(&record::run_record(
-            held, ending, exit, duration,
-        ))),
-        history: config.history,
-        record_ttl: config.history_ttl,
-        ledger: held.instant.map(|instant| LedgerEnd {
-            instant,
-            exit: exit.code(),
-            interrupted: signals::asked_to_end(),
-        }),
-    };
-    let lost_until = if lost { Instant::now() } else { valid_until };
-    let within = config.connect_timeout;
-    // A replica's run has the replica release on its long-lived connection; without an answer
-    // in time (the replica died or hangs), or with a failure, it releases by itself. The answer
-    // is waited for only while a release of its own can still reach Redis before the lock could
-    // lapse: a frozen replica must not let a success's lock lapse, and its instant run again.
-    let left = valid_until
-        .saturating_duration_since(Instant::now())
-        .saturating_sub(within + Duration::from_millis(100));
-    let wait = (within + Duration::from_millis(250)).min(left);
-    match channel.and_then(|c| c.release_by_replica(&opts, wait)) {
-        Some(Ok(released)) => said_released(held, &opts, Ok(released), (lost, false), log),
-        _ => release(
-            &config.servers,
-            within,
-            masters,
-            held,
-            lost_until,
-            &opts,
+    limits: Limits,
+}
+
+impl<'a> Run<'a> {
+    /// The run of a lock just taken or handed over, and the page it shares with the guard (told
+    /// the kill-by time each time the lease moves). A page that cannot be mapped releases the
+    /// lock: nothing runs.
+    fn new(
+        config: &'a RunConfig,
+        log: &'a Log,
+        held: Held,
+        masters: Masters,
+        channel: Option<RunSide>,
+    ) -> Result<(Run<'a>, Shared)> {
+        let timing = config.timing;
+        let until = held.sent_at + timing.ttl;
+        let shared = match Shared::new(lease::kill_by(until, timing.margin)) {
+            Ok(shared) => shared,
+            Err(e) => {
+                let within = config.connect_timeout;
+                let opts = ReleaseOptions::default();
+                let redis = &config.servers;
+                release(redis, within, Some(masters), &held, until, &opts, log);
+                return Err(
+                    anyhow::Error::from(e).context("cannot map the page shared with the guard")
+                );
+            }
+        };
+        let validity = Validity::new(
+            until,
+            timing.margin,
+            std::sync::Arc::new(move |kill_by| shared.set_kill_by(kill_by)),
+        );
+        let watchdog = Watchdog::new(masters, held.clone(), timing, validity, log.clone());
+        let limits = Limits {
+            grace: timing.grace,
+            max_runtime: config.max_runtime,
+            look_every: timing.interval,
+        };
+        let run = Run {
+            config,
             log,
-        ),
+            held,
+            channel,
+            watchdog,
+            limits,
+        };
+        Ok((run, shared))
     }
-    run
-}
 
-/// Spawn and supervise the command; the lock is held throughout. `on_start` is told when it
-/// started; the tail of its output goes to `body` (`--ping-body`).
-fn run_child(
-    config: &RunConfig,
-    held: &Held,
-    (watchdog, shared): (&mut Watchdog, Shared),
-    limits: Limits,
-    log: &Log,
-    (on_start, body): (OnStart<'_>, &mut Option<Vec<u8>>),
-) -> (Exit, Ending) {
-    let (child, capture) = match start(config, held, (&watchdog.watch, shared), limits, log) {
-        Ok(started) => started,
-        Err(exit) => return (exit, Ending::NotStarted),
-    };
-    on_start(&held.holder.token, held.attempt);
-    let started = Instant::now();
-    // Told at once when the lock key changes, once the command has run a little.
-    let plan = tracking::Plan {
-        masters: config.servers.clone(),
-        key: held.keys.lock.clone(),
-        value: held.holder.value.clone(),
-        log: log.clone(),
-    };
-    watchdog.track(plan, started);
-    let ended = supervise::supervise(child, watchdog, limits, log);
-    RUNNING_GROUP.store(0, Ordering::SeqCst);
-    *body = capture.map(|c| c.finish(Duration::from_secs(1)));
-    finished(&ended, started, log)
-}
+    /// Spawn and supervise the command; the lock is held throughout. `on_start` (and the
+    /// replica, for its run) is told when it started; the tail of its output goes to `body`
+    /// (`--ping-body`).
+    fn command(
+        &mut self,
+        shared: Shared,
+        on_start: OnStart<'_>,
+        body: &mut Option<Vec<u8>>,
+    ) -> CommandEnd {
+        let (child, capture) = match self.start(shared) {
+            Ok(started) => started,
+            Err(exit) => {
+                return CommandEnd {
+                    exit,
+                    ending: Ending::NotStarted,
+                }
+            }
+        };
+        on_start(&self.held.holder.token, self.held.attempt);
+        if let Some(c) = self.channel.as_mut() {
+            let pid = RUNNING_GROUP.load(Ordering::SeqCst).max(0) as u32;
+            c.send(&RunReport::Started { pid });
+        }
+        let started = Instant::now();
+        // Told at once when the lock key changes, once the command has run a little.
+        let plan = tracking::WatchPlan {
+            masters: self.config.servers.clone(),
+            key: self.held.keys.lock.clone(),
+            value: self.held.holder.value.clone(),
+            log: self.log.clone(),
+        };
+        self.watchdog.track(plan, started);
+        let ended = supervise::supervise(child, &mut self.watchdog, self.limits, self.log);
+        RUNNING_GROUP.store(0, Ordering::SeqCst);
+        *body = capture.map(|c| c.finish(Duration::from_secs(1)));
+        finished(&ended, started, self.log)
+    }
 
-/// Start the command, if the lock leaves time to stop it; the exit status if it did not start.
-/// Returns the command and, with `--ping-body`, the capture of its output (its clock started).
-fn start(
-    config: &RunConfig,
-    held: &Held,
-    (watch, shared): (&Watch, Shared),
-    limits: Limits,
-    log: &Log,
-) -> Result<(Child, Option<capture::Capture>), Exit> {
-    if let Some(sig) = signals::pending_forwarded() {
-        log.info(
-            "signal",
-            &format!(
-                "received {} before starting; not running the command",
-                signals::name(sig)
+    /// After the command: stop the watchdog (within `--connect-timeout`), then release and
+    /// record the run (within another; a replica's run first asks its replica, see [`RunSide`]),
+    /// and tell the replica how it ended: the end of a run is bounded by 2x `--connect-timeout`
+    /// (a scheduled run's release retries until its lock would lapse). Returns the command's
+    /// run for the reports, if it started.
+    fn finish(self, end: CommandEnd) -> Option<metrics::Ran> {
+        let Run {
+            config,
+            log,
+            held,
+            mut channel,
+            watchdog,
+            ..
+        } = self;
+        let CommandEnd { exit, ending } = end;
+        // Stopping the watchdog waits at most --connect-timeout (a renewal in flight); the
+        // release then has a --connect-timeout of its own.
+        let release_by = Instant::now() + config.connect_timeout;
+        let valid_until = match watchdog.validity.state() {
+            LockState::Valid { until } => until,
+            LockState::Lost { until, .. } => until,
+        };
+        // Confirmed by Redis, or feared by the main loop (no renewal in time): nothing to wait
+        // for.
+        let lost = watchdog.validity.is_lost() || ending == Ending::Lost;
+        let stop_wait = if lost {
+            Duration::ZERO
+        } else {
+            (release_by - Instant::now()).min(valid_until - Instant::now())
+        };
+        let masters = watchdog.stop(stop_wait);
+        let duration = held.sent_at.elapsed();
+        let run = (ending != Ending::NotStarted).then_some(metrics::Ran {
+            started_ms: held.holder.started_ms,
+            duration,
+            exit_status: exit.code(),
+            attempt: held.attempt,
+        });
+        let record = record::run_record(&held, ending, exit, duration);
+        let opts = ReleaseOptions {
+            hold: (held.sent_at + config.min_hold).saturating_duration_since(Instant::now()),
+            record: Some(crate::record::to_text(&record)),
+            history: config.history,
+            record_ttl: config.history_ttl,
+            ledger: held.instant.map(|instant| LedgerEnd {
+                instant,
+                exit: exit.code(),
+                interrupted: signals::asked_to_end(),
+            }),
+        };
+        let lost_until = if lost { Instant::now() } else { valid_until };
+        let within = config.connect_timeout;
+        // A replica's run has the replica release on its long-lived connection; without an
+        // answer in time (the replica died or hangs), or with a failure, it releases by itself.
+        // The answer is waited for only while a release of its own can still reach Redis before
+        // the lock could lapse: a frozen replica must not let a success's lock lapse, and its
+        // instant run again.
+        let left = valid_until
+            .saturating_duration_since(Instant::now())
+            .saturating_sub(within + Duration::from_millis(100));
+        let wait = (within + Duration::from_millis(250)).min(left);
+        match channel
+            .as_mut()
+            .and_then(|c| c.release_by_replica(&opts, wait))
+        {
+            Some(Ok(released)) => said_released(&held, &opts, Ok(released), lost, false, log),
+            _ => release(
+                &config.servers,
+                within,
+                masters,
+                &held,
+                lost_until,
+                &opts,
+                log,
             ),
-            &[("signal", sig.into())],
-        );
-        return Err(Exit::Signal(sig));
+        }
+        if let Some(c) = channel.as_mut() {
+            c.send(&RunReport::Ended(RunEnd {
+                status: exit.code(),
+                ending,
+                duration: held.sent_at.elapsed(),
+            }));
+        }
+        run
     }
-    let too_late = || {
-        log.error(
-            "lost",
-            &format!(
-                "lock '{}' was taken too late to run the command safely (it could expire before \
-                 the command was stopped); not running it",
-                config.key
-            ),
-        );
-        Exit::LockLost
-    };
-    // The command starts only with the whole grace period still ahead of the lock's deadline.
-    match watch.state() {
-        LockState::Valid { until }
-            if until.checked_sub(limits.grace + watch.margin) > Some(Instant::now()) => {}
-        _ => return Err(too_late()),
-    }
-    let env = command_env(config, held);
-    // Contained in a cgroup of its own where one can be made (the guard makes it); why not, for -v.
-    let (cgroup, no_cgroup) = match cgroup::plan(&held.holder.token) {
-        Ok(dir) => (Some(dir), None),
-        Err(why) => (None, Some(why)),
-    };
-    let planned = cgroup.clone();
-    let mut capture = None;
-    if config.reports.wants_body() {
-        capture = Some(capture::Capture::start().map_err(|e| {
-            let text = crate::log::io_text(&e);
-            log.error(
-                "spawn_failed",
-                &format!("cannot capture the output for --ping-body: {text}"),
+
+    /// Start the command, if the lock leaves time to stop it; the exit status if it did not
+    /// start. Returns the command and, with `--ping-body`, the capture of its output (its clock
+    /// started).
+    fn start(&self, shared: Shared) -> Result<(Child, Option<capture::Capture>), Exit> {
+        let (config, held, log) = (self.config, &self.held, self.log);
+        let validity = &self.watchdog.validity;
+        if let Some(sig) = signals::pending_forwarded() {
+            log.info(
+                "signal",
+                &format!(
+                    "received {} before starting; not running the command",
+                    signals::name(sig)
+                ),
+                &[("signal", sig.into())],
             );
-            Exit::Failure
-        })?);
+            return Err(Exit::Signal(sig));
+        }
+        let too_late = || {
+            log.error(
+                "lost",
+                &format!(
+                    "lock '{}' was taken too late to run the command safely (it could expire \
+                     before the command was stopped); not running it",
+                    config.key
+                ),
+            );
+            Exit::LockLost
+        };
+        // The command starts only with the whole grace period still ahead of the lock's deadline.
+        match validity.state() {
+            LockState::Valid { until }
+                if until.checked_sub(self.limits.grace + validity.margin)
+                    > Some(Instant::now()) => {}
+            _ => return Err(too_late()),
+        }
+        let env = command_env(config, held);
+        // Contained in a cgroup of its own where one can be made (the guard makes it); why not,
+        // for -v.
+        let (cgroup, no_cgroup) = match cgroup::plan(&held.holder.token) {
+            Ok(dir) => (Some(dir), None),
+            Err(why) => (None, Some(why)),
+        };
+        let planned = cgroup.clone();
+        let mut capture = None;
+        if config.reports.wants_body() {
+            capture = Some(capture::Capture::start().map_err(|e| {
+                let text = crate::log::io_text(&e);
+                log.error(
+                    "spawn_failed",
+                    &format!("cannot capture the output for --ping-body: {text}"),
+                );
+                Exit::Failure
+            })?);
+        }
+        let stdio = capture.as_ref().and_then(capture::Capture::fds);
+        let child = match child::spawn(&config.argv, &env, shared, cgroup, stdio) {
+            Ok(c) => c,
+            Err(e) if e.too_late => return Err(too_late()),
+            Err(e) => return Err(spawn_failed(&e, log)),
+        };
+        RUNNING_GROUP.store(child.group, Ordering::SeqCst);
+        if let Some(c) = capture.as_mut() {
+            c.started();
+        }
+        // While the command runs: cgroups that runs killed with their guards left beside ours.
+        if let Some(ours) = &planned {
+            cgroup::sweep(ours);
+        }
+        contained(&child, shared, planned, no_cgroup, log);
+        #[cfg(debug_assertions)]
+        if std::env::var_os("CRONLOCK_DEBUG_PANIC").is_some_and(|v| v == "main") {
+            panic!("injected by CRONLOCK_DEBUG_PANIC");
+        }
+        Ok((child, capture))
     }
-    let stdio = capture.as_ref().and_then(capture::Capture::fds);
-    let child = match child::spawn(&config.argv, &env, shared, cgroup, stdio) {
-        Ok(c) => c,
-        Err(e) if e.too_late => return Err(too_late()),
-        Err(e) => return Err(spawn_failed(&e, log)),
-    };
-    RUNNING_GROUP.store(child.group, Ordering::SeqCst);
-    if let Some(c) = capture.as_mut() {
-        c.started();
-    }
-    // While the command runs: cgroups that runs killed with their guards left beside ours.
-    if let Some(ours) = &planned {
-        cgroup::sweep(ours);
-    }
-    contained(&child, shared, planned, no_cgroup, log);
-    #[cfg(debug_assertions)]
-    if std::env::var_os("CRONLOCK_DEBUG_PANIC").is_some_and(|v| v == "main") {
-        panic!("injected by CRONLOCK_DEBUG_PANIC");
-    }
-    Ok((child, capture))
 }
 
 /// The variables the command gets: the lock's, and with `--schedule` which instant this run is
@@ -381,7 +432,7 @@ fn contained(
 }
 
 /// "command exited with status N after D", and what the run record calls the ending.
-fn finished(ended: &Ended, started: Instant, log: &Log) -> (Exit, Ending) {
+fn finished(ended: &Ended, started: Instant, log: &Log) -> CommandEnd {
     let exit = ended.exit();
     let (ending, how) = match (&ended.stopped, ended.status) {
         (Some(Stop::LockLost(_)), _) => (Ending::Lost, "was terminated: lock lost".to_string()),
@@ -405,7 +456,7 @@ fn finished(ended: &Ended, started: Instant, log: &Log) -> (Exit, Ending) {
             ("duration_ms", took_ms.into()),
         ],
     );
-    (exit, ending)
+    CommandEnd { exit, ending }
 }
 
 /// Release our lock and record the run; problems are warnings, since the command's status is what
@@ -447,7 +498,7 @@ fn release(
         result = masters.release(left(), held, opts);
     }
     let result = result.map_err(|e| anyhow::anyhow!("cannot release lock '{name}': {e}"));
-    said_released(held, opts, result, (lost, retried), log);
+    said_released(held, opts, result, lost, retried, log);
 }
 
 /// The line for how the release went. `lost`: the lock was lost before (a failure is no news);
@@ -456,7 +507,8 @@ fn said_released(
     held: &Held,
     opts: &ReleaseOptions,
     result: anyhow::Result<Released>,
-    (lost, retried): (bool, bool),
+    lost: bool,
+    retried: bool,
     log: &Log,
 ) {
     let name = &held.keys.name;

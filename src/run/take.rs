@@ -20,19 +20,23 @@ use crate::store::lock::Held;
 use crate::store::quorum::Masters;
 use crate::store::wait::{self, Acquired};
 
-/// Ask for the lock (waiting as `--wait` says): ours, or the exit status of a run that does not
-/// start, its reason logged.
+/// What asking for the lock came to.
+pub(super) enum Taken {
+    /// Ours, with the masters that granted it.
+    Held(Box<Held>, Masters),
+    /// The run does not start (busy, already ran, suspended, a signal), its reason logged: the
+    /// exit status.
+    NotRun(Exit),
+}
+
+/// Ask for the lock (waiting as `--wait` says). An error is our own failure (125).
 /// A suspended KEY's firing notes when the suspension began in `suspended` (for the metrics).
-pub(super) fn take(
-    config: &RunConfig,
-    log: &Log,
-    suspended: &mut Option<u64>,
-) -> Result<Result<(Held, Masters), Exit>> {
+pub(super) fn take(config: &RunConfig, log: &Log, suspended: &mut Option<u64>) -> Result<Taken> {
     let keys = Keys::new(&config.prefix, &config.key);
     let command = config.command_line();
     let asked = Instant::now();
     let instants = config.instants(None);
-    let ask = wait::Ask {
+    let ask = wait::AcquireRequest {
         ttl: config.timing.ttl,
         wait: config.wait,
         instants,
@@ -40,7 +44,7 @@ pub(super) fn take(
     };
     let mut masters = Masters::new(&config.servers);
     let exit = match wait::acquire(&mut masters, &keys, &command, ask, log)? {
-        Acquired::Held(held) => return Ok(Ok((*held, masters))),
+        Acquired::Held(held) => return Ok(Taken::Held(held, masters)),
         Acquired::Busy { holder, expires_in } => {
             busy(config, &holder, expires_in, asked.elapsed(), log);
             Exit::Conflict(config.conflict_exit_code)
@@ -66,7 +70,7 @@ pub(super) fn take(
             Exit::Signal(sig)
         }
     };
-    Ok(Err(exit))
+    Ok(Taken::NotRun(exit))
 }
 
 /// The lock (or every slot) is held elsewhere: say by whom, and how long we waited.

@@ -11,7 +11,7 @@ use crate::clock::Instant;
 use crate::record::Stored;
 use crate::store::keys::Keys;
 use crate::store::lock::{
-    eval, eval_many, int, ms, text_or_nil, Attempt, Held, Holder, Instants, ScriptCall,
+    eval, eval_many, int, ms, text_or_nil, AcquireOutcome, Held, Holder, Instants, ScriptCall,
 };
 use crate::store::topology::{Failure, Link};
 
@@ -32,12 +32,15 @@ static SEMAPHORE: LazyLock<Script> = LazyLock::new(|| Script::new(SEMAPHORE_LUA)
 pub fn try_acquire(
     link: &mut Link,
     within: Duration,
-    keys: &Keys,
-    holder: &Holder,
-    ttl: Duration,
-    instants: Option<&Instants>,
-    limit: u32,
-) -> Result<Attempt, Failure> {
+    ask: Acquire<'_>,
+) -> Result<AcquireOutcome, Failure> {
+    let Acquire {
+        keys,
+        holder,
+        ttl,
+        instants,
+        limit,
+    } = ask;
     let sent_at = Instant::now();
     let abandoned = keys.abandoned(&holder.token);
     let reply = if limit > 1 {
@@ -72,36 +75,49 @@ pub fn try_acquire(
             acquire_reply,
         )?
     };
-    attempt(link, reply, (keys, holder, ttl, limit), sent_at)
+    attempt(link, reply, ask, sent_at)
 }
 
-/// One claim of a batch: KEY's keys, the holder value, the TTL and the instant's slot (the
-/// plain lock: `--limit 1`).
-pub type Claim<'a> = (&'a Keys, &'a Holder, Duration, Option<&'a Instants>);
+/// One acquire: KEY's keys, the holder value, the TTL, with `--schedule` the instants to choose
+/// from, and the `--limit` (1: the plain lock).
+#[derive(Debug, Clone, Copy)]
+pub struct Acquire<'a> {
+    pub keys: &'a Keys,
+    pub holder: &'a Holder,
+    pub ttl: Duration,
+    pub instants: Option<&'a Instants>,
+    pub limit: u32,
+}
 
-/// [`try_acquire`] for several plain locks at once, as one pipeline: each one's attempt, in
-/// order.
+impl<'a> Acquire<'a> {
+    /// The same acquire under another holder value.
+    pub fn by(self, holder: &'a Holder) -> Acquire<'a> {
+        Acquire { holder, ..self }
+    }
+}
+
+/// [`try_acquire`] for several plain locks (`--limit 1`) at once, as one pipeline: each one's
+/// attempt, in order.
 pub fn try_acquire_many(
     link: &mut Link,
     within: Duration,
-    claims: &[Claim<'_>],
-) -> Vec<Result<Attempt, Failure>> {
+    claims: &[Acquire<'_>],
+) -> Vec<Result<AcquireOutcome, Failure>> {
     let sent_at = Instant::now();
-    let abandoned: Vec<String> = claims.iter().map(|c| c.0.abandoned(&c.1.token)).collect();
+    let abandoned: Vec<String> = claims
+        .iter()
+        .map(|c| c.keys.abandoned(&c.holder.token))
+        .collect();
     let calls: Vec<_> = claims
         .iter()
         .zip(&abandoned)
-        .map(|((keys, holder, ttl, instants), gone)| {
-            plain_call(keys, holder, *ttl, *instants, gone)
-        })
+        .map(|(c, gone)| plain_call(c.keys, c.holder, c.ttl, c.instants, gone))
         .collect();
-    let replies = eval_many(link, within, (&ACQUIRE, ACQUIRE_LUA), &calls, acquire_reply);
+    let replies = eval_many(link, within, &ACQUIRE, ACQUIRE_LUA, &calls, acquire_reply);
     replies
         .into_iter()
         .zip(claims)
-        .map(|(reply, (keys, holder, ttl, _))| {
-            attempt(link, reply?, (keys, holder, *ttl, 1), sent_at)
-        })
+        .map(|(reply, ask)| attempt(link, reply?, *ask, sent_at))
         .collect()
 }
 
@@ -110,29 +126,42 @@ pub fn try_acquire_many(
 fn attempt(
     link: &mut Link,
     reply: AcquireReply,
-    (keys, holder, ttl, limit): (&Keys, &Holder, Duration, u32),
+    ask: Acquire<'_>,
     sent_at: Instant,
-) -> Result<Attempt, Failure> {
+) -> Result<AcquireOutcome, Failure> {
+    let Acquire {
+        keys,
+        holder,
+        ttl,
+        limit,
+        ..
+    } = ask;
     let (fence, pttl, value, instant, ran, slot, other, attempt, suspended) = reply;
     if other != 0 {
-        return Ok(Attempt::Mismatch(other.clamp(0, i64::from(u32::MAX)) as u32));
+        return Ok(AcquireOutcome::Mismatch(
+            other.clamp(0, i64::from(u32::MAX)) as u32,
+        ));
     }
     let instant = (instant != 0).then_some(instant);
     if let Some(record) = suspended {
-        return Ok(Attempt::Suspended {
+        return Ok(AcquireOutcome::Suspended {
             record: Stored::read(&record),
             instant,
         });
     }
     if ran != 0 {
-        return Ok(Attempt::AlreadyRan {
+        return Ok(AcquireOutcome::AlreadyRan {
             instant: instant.unwrap_or(ran),
             ran,
         });
     }
     if fence <= 0 {
         let left = u64::try_from(pttl).ok().map(Duration::from_millis);
-        return Ok(Attempt::Busy(left, value.unwrap_or_default(), instant));
+        return Ok(AcquireOutcome::Busy(
+            left,
+            value.unwrap_or_default(),
+            instant,
+        ));
     }
     // A grant names its slot (0 for the plain lock): a broken server, never a lock, otherwise.
     let Ok(slot) = u32::try_from(slot) else {
@@ -145,7 +174,7 @@ fn attempt(
     if limit > 1 {
         keys.lock = keys.slot(slot);
     }
-    Ok(Attempt::Held(Box::new(Held {
+    Ok(AcquireOutcome::Held(Box::new(Held {
         keys,
         holder: holder.clone(),
         fence,

@@ -110,7 +110,7 @@ pub struct LedgerEnd {
 
 /// One attempt's outcome.
 #[derive(Debug)]
-pub enum Attempt {
+pub enum AcquireOutcome {
     Held(Box<Held>),
     /// Held elsewhere; the holder's lock expires in this much (None: no expiry set), the
     /// holder's value, and (with a schedule) the instant this attempt was for.
@@ -177,7 +177,8 @@ pub(super) type ScriptCall<'a> = (Vec<&'a str>, Vec<String>);
 pub(super) fn eval_many<T>(
     link: &mut Link,
     within: Duration,
-    (script, text): (&Script, &str),
+    script: &Script,
+    text: &str,
     calls: &[ScriptCall<'_>],
     read: impl Fn(&Value) -> Result<T, Failure>,
 ) -> Vec<Result<T, Failure>> {
@@ -317,7 +318,7 @@ pub fn claimed_many(
         Value::Array(a) if a.len() == 1 => Ok(int(&a[0], SHAPE)? == 1),
         _ => Err(Failure::shape(SHAPE)),
     };
-    eval_many(link, within, (&CLAIMED, CLAIMED_LUA), &calls, read)
+    eval_many(link, within, &CLAIMED, CLAIMED_LUA, &calls, read)
 }
 
 /// `claimed.lua`'s keys (each KEY's schedule record and ledger) and arguments (the instants).
@@ -449,7 +450,7 @@ pub fn release_many(
         .iter()
         .map(|(keys, args)| (keys.iter().map(String::as_str).collect(), args.clone()))
         .collect();
-    eval_many(link, within, (&RELEASE, RELEASE_LUA), &calls, released)
+    eval_many(link, within, &RELEASE, RELEASE_LUA, &calls, released)
 }
 
 /// `release.lua`'s keys and arguments for `held`.

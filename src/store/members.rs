@@ -24,22 +24,33 @@ pub const MAX_MEMBERS: usize = 256;
 
 /// Who serves from this Redis, as one heartbeat saw it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct View {
+pub struct FleetView {
     /// The live replicas' ids.
     pub live: Vec<String>,
     /// Those of them at `--max-jobs`.
     pub full: Vec<String>,
 }
 
-/// One heartbeat of replica `id` of `fleet` under `prefix`: live for `lapse` more (zero: leaving
-/// now), and whether it is full. Returns the view after it.
-pub fn beat(
-    link: &mut Link,
-    within: Duration,
-    (prefix, fleet): (&str, &str),
-    id: &str,
-    (lapse, full): (Duration, bool),
-) -> Result<View, Failure> {
+/// One heartbeat: replica `id` of `fleet` (its hash, in hex) under `prefix` is live for `lapse`
+/// more (zero: it leaves now), and is full (at `--max-jobs`) or not.
+#[derive(Debug, Clone, Copy)]
+pub struct Heartbeat<'a> {
+    pub prefix: &'a str,
+    pub fleet: &'a str,
+    pub id: &'a str,
+    pub lapse: Duration,
+    pub full: bool,
+}
+
+/// Send one heartbeat; the view after it.
+pub fn beat(link: &mut Link, within: Duration, beat: Heartbeat<'_>) -> Result<FleetView, Failure> {
+    let Heartbeat {
+        prefix,
+        fleet,
+        id,
+        lapse,
+        full,
+    } = beat;
     let members = format!("{prefix}~{{~replicas:{fleet}}}:members");
     let lapse_ms = if lapse.is_zero() { 0 } else { ms(lapse) };
     let args = [
@@ -60,7 +71,7 @@ pub fn beat(
 }
 
 /// `{live ids, full ids}`; anything else is a failure.
-fn read_view(reply: &Value) -> Result<View, Failure> {
+fn read_view(reply: &Value) -> Result<FleetView, Failure> {
     const SHAPE: &str = "a heartbeat reply that is not {live ids, full ids}";
     let ids = |v: &Value| -> Result<Vec<String>, Failure> {
         let Value::Array(items) = v else {
@@ -78,7 +89,7 @@ fn read_view(reply: &Value) -> Result<View, Failure> {
             .collect()
     };
     match reply {
-        Value::Array(parts) if parts.len() == 2 => Ok(View {
+        Value::Array(parts) if parts.len() == 2 => Ok(FleetView {
             live: ids(&parts[0])?,
             full: ids(&parts[1])?,
         }),

@@ -21,13 +21,13 @@
 use std::time::Duration;
 
 use crate::clock::Instant;
-use crate::store::acquire::{self, Claim};
+use crate::store::acquire::{self, Acquire};
 use crate::store::inspect::{self, Snapshot};
 use crate::store::keys::Keys;
-use crate::store::lock::{self, Attempt, Held, Holder, Instants, ReleaseOptions, Released, Undo};
+use crate::store::lock::{self, AcquireOutcome, Held, Holder, ReleaseOptions, Released, Undo};
 use crate::store::members;
-use crate::store::round::{confirmed, failed, refused, split, Answer, Lost};
-pub use crate::store::round::{Outcome, Refused};
+use crate::store::round::{confirmed, failed, refused, split, Lost, MasterAnswer, MastersNamed};
+pub use crate::store::round::{Refused, RoundOutcome};
 use crate::store::topology::{Failure, Link, Redis};
 
 /// How many rounds one acquisition takes at most when the votes split (see [`Masters::acquire`]).
@@ -36,6 +36,15 @@ const SPLIT_ROUNDS: u32 = 3;
 /// The masters, each with its own link.
 pub struct Masters {
     links: Vec<Link>,
+}
+
+/// One acquisition round's times: when it was sent, what the whole acquire was given, and the
+/// bound on each master's call in this round.
+#[derive(Clone, Copy)]
+struct Round {
+    sent_at: Instant,
+    within: Duration,
+    budget: Duration,
 }
 
 impl Masters {
@@ -112,20 +121,12 @@ impl Masters {
     /// [`SPLIT_ROUNDS`] in all, each after a random pause and under a fresh holder (the undone
     /// one's marker refuses it where it was undone), so that one of them wins the next: a split
     /// would otherwise leave the lock to nobody. Within `within` in all.
-    pub fn acquire(
-        &mut self,
-        within: Duration,
-        keys: &Keys,
-        holder: &Holder,
-        ttl: Duration,
-        instants: Option<&Instants>,
-        limit: u32,
-    ) -> Outcome {
+    pub fn acquire(&mut self, within: Duration, ask: Acquire<'_>) -> RoundOutcome {
         let started = Instant::now();
         let mut fresh: Option<Holder> = None;
         for round in 1.. {
-            let holder = fresh.as_ref().unwrap_or(holder);
-            let (outcome, split) = self.round(within, (keys, holder, ttl), (instants, limit));
+            let holder = fresh.as_ref().unwrap_or(ask.holder);
+            let (outcome, split) = self.round(within, ask.by(holder));
             if !split || round >= SPLIT_ROUNDS {
                 return outcome;
             }
@@ -142,30 +143,32 @@ impl Masters {
     }
 
     /// One acquisition round, and whether it split (see [`Masters::acquire`]).
-    fn round(
-        &mut self,
-        within: Duration,
-        (keys, holder, ttl): (&Keys, &Holder, Duration),
-        (instants, limit): (Option<&Instants>, u32),
-    ) -> (Outcome, bool) {
-        let budget = self.budget(within, ttl);
+    fn round(&mut self, within: Duration, ask: Acquire<'_>) -> (RoundOutcome, bool) {
+        let budget = self.budget(within, ask.ttl);
         let sent_at = Instant::now();
-        let answers = self.each(|_, link| -> Answer {
-            let attempt = acquire::try_acquire(link, budget, keys, holder, ttl, instants, limit);
+        let answers = self.each(|_, link| -> MasterAnswer {
+            let attempt = acquire::try_acquire(link, budget, ask);
             confirmed(
                 link,
                 attempt,
-                &keys.lock,
+                &ask.keys.lock,
                 budget.saturating_sub(sent_at.elapsed()),
             )
         });
-        let outcome = self.settle(&answers, sent_at, (within, budget), (keys, holder, ttl));
+        let round = Round {
+            sent_at,
+            within,
+            budget,
+        };
+        let outcome = self.settle(&answers, round, ask);
         // Split: busy with no holder on a majority, or failed (a master did not answer) after
         // a grant of ours that was undone: either way another round may win it.
-        let ours = answers.iter().any(|a| matches!(a, Ok(Attempt::Held(_))));
-        let split = limit == 1
+        let ours = answers
+            .iter()
+            .any(|a| matches!(a, Ok(AcquireOutcome::Held(_))));
+        let split = ask.limit == 1
             && self.len() > 1
-            && (matches!(outcome, Ok(Attempt::Busy(..))) || (outcome.is_err() && ours))
+            && (matches!(outcome, Ok(AcquireOutcome::Busy(..))) || (outcome.is_err() && ours))
             && split(&answers, self.majority());
         (outcome, split)
     }
@@ -173,44 +176,54 @@ impl Masters {
     /// Several acquisition rounds of plain locks (`--limit 1`): on one master, their attempts go
     /// as one pipeline, each then settled as [`Masters::acquire`] settles it; on several, one
     /// round after another.
-    pub fn acquire_many(&mut self, within: Duration, claims: &[Claim<'_>]) -> Vec<Outcome> {
+    pub fn acquire_many(&mut self, within: Duration, claims: &[Acquire<'_>]) -> Vec<RoundOutcome> {
         if self.links.len() != 1 || claims.len() < 2 {
             return claims
                 .iter()
-                .map(|(keys, holder, ttl, instants)| {
-                    self.acquire(within, keys, holder, *ttl, *instants, 1)
-                })
+                .map(|ask| self.acquire(within, *ask))
                 .collect();
         }
         let sent_at = Instant::now();
         let attempts = acquire::try_acquire_many(&mut self.links[0], within, claims);
+        let round = Round {
+            sent_at,
+            within,
+            budget: within,
+        };
         attempts
             .into_iter()
             .zip(claims)
-            .map(|(attempt, (keys, holder, ttl, _))| {
+            .map(|(attempt, ask)| {
                 let left = within.saturating_sub(sent_at.elapsed());
-                let answer = confirmed(&mut self.links[0], attempt, &keys.lock, left);
-                self.settle(&[answer], sent_at, (within, within), (keys, holder, *ttl))
+                let answer = confirmed(&mut self.links[0], attempt, &ask.keys.lock, left);
+                self.settle(&[answer], round, *ask)
             })
             .collect()
     }
 
     /// The outcome of a round from the masters' answers: held when a majority granted it in
     /// time, else undone wherever it may be ours, and refused or failed as the answers say.
-    fn settle(
-        &mut self,
-        answers: &[Answer],
-        sent_at: Instant,
-        (within, budget): (Duration, Duration),
-        (keys, holder, ttl): (&Keys, &Holder, Duration),
-    ) -> Outcome {
+    fn settle(&mut self, answers: &[MasterAnswer], round: Round, ask: Acquire<'_>) -> RoundOutcome {
+        let Round {
+            sent_at,
+            within,
+            budget,
+        } = round;
+        let Acquire {
+            keys, holder, ttl, ..
+        } = ask;
         if let Some(held) = self.granted(answers, sent_at, ttl, budget) {
-            return Ok(Attempt::Held(Box::new(held)));
+            return Ok(AcquireOutcome::Held(Box::new(held)));
         }
         // Not ours: undo it wherever it may be ours.
         let undo: Vec<bool> = answers
             .iter()
-            .map(|a| matches!(a, Ok(Attempt::Held(_)) | Err(Lost { taken: true, .. })))
+            .map(|a| {
+                matches!(
+                    a,
+                    Ok(AcquireOutcome::Held(_)) | Err(Lost { taken: true, .. })
+                )
+            })
             .collect();
         // Within the round's budget: a master that did not answer the acquire (frozen, hung) must
         // not hold the undo, and the next round, for all of --connect-timeout (its lock, if it
@@ -222,21 +235,18 @@ impl Masters {
             return refusal;
         }
         let shown: Vec<&str> = (0..self.len()).map(|i| self.shown(i)).collect();
-        let majority = self.majority();
-        failed(
-            answers,
-            &undone,
-            &keys.name,
-            (within, ttl),
-            (majority, &shown),
-        )
+        let masters = MastersNamed {
+            shown: &shown,
+            majority: self.majority(),
+        };
+        failed(answers, &undone, ask, within, masters)
     }
 
     /// The lock, when a majority granted it in time (and, with several masters, took the
     /// highest fencing token).
     fn granted(
         &mut self,
-        answers: &[Answer],
+        answers: &[MasterAnswer],
         sent_at: Instant,
         ttl: Duration,
         budget: Duration,
@@ -244,7 +254,7 @@ impl Masters {
         let held: Vec<&Held> = answers
             .iter()
             .filter_map(|a| match a {
-                Ok(Attempt::Held(h)) => Some(&**h),
+                Ok(AcquireOutcome::Held(h)) => Some(&**h),
                 _ => None,
             })
             .collect();
@@ -259,7 +269,7 @@ impl Masters {
         held.fence = answers
             .iter()
             .filter_map(|a| match a {
-                Ok(Attempt::Held(h)) => Some(h.fence),
+                Ok(AcquireOutcome::Held(h)) => Some(h.fence),
                 _ => None,
             })
             .max()
@@ -269,10 +279,10 @@ impl Masters {
     }
 
     /// Write the token back to every master of the majority; true when a majority took it.
-    fn raise(&mut self, answers: &[Answer], held: &Held, budget: Duration) -> bool {
+    fn raise(&mut self, answers: &[MasterAnswer], held: &Held, budget: Duration) -> bool {
         let ours: Vec<bool> = answers
             .iter()
-            .map(|a| matches!(a, Ok(Attempt::Held(_))))
+            .map(|a| matches!(a, Ok(AcquireOutcome::Held(_))))
             .collect();
         let raised =
             self.each(|i, link| ours[i] && lock::raise(link, budget, held).is_ok_and(|ours| ours));
@@ -476,18 +486,9 @@ impl Masters {
     pub fn beat(
         &mut self,
         within: Duration,
-        (prefix, fleet): (&str, &str),
-        id: &str,
-        lapse: Duration,
-        full: bool,
-    ) -> Result<members::View, Failure> {
-        members::beat(
-            &mut self.links[0],
-            within,
-            (prefix, fleet),
-            id,
-            (lapse, full),
-        )
+        beat: members::Heartbeat<'_>,
+    ) -> Result<members::FleetView, Failure> {
+        members::beat(&mut self.links[0], within, beat)
     }
 
     /// With one master, block on the KEY's notify list for up to `block` (a release wakes us);

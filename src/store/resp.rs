@@ -54,20 +54,20 @@ pub fn parse(buf: &[u8]) -> Result<Option<(Reply, usize)>, Bad> {
     let mut p = Parser { buf, at: 0 };
     match p.reply(0) {
         Ok(r) => Ok(Some((r, p.at))),
-        Err(Stop::More) if buf.len() > MAX_REPLY => Err(Bad::TooLarge),
-        Err(Stop::More) => Ok(None),
-        Err(Stop::Bad(b)) => Err(b),
+        Err(ParseStop::More) if buf.len() > MAX_REPLY => Err(Bad::TooLarge),
+        Err(ParseStop::More) => Ok(None),
+        Err(ParseStop::Bad(b)) => Err(b),
     }
 }
 
-enum Stop {
+enum ParseStop {
     More,
     Bad(Bad),
 }
 
-impl From<Bad> for Stop {
-    fn from(b: Bad) -> Stop {
-        Stop::Bad(b)
+impl From<Bad> for ParseStop {
+    fn from(b: Bad) -> ParseStop {
+        ParseStop::Bad(b)
     }
 }
 
@@ -78,7 +78,7 @@ struct Parser<'a> {
 
 impl Parser<'_> {
     /// The next line, without its CRLF.
-    fn line(&mut self) -> Result<&[u8], Stop> {
+    fn line(&mut self) -> Result<&[u8], ParseStop> {
         let rest = &self.buf[self.at..];
         let end = rest.windows(2).position(|w| w == b"\r\n");
         match end {
@@ -87,17 +87,17 @@ impl Parser<'_> {
                 Ok(&rest[..n])
             }
             None if rest.len() > MAX_REPLY => Err(Bad::TooLarge.into()),
-            None => Err(Stop::More),
+            None => Err(ParseStop::More),
         }
     }
 
-    fn text(&mut self) -> Result<String, Stop> {
+    fn text(&mut self) -> Result<String, ParseStop> {
         let line = self.line()?;
         String::from_utf8(line.to_vec())
             .map_err(|_| Bad::Protocol("a line that is not UTF-8").into())
     }
 
-    fn int(&mut self) -> Result<i64, Stop> {
+    fn int(&mut self) -> Result<i64, ParseStop> {
         let line = self.line()?;
         std::str::from_utf8(line)
             .ok()
@@ -106,7 +106,7 @@ impl Parser<'_> {
     }
 
     /// A declared length or count: -1 is none; anything past the bound is refused at once.
-    fn len(&mut self) -> Result<Option<usize>, Stop> {
+    fn len(&mut self) -> Result<Option<usize>, ParseStop> {
         match self.int()? {
             -1 => Ok(None),
             n if n < 0 => Err(Bad::Protocol("a negative length").into()),
@@ -115,9 +115,9 @@ impl Parser<'_> {
         }
     }
 
-    fn bulk(&mut self, n: usize) -> Result<Vec<u8>, Stop> {
+    fn bulk(&mut self, n: usize) -> Result<Vec<u8>, ParseStop> {
         if self.buf.len() < self.at + n + 2 {
-            return Err(Stop::More);
+            return Err(ParseStop::More);
         }
         let data = self.buf[self.at..self.at + n].to_vec();
         if &self.buf[self.at + n..self.at + n + 2] != b"\r\n" {
@@ -127,7 +127,7 @@ impl Parser<'_> {
         Ok(data)
     }
 
-    fn items(&mut self, n: usize, depth: usize) -> Result<Vec<Value>, Stop> {
+    fn items(&mut self, n: usize, depth: usize) -> Result<Vec<Value>, ParseStop> {
         // Never trust a count for an allocation: it grows as elements really arrive.
         let mut v = Vec::with_capacity(n.min(64));
         for _ in 0..n {
@@ -136,7 +136,7 @@ impl Parser<'_> {
         Ok(v)
     }
 
-    fn reply(&mut self, depth: usize) -> Result<Reply, Stop> {
+    fn reply(&mut self, depth: usize) -> Result<Reply, ParseStop> {
         match self.buf.get(self.at) {
             Some(b'-') => {
                 self.at += 1;
@@ -146,12 +146,12 @@ impl Parser<'_> {
         }
     }
 
-    fn value(&mut self, depth: usize) -> Result<Value, Stop> {
+    fn value(&mut self, depth: usize) -> Result<Value, ParseStop> {
         if depth > MAX_DEPTH {
             return Err(Bad::Protocol("a reply nested too deep").into());
         }
         let Some(&kind) = self.buf.get(self.at) else {
-            return Err(Stop::More);
+            return Err(ParseStop::More);
         };
         self.at += 1;
         Ok(match kind {

@@ -5,11 +5,12 @@
 use std::time::Duration;
 
 use crate::duration::Span;
-use crate::store::lock::Attempt;
+use crate::store::acquire::Acquire;
+use crate::store::lock::AcquireOutcome;
 use crate::store::topology::{Failure, Link};
 
 /// What an acquisition round came to: the masters' verdict, or why there is none.
-pub type Outcome = Result<Attempt, Refused>;
+pub type RoundOutcome = Result<AcquireOutcome, Refused>;
 
 /// An acquisition that neither got the lock nor found it busy: one line, and whether trying
 /// again may help.
@@ -19,7 +20,7 @@ pub struct Refused {
 }
 
 /// One master's answer to an acquire.
-pub(super) type Answer = Result<Attempt, Lost>;
+pub(super) type MasterAnswer = Result<AcquireOutcome, Lost>;
 
 /// A master whose acquire failed; `taken`: the lock may be ours there all the same (a lost
 /// reply, or taken but not replicated).
@@ -31,32 +32,32 @@ pub(super) struct Lost {
 /// A round that did not get the lock, when the masters' answers say why: holders with another
 /// `--limit` (wherever one master says so), the run for this instant already started, or held
 /// elsewhere (with the soonest expiry). `None`: failures, for [`Masters::failed`].
-pub(super) fn refused(answers: &[Answer], majority: usize) -> Option<Outcome> {
-    if let Some(Ok(Attempt::Mismatch(other))) = answers
+pub(super) fn refused(answers: &[MasterAnswer], majority: usize) -> Option<RoundOutcome> {
+    if let Some(Ok(AcquireOutcome::Mismatch(other))) = answers
         .iter()
-        .find(|a| matches!(a, Ok(Attempt::Mismatch(_))))
+        .find(|a| matches!(a, Ok(AcquireOutcome::Mismatch(_))))
     {
-        return Some(Ok(Attempt::Mismatch(*other)));
+        return Some(Ok(AcquireOutcome::Mismatch(*other)));
     }
     // Suspended wherever one master says so (`--suspend` wrote it on a majority).
-    if let Some(Ok(Attempt::Suspended { record, instant })) = answers
+    if let Some(Ok(AcquireOutcome::Suspended { record, instant })) = answers
         .iter()
-        .find(|a| matches!(a, Ok(Attempt::Suspended { .. })))
+        .find(|a| matches!(a, Ok(AcquireOutcome::Suspended { .. })))
     {
-        return Some(Ok(Attempt::Suspended {
+        return Some(Ok(AcquireOutcome::Suspended {
             record: record.clone(),
             instant: *instant,
         }));
     }
-    let count = |f: fn(&Answer) -> bool| answers.iter().filter(|a| f(a)).count();
-    let busy = count(|a| matches!(a, Ok(Attempt::Busy(..))));
-    let ran = count(|a| matches!(a, Ok(Attempt::AlreadyRan { .. })));
+    let count = |f: fn(&MasterAnswer) -> bool| answers.iter().filter(|a| f(a)).count();
+    let busy = count(|a| matches!(a, Ok(AcquireOutcome::Busy(..))));
+    let ran = count(|a| matches!(a, Ok(AcquireOutcome::AlreadyRan { .. })));
     if ran >= majority || (ran > 0 && ran + busy >= majority) {
-        if let Some(Ok(Attempt::AlreadyRan { instant, ran })) = answers
+        if let Some(Ok(AcquireOutcome::AlreadyRan { instant, ran })) = answers
             .iter()
-            .find(|a| matches!(a, Ok(Attempt::AlreadyRan { .. })))
+            .find(|a| matches!(a, Ok(AcquireOutcome::AlreadyRan { .. })))
         {
-            return Some(Ok(Attempt::AlreadyRan {
+            return Some(Ok(AcquireOutcome::AlreadyRan {
                 instant: *instant,
                 ran: *ran,
             }));
@@ -69,7 +70,7 @@ pub(super) fn refused(answers: &[Answer], majority: usize) -> Option<Outcome> {
     let mut value = String::new();
     let mut at = None;
     for a in answers {
-        if let Ok(Attempt::Busy(left, v, instant)) = a {
+        if let Ok(AcquireOutcome::Busy(left, v, instant)) = a {
             if let Some(l) = left {
                 soonest = Some(soonest.map_or(*l, |s| s.min(*l)));
             }
@@ -79,17 +80,17 @@ pub(super) fn refused(answers: &[Answer], majority: usize) -> Option<Outcome> {
             at = at.or(*instant);
         }
     }
-    Some(Ok(Attempt::Busy(soonest, value, at)))
+    Some(Ok(AcquireOutcome::Busy(soonest, value, at)))
 }
 
 /// The one line for a single master's acquire that neither got the lock nor found it busy.
 pub(super) fn failed_alone(
-    answer: &Answer,
+    answer: &MasterAnswer,
     undone: &Option<Result<bool, Failure>>,
     name: &str,
     within: Duration,
     ttl: Duration,
-) -> Outcome {
+) -> RoundOutcome {
     let undo_text = |u: &Option<Result<bool, Failure>>| match u {
         Some(Ok(true)) => "the lock it took anyway was released".to_string(),
         Some(Ok(false)) => "it took no lock".into(),
@@ -146,13 +147,13 @@ pub(super) fn failed_alone(
 /// `left`); a failure may have taken the lock when the call may have run.
 pub(super) fn confirmed(
     link: &mut Link,
-    attempt: Result<Attempt, Failure>,
+    attempt: Result<AcquireOutcome, Failure>,
     lock_key: &str,
     left: Duration,
-) -> Answer {
+) -> MasterAnswer {
     match attempt {
-        Ok(Attempt::Held(held)) => match link.confirm(lock_key, left) {
-            Ok(()) => Ok(Attempt::Held(held)),
+        Ok(AcquireOutcome::Held(held)) => match link.confirm(lock_key, left) {
+            Ok(()) => Ok(AcquireOutcome::Held(held)),
             Err(failure) => Err(Lost {
                 failure,
                 taken: true,
@@ -166,21 +167,29 @@ pub(super) fn confirmed(
     }
 }
 
-/// The one line for an acquire that neither got the lock nor found it busy; `shown`: each
-/// master's URL, redacted.
+/// The masters as a failure line names them: each one's URL, redacted, and how many must agree.
+pub(super) struct MastersNamed<'a> {
+    pub shown: &'a [&'a str],
+    pub majority: usize,
+}
+
+/// The one line for an acquire (of lock `name`, given `within`) that neither got the lock nor
+/// found it busy.
 pub(super) fn failed(
-    answers: &[Answer],
+    answers: &[MasterAnswer],
     undone: &[Option<Result<bool, Failure>>],
-    name: &str,
-    (within, ttl): (Duration, Duration),
-    (majority, shown): (usize, &[&str]),
-) -> Outcome {
+    ask: Acquire<'_>,
+    within: Duration,
+    masters: MastersNamed<'_>,
+) -> RoundOutcome {
+    let (name, ttl) = (ask.keys.name.as_str(), ask.ttl);
+    let MastersNamed { shown, majority } = masters;
     if let ([answer], [undone]) = (answers, undone) {
         return failed_alone(answer, undone, name, within, ttl);
     }
     let granted = answers
         .iter()
-        .filter(|a| matches!(a, Ok(Attempt::Held(_))))
+        .filter(|a| matches!(a, Ok(AcquireOutcome::Held(_))))
         .count();
     let problems: Vec<String> = answers
         .iter()
@@ -212,11 +221,11 @@ pub(super) fn failed(
 
 /// Whether a round that found the lock busy did so only because the contenders' votes split: no
 /// one holder (by its value) was answered by a majority of the masters.
-pub(super) fn split(answers: &[Answer], majority: usize) -> bool {
+pub(super) fn split(answers: &[MasterAnswer], majority: usize) -> bool {
     let holders: Vec<&str> = answers
         .iter()
         .filter_map(|a| match a {
-            Ok(Attempt::Busy(_, value, _)) => Some(value.as_str()),
+            Ok(AcquireOutcome::Busy(_, value, _)) => Some(value.as_str()),
             _ => None,
         })
         .collect();
@@ -229,8 +238,8 @@ pub(super) fn split(answers: &[Answer], majority: usize) -> bool {
 mod tests {
     use super::*;
 
-    fn busy(holder: &str) -> Answer {
-        Ok(Attempt::Busy(None, holder.into(), None))
+    fn busy(holder: &str) -> MasterAnswer {
+        Ok(AcquireOutcome::Busy(None, holder.into(), None))
     }
 
     #[test]

@@ -29,7 +29,7 @@ use crate::store::wire::{Wire, WireError};
 /// Where the locks live, resolved from the URL. Cheap to clone: the watchdog thread has a copy.
 #[derive(Clone)]
 pub struct Redis {
-    target: Arc<Target>,
+    target: Arc<Topology>,
     /// The URL with its secrets replaced, safe to print.
     pub shown_url: String,
     pub connect_timeout: Duration,
@@ -40,7 +40,7 @@ pub struct Redis {
     pub fingerprint: u64,
 }
 
-enum Target {
+enum Topology {
     Node(Node),
     Sentinel(Service),
     Cluster(Cluster),
@@ -51,7 +51,7 @@ impl Redis {
     /// script may touch the keys of several KEYs; not on a Cluster, whose KEYs live in slots of
     /// their own.
     pub fn one_node(&self) -> bool {
-        !matches!(*self.target, Target::Cluster(_))
+        !matches!(*self.target, Topology::Cluster(_))
     }
 
     /// Parse the URL, which came from `source` (a flag or variable, for messages). Errors name
@@ -67,12 +67,12 @@ impl Redis {
         let scheme = url.split_once("://").map_or("", |(s, _)| s);
         let target = match scheme {
             "redis+sentinel" | "rediss+sentinel" => {
-                Target::Sentinel(Service::parse(url, source, &shown_url, tls)?)
+                Topology::Sentinel(Service::parse(url, source, &shown_url, tls)?)
             }
             "redis+cluster" | "rediss+cluster" => {
-                Target::Cluster(Cluster::parse(url, source, &shown_url, tls)?)
+                Topology::Cluster(Cluster::parse(url, source, &shown_url, tls)?)
             }
-            _ => Target::Node(Node::parse(url, source, tls)?),
+            _ => Topology::Node(Node::parse(url, source, tls)?),
         };
         let fingerprint = {
             use std::hash::{Hash, Hasher};
@@ -96,15 +96,15 @@ impl Redis {
         let within = deadline.saturating_duration_since(Instant::now());
         let before = format!("cannot connect to Redis at {}: ", self.shown_url);
         match &*self.target {
-            Target::Node(node) => node
+            Topology::Node(node) => node
                 .connect(within)
                 .map(Con::Node)
                 .map_err(|e| Failure::connect(&e, format!("{before}{}", explain(&e)))),
-            Target::Sentinel(service) => service
+            Topology::Sentinel(service) => service
                 .connect(deadline)
                 .map(|(w, addr)| Con::Primary(w, addr))
                 .map_err(|f| f.context(&before)),
-            Target::Cluster(cluster) => cluster
+            Topology::Cluster(cluster) => cluster
                 .connect(deadline)
                 .map(|c| Con::Cluster(Box::new(c)))
                 .map_err(|f| f.context(&before)),
@@ -122,9 +122,9 @@ impl Redis {
         deadline: Instant,
     ) -> Result<(crate::store::wire::Addr, crate::store::wire::Session)> {
         match &*self.target {
-            Target::Node(node) => Ok((node.addr.clone(), node.session.clone())),
-            Target::Sentinel(service) => service.side(deadline),
-            Target::Cluster(cluster) => cluster.side(key, deadline),
+            Topology::Node(node) => Ok((node.addr.clone(), node.session.clone())),
+            Topology::Sentinel(service) => service.side(deadline),
+            Topology::Cluster(cluster) => cluster.side(key, deadline),
         }
     }
 }
@@ -289,7 +289,7 @@ impl Link {
     /// could be kept alive on a node they demoted, while it expires on the new primary.
     fn reuse_or_connect(&mut self, deadline: Instant) -> Result<Con, Failure> {
         match (self.con.take(), &*self.redis.target) {
-            (Some(Con::Primary(w, addr)), Target::Sentinel(service)) => {
+            (Some(Con::Primary(w, addr)), Topology::Sentinel(service)) => {
                 match service.still_primary(&addr, deadline) {
                     Ok(true) => Ok(Con::Primary(w, addr)),
                     Ok(false) => self.redis.connect(deadline),

@@ -65,14 +65,14 @@ pub trait Listener: Send + Sync {
 
 /// A watch to start once the command has run for [`SETTLE`] (see [`crate::watchdog`], which
 /// starts it): most cron jobs' `true`-sized runs end before, and pay for no thread.
-pub struct Plan {
+pub struct WatchPlan {
     pub masters: Vec<Redis>,
     pub key: String,
     pub value: String,
     pub log: Log,
 }
 
-impl Plan {
+impl WatchPlan {
     /// When the watch should start, for a command started at `started`.
     pub fn due(started: Instant) -> Instant {
         started + SETTLE

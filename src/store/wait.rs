@@ -17,8 +17,9 @@ use crate::log::Log;
 use crate::record::suspension::Suspension;
 use crate::record::Stored;
 use crate::signals;
+use crate::store::acquire::Acquire;
 use crate::store::keys::Keys;
-use crate::store::lock::{self, Attempt, Held, Holder};
+use crate::store::lock::{self, AcquireOutcome, Held, Holder};
 use crate::store::quorum::{Masters, Refused};
 
 /// The longest a waiter blocks between attempts.
@@ -70,7 +71,7 @@ fn pause(d: Duration) -> Option<libc::c_int> {
 }
 
 /// How a run asks for the lock.
-pub struct Ask {
+pub struct AcquireRequest {
     pub ttl: Duration,
     /// `--wait` (zero: one attempt).
     pub wait: Duration,
@@ -89,10 +90,10 @@ pub fn acquire(
     masters: &mut Masters,
     keys: &Keys,
     command: &str,
-    ask: Ask,
+    ask: AcquireRequest,
     log: &Log,
 ) -> Result<Acquired> {
-    let Ask {
+    let AcquireRequest {
         ttl,
         wait,
         mut instants,
@@ -113,39 +114,45 @@ pub fn acquire(
         }
         // A fresh holder per attempt, so `started` says when we got it.
         let holder = Holder::new(command);
-        let (expires_in, busy_with) =
-            match masters.acquire(io_timeout, keys, &holder, ttl, instants.as_ref(), limit) {
-                Ok(Attempt::Held(held)) => return Ok(Acquired::Held(held)),
-                Ok(Attempt::Mismatch(other)) => {
-                    return Err(anyhow!(
-                        "lock '{}' is held with --limit {other} by its current holders, and this \
+        let ask = Acquire {
+            keys,
+            holder: &holder,
+            ttl,
+            instants: instants.as_ref(),
+            limit,
+        };
+        let (expires_in, busy_with) = match masters.acquire(io_timeout, ask) {
+            Ok(AcquireOutcome::Held(held)) => return Ok(Acquired::Held(held)),
+            Ok(AcquireOutcome::Mismatch(other)) => {
+                return Err(anyhow!(
+                    "lock '{}' is held with --limit {other} by its current holders, and this \
                          run has --limit {limit} (every host must give the same --limit); not \
                          running the command",
-                        keys.name
-                    ))
+                    keys.name
+                ))
+            }
+            Ok(AcquireOutcome::AlreadyRan { instant, ran }) => {
+                return Ok(Acquired::AlreadyRan { instant, ran })
+            }
+            Ok(AcquireOutcome::Suspended { record, instant }) => {
+                return Ok(Acquired::Suspended { record, instant })
+            }
+            Ok(AcquireOutcome::Busy(expires_in, value, instant)) => {
+                if let (Some(s), Some(i)) = (instants.as_mut(), instant) {
+                    s.candidates = vec![i];
                 }
-                Ok(Attempt::AlreadyRan { instant, ran }) => {
-                    return Ok(Acquired::AlreadyRan { instant, ran })
+                (expires_in, value)
+            }
+            Err(Refused { text, transient }) => {
+                if !transient {
+                    return Err(anyhow!(text));
                 }
-                Ok(Attempt::Suspended { record, instant }) => {
-                    return Ok(Acquired::Suspended { record, instant })
+                match waiter.retry(anyhow!(text))? {
+                    Some(sig) => return Ok(Acquired::Signalled(sig)),
+                    None => continue,
                 }
-                Ok(Attempt::Busy(expires_in, value, instant)) => {
-                    if let (Some(s), Some(i)) = (instants.as_mut(), instant) {
-                        s.candidates = vec![i];
-                    }
-                    (expires_in, value)
-                }
-                Err(Refused { text, transient }) => {
-                    if !transient {
-                        return Err(anyhow!(text));
-                    }
-                    match waiter.retry(anyhow!(text))? {
-                        Some(sig) => return Ok(Acquired::Signalled(sig)),
-                        None => continue,
-                    }
-                }
-            };
+            }
+        };
         let now = Instant::now();
         if now >= waiter.deadline {
             return Ok(Acquired::Busy {

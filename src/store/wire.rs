@@ -49,35 +49,35 @@ pub struct Session {
     pub db: i64,
 }
 
-enum Stream {
+enum Socket {
     Tcp(Bounded<TcpStream>),
     Unix(Bounded<UnixStream>),
     Tls(Box<StreamOwned<ClientConnection, Bounded<TcpStream>>>),
 }
 
-impl Stream {
+impl Socket {
     /// Every socket call from now on ends by `deadline`.
     fn bound(&mut self, deadline: Instant) {
         match self {
-            Stream::Tcp(s) => s.deadline = deadline,
-            Stream::Unix(s) => s.deadline = deadline,
-            Stream::Tls(s) => s.sock.deadline = deadline,
+            Socket::Tcp(s) => s.deadline = deadline,
+            Socket::Unix(s) => s.deadline = deadline,
+            Socket::Tls(s) => s.sock.deadline = deadline,
         }
     }
 
     fn io(&mut self) -> &mut dyn ReadWrite {
         match self {
-            Stream::Tcp(s) => s,
-            Stream::Unix(s) => s,
-            Stream::Tls(s) => &mut **s,
+            Socket::Tcp(s) => s,
+            Socket::Unix(s) => s,
+            Socket::Tls(s) => &mut **s,
         }
     }
 
     fn fd(&self) -> BorrowedFd<'_> {
         match self {
-            Stream::Tcp(s) => s.sock.as_fd(),
-            Stream::Unix(s) => s.sock.as_fd(),
-            Stream::Tls(s) => s.sock.sock.as_fd(),
+            Socket::Tcp(s) => s.sock.as_fd(),
+            Socket::Unix(s) => s.sock.as_fd(),
+            Socket::Tls(s) => s.sock.sock.as_fd(),
         }
     }
 }
@@ -87,7 +87,7 @@ impl<T: Read + Write> ReadWrite for T {}
 
 /// An open connection; the caller drops it after any failure (see [`crate::store::topology`]).
 pub struct Wire {
-    stream: Stream,
+    stream: Socket,
     /// Bytes read past the last reply.
     buf: Vec<u8>,
     /// A command was sent on this connection.
@@ -98,12 +98,12 @@ impl Wire {
     /// Connect to `addr` and open a session, all by `deadline`.
     pub fn connect(addr: &Addr, session: &Session, deadline: Instant) -> Result<Wire, WireError> {
         let stream = match addr {
-            Addr::Unix(path) => Stream::Unix(Bounded::new(unix_connect(path, deadline)?, deadline)),
+            Addr::Unix(path) => Socket::Unix(Bounded::new(unix_connect(path, deadline)?, deadline)),
             Addr::Tcp(host, port) => {
                 let tcp = Bounded::new(tcp_connect(host, *port, deadline)?, deadline);
                 match &session.tls {
-                    None => Stream::Tcp(tcp),
-                    Some(config) => Stream::Tls(Box::new(handshake(host, tcp, config)?)),
+                    None => Socket::Tcp(tcp),
+                    Some(config) => Socket::Tls(Box::new(handshake(host, tcp, config)?)),
                 }
             }
         };
@@ -179,7 +179,7 @@ impl Wire {
         if !self.readable() {
             return Ok(false);
         }
-        let Stream::Tls(s) = &mut self.stream else {
+        let Socket::Tls(s) = &mut self.stream else {
             return Ok(true);
         };
         s.sock.deadline = deadline;

@@ -202,7 +202,7 @@ fn layer(module: &str) -> Option<(u8, &str)> {
         "store" | "command" => 2,
         "fleet" => 3,
         "config" | "watchdog" => 4,
-        "watch" => 5,
+        "http" => 5,
         "run" | "replica" => 6,
         "cli" => 7,
         _ => return None,
@@ -284,4 +284,64 @@ fn records_are_read_only_through_their_types() {
         }
     }
     assert!(wrong.is_empty(), "records read by field name: {wrong:#?}");
+}
+
+/// One meaning per name, types included: no two types, traits or aliases of `src/` share a name
+/// (ARCHITECTURE.md's "Names").
+#[test]
+fn no_two_types_share_a_name() {
+    let mut seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (module, code) in modules() {
+        for line in code.lines() {
+            let item = line
+                .strip_prefix("pub ")
+                .or_else(|| line.strip_prefix("pub(crate) "))
+                .or_else(|| line.strip_prefix("pub(super) "))
+                .unwrap_or(line);
+            let Some(rest) = ["struct ", "enum ", "type ", "trait "]
+                .iter()
+                .find_map(|k| item.strip_prefix(k))
+            else {
+                continue;
+            };
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if name.starts_with(|c: char| c.is_ascii_uppercase()) {
+                seen.entry(name).or_default().push(module.clone());
+            }
+        }
+    }
+    let shared: Vec<String> = seen
+        .into_iter()
+        .filter(|(_, m)| m.len() > 1)
+        .map(|(n, m)| format!("{n}: {}", m.join(", ")))
+        .collect();
+    assert!(shared.is_empty(), "types that share a name: {shared:#?}");
+}
+
+/// No parameters packed into a tuple (`(exit, ending): (Exit, Ending)`) to get past a lint on
+/// their count: a parameter list that is a concept is a struct, any other is a list.
+#[test]
+fn no_parameters_are_packed_into_tuples() {
+    let mut wrong = Vec::new();
+    for (module, code) in modules() {
+        for (n, line) in code.lines().enumerate() {
+            let t = line.trim_start();
+            let Some(inner) = t.strip_prefix('(') else {
+                continue;
+            };
+            let Some((names, rest)) = inner.split_once("): (") else {
+                continue;
+            };
+            let names_only = names
+                .split(", ")
+                .all(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_lowercase() || c == '_'));
+            if names_only && names.contains(", ") && rest.ends_with("),") {
+                wrong.push(format!("{module}:{}: {t}", n + 1));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "tuple-packed parameters: {wrong:#?}");
 }

@@ -1,5 +1,5 @@
-//! The suite's own rule about time (`common/alone.rs`): a test in a module named `alone` (the file
-//! `SUITE/alone.rs`) measures alone, by calling `measure_alone()` itself or through a helper it
+//! The suite's own rule about time (`common/alone.rs`): a test in a module named `alone` (a
+//! `mod alone { ... }` at the end of its suite, or the file `SUITE/alone.rs`) measures alone, by calling `measure_alone()` itself or through a helper it
 //! calls. One that did not would run beside other tests of its pass while it measures, as if the
 //! module did not exist. (The other way round, `measure_alone()` outside such a module, fails the
 //! test that calls it.)
@@ -90,12 +90,20 @@ fn every_test_in_alone_measures_alone() {
     let mut tests = 0;
     let mut bad = Vec::new();
     for (path, text) in &files {
-        if !path.ends_with("/alone.rs") || path.contains("/common/") {
+        if path.contains("/common/") {
             continue;
         }
-        let tests_here = bodies(text)
-            .into_iter()
-            .filter(|(name, _)| text.contains(&format!("#[test]\nfn {name}(")));
+        let text: &str = if path.ends_with("/alone.rs") {
+            text
+        } else if let Some(at) = text.find("\nmod alone {") {
+            block(text, at + "\nmod alone ".len())
+        } else {
+            continue;
+        };
+        let tests_here = bodies(text).into_iter().filter(|(name, _)| {
+            text.contains(&format!("#[test]\nfn {name}("))
+                || text.contains(&format!("#[test]\n    fn {name}("))
+        });
         for (name, body) in tests_here {
             let helpers = all
                 .iter()

@@ -42,14 +42,14 @@ fn other_versions_and_shapes_are_refused() {
 #[test]
 fn reports_read_back() {
     for r in [
-        Report::Started { pid: 7 },
-        Report::Ended {
+        RunReport::Started { pid: 7 },
+        RunReport::Ended(RunEnd {
             status: 3,
             ending: Ending::Exited,
             duration: Duration::from_millis(1500),
-        },
+        }),
     ] {
-        assert_eq!(Report::parse(r.line().trim_end()).unwrap(), r);
+        assert_eq!(RunReport::parse(r.line().trim_end()).unwrap(), r);
     }
 }
 
@@ -66,10 +66,10 @@ fn release_asks_and_answers_read_back() {
             interrupted: true,
         }),
     };
-    let ask = Report::Release(Box::new(opts));
-    assert_eq!(Report::parse(ask.line().trim_end()).unwrap(), ask);
-    let bare = Report::Release(Box::default());
-    assert_eq!(Report::parse(bare.line().trim_end()).unwrap(), bare);
+    let ask = RunReport::Release(Box::new(opts));
+    assert_eq!(RunReport::parse(ask.line().trim_end()).unwrap(), ask);
+    let bare = RunReport::Release(Box::default());
+    assert_eq!(RunReport::parse(bare.line().trim_end()).unwrap(), bare);
     for answer in [
         Ok(Released::Deleted),
         Ok(Released::Kept),
@@ -97,7 +97,10 @@ fn a_run_the_replica_answers_does_not_release_by_itself() {
     });
     let answer = run.release_by_replica(&ReleaseOptions::default(), Duration::from_secs(5));
     assert_eq!(answer, Some(Ok(Released::Deleted)));
-    assert!(matches!(replica.join().unwrap(), Some(Report::Release(_))));
+    assert!(matches!(
+        replica.join().unwrap(),
+        Some(RunReport::Release(_))
+    ));
     // A replica that is gone: no answer, at once.
     let (gone, theirs) = UnixStream::pair().unwrap();
     drop(gone);
@@ -114,10 +117,10 @@ fn a_run_the_replica_answers_does_not_release_by_itself() {
 fn the_replica_reads_reports_until_the_end() {
     let (ours, theirs) = UnixStream::pair().unwrap();
     let mut run = RunSide { stream: theirs };
-    run.send(&Report::Started { pid: 9 });
+    run.send(&RunReport::Started { pid: 9 });
     run.stream.write_all(b"garbage\n").unwrap();
     drop(run);
     let mut replica = ReplicaSide::new(ours);
-    assert_eq!(replica.report(), Some(Report::Started { pid: 9 }));
+    assert_eq!(replica.report(), Some(RunReport::Started { pid: 9 }));
     assert_eq!(replica.report(), None);
 }

@@ -1,8 +1,8 @@
 //! Tests that measure time run alone. A test measures time when what it asserts is a duration
 //! within a few times what it should take (a lock noticed gone within 500 ms, a run retried
 //! within TTL + 2 s, a drain within 2.5 s): another test's processes on the same cores could
-//! make it fail. Such tests live in a module named `alone` inside their suite, the file
-//! `SUITE/alone.rs` (`tracking::alone::a_flush_stops_the_command_at_once`); a bound many times
+//! make it fail. Such tests live in a module named `alone` inside their suite (`mod alone` at
+//! its end: `tracking::alone::a_flush_stops_the_command_at_once`); a bound many times
 //! over what the operation takes (a refusal within 1 s) only says it does not hang, and stays
 //! where it is.
 //!

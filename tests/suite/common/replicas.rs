@@ -14,9 +14,12 @@ pub fn replica(url: &str, file: &Path, extra: &[&str]) -> Child {
     replica_with(url, file, extra, &[])
 }
 
-/// [`replica`], with more variables in its environment.
+/// [`replica`], with more variables in its environment. Given a test hook (`CRONLOCK_TEST_...`),
+/// the replica is this test build's binary: a release build reads no hook.
 pub fn replica_with(url: &str, file: &Path, extra: &[&str], env: &[(&str, &str)]) -> Child {
-    replica_of(&bin(), url, file, extra, env)
+    let hooked = env.iter().any(|(k, _)| k.starts_with("CRONLOCK_TEST_"));
+    let bin = if hooked { BIN.to_string() } else { bin() };
+    replica_of(&bin, url, file, extra, env)
 }
 
 /// [`replica_with`], started from the binary at `bin` (a copy of the one under test).
@@ -36,9 +39,19 @@ pub fn replica_of(
     cmd.stdout(std::fs::File::create(dir.join(format!("{n}.out"))).unwrap())
         .stderr(std::fs::File::create(dir.join(format!("{n}.err"))).unwrap())
         .env("CRONLOCK_TEST_REPLICA", n.to_string())
-        .envs(env.iter().copied())
-        .spawn()
-        .unwrap()
+        .envs(env.iter().copied());
+    // A copy of the binary just written may be busy for a moment: a process another test forked
+    // meanwhile holds the copy's write descriptor until it execs (ETXTBSY).
+    let mut busy = 0;
+    loop {
+        match cmd.spawn() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && busy < 200 => {
+                busy += 1;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            spawned => return spawned.unwrap(),
+        }
+    }
 }
 
 /// What the replicas of `file` wrote on stderr.

@@ -1,5 +1,5 @@
 //! The board a replica writes and its server reads: the loop's last turn (lock-free, written at
-//! every turn) and the [`State`] under one mutex, as typed values.
+//! every turn) and the [`BoardState`] under one mutex, as typed values.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::clock::Instant;
 use crate::config::RunConfig;
-use crate::fleet::metrics::{self, Attempt, OUTCOMES};
+use crate::fleet::metrics::{self, MetricsAttempt, OUTCOMES};
 use crate::fleet::schedule::Schedule;
 use crate::record::ledger::{LedgerEntry, MissedReason};
 use crate::record::suspension::Suspension;
@@ -56,7 +56,7 @@ pub const RTT_BOUNDS: [f64; 10] = [
 
 /// What the replica's threads write and the server reads.
 #[derive(Default)]
-pub struct State {
+pub struct BoardState {
     pub jobs: Vec<JobLine>,
     pub max_jobs: u32,
     pub running: HashMap<String, Running>,
@@ -83,18 +83,20 @@ pub struct State {
     pub missed: HashMap<(String, MissedReason), u64>,
 }
 
-/// The replica's board: the loop's last turn (lock-free, written every turn) and the [`State`].
+/// The replica's board: the loop's last turn (lock-free, written every turn) and the [`BoardState`].
 pub struct Board {
     born: Instant,
     /// Milliseconds from `born` to the loop's last turn.
     turned: AtomicU64,
-    /// A test hook ([`HOLD_LOOP`]): the loop stops turning while this file exists.
+    /// A test hook ([`HOLD_LOOP`], read by debug builds only): the loop stops turning while this
+    /// file exists.
     pub hold: Option<std::path::PathBuf>,
-    state: Mutex<State>,
+    state: Mutex<BoardState>,
 }
 
 /// The test hook that holds the replica's loop (for `/healthz`): while the file this variable
-/// names exists, the loop sleeps instead of turning.
+/// names exists, the loop sleeps instead of turning. Only a debug build (the tests' own) reads
+/// it: the shipped binary's behaviour never depends on it.
 pub const HOLD_LOOP: &str = "CRONLOCK_TEST_HOLD_LOOP";
 
 impl Board {
@@ -102,10 +104,12 @@ impl Board {
         Arc::new(Board {
             born: Instant::now(),
             turned: AtomicU64::new(0),
-            hold: std::env::var_os(HOLD_LOOP).map(Into::into),
-            state: Mutex::new(State {
+            hold: cfg!(debug_assertions)
+                .then(|| std::env::var_os(HOLD_LOOP).map(Into::into))
+                .flatten(),
+            state: Mutex::new(BoardState {
                 max_jobs,
-                ..State::default()
+                ..BoardState::default()
             }),
         })
     }
@@ -128,7 +132,7 @@ impl Board {
     }
 
     /// The state, to read or write (a panic elsewhere never leaves it unreadable).
-    pub fn state(&self) -> MutexGuard<'_, State> {
+    pub fn state(&self) -> MutexGuard<'_, BoardState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -146,7 +150,7 @@ impl Board {
 
     /// An attempt of KEY here ended as `attempt` says (a run's end, a lost claim, a missed
     /// instant): its outcome counted, its series updated, a run of it here over.
-    pub fn attempted(&self, key: &str, host: &str, attempt: &Attempt) {
+    pub fn attempted(&self, key: &str, host: &str, attempt: &MetricsAttempt) {
         let mut s = self.state();
         let i = OUTCOMES
             .iter()

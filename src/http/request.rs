@@ -15,7 +15,7 @@ use crate::clock::Instant;
 
 use crate::log::{Level, Log};
 
-use super::answer::Answer;
+use super::answer::Response;
 use super::board::Board;
 use super::fleet::Reader;
 use super::{exposition, page, probes};
@@ -64,7 +64,7 @@ pub fn serve(listener: TcpListener, board: &Board, log: &Log) {
                             let answer = route(&method, &path, board, &mut fleet);
                             (answer, method == "HEAD")
                         }
-                        Err(why) => (Answer::text(400, format!("{why}\n")), false),
+                        Err(why) => (Response::text(400, format!("{why}\n")), false),
                     };
                     if answer.status >= 400 && answer.status < 500 {
                         let peer = conn.stream.peer_addr().map(|a| a.to_string());
@@ -163,17 +163,17 @@ fn read(conn: &mut Conn) -> Step {
 }
 
 /// The answer to `method path`.
-fn route(method: &str, path: &str, board: &Board, fleet: &mut Reader) -> Answer {
+fn route(method: &str, path: &str, board: &Board, fleet: &mut Reader) -> Response {
     let path = path.split(['?', '#']).next().unwrap_or_default();
     let known = ["/", "/metrics", "/healthz", "/readyz"];
     if !known.contains(&path) {
-        return Answer::text(
+        return Response::text(
             404,
             "not found: this replica serves /, /metrics, /healthz and /readyz\n",
         );
     }
     if method != "GET" && method != "HEAD" {
-        return Answer::text(
+        return Response::text(
             405,
             format!("{method} is not allowed here: only GET and HEAD\n"),
         );
@@ -188,7 +188,7 @@ fn route(method: &str, path: &str, board: &Board, fleet: &mut Reader) -> Answer 
 
 /// Write `answer` (only its head for a HEAD request) and close; a client that has not read it
 /// within [`WRITE_WITHIN`] is dropped.
-fn write(mut stream: TcpStream, answer: &Answer, head_only: bool) {
+fn write(mut stream: TcpStream, answer: &Response, head_only: bool) {
     let reason = match answer.status {
         200 => "OK",
         400 => "Bad Request",

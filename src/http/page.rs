@@ -13,7 +13,7 @@ use crate::host::hostname;
 use crate::record::ledger::{LedgerEntry, STATES};
 use crate::record::{or_unknown, Stored};
 
-use super::answer::Answer;
+use super::answer::Response;
 use super::board::{Board, Fleetwide, JobLine, Running};
 use super::fleet::Reader;
 
@@ -32,7 +32,7 @@ vertical-align:top}th{background:#f4f4f4}.cells{white-space:nowrap}\
 padding:.4em 0}tr.job td{display:block;border:0;padding:.1em .5em}\
 tr.job td::before{content:attr(data-label);font-weight:600;margin-right:.5em}}";
 
-pub fn answer(board: &Board, fleet: &mut Reader) -> Answer {
+pub fn answer(board: &Board, fleet: &mut Reader) -> Response {
     let (jobs, running, draining) = {
         let s = board.state();
         (s.jobs.clone(), s.running.clone(), s.draining)
@@ -78,7 +78,7 @@ pub fn answer(board: &Board, fleet: &mut Reader) -> Answer {
         let _ = write!(out, "<span class=\"c {state}\"></span> {state} &nbsp; ");
     }
     out.push_str("</p></body></html>\n");
-    Answer {
+    Response {
         status: 200,
         kind: "text/html; charset=utf-8",
         body: out,

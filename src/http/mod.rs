@@ -1,6 +1,6 @@
 //! `--listen ADDR`: a replica a platform can watch. A small read-only HTTP/1.1 server on a thread
 //! of its own (`http.rs`) serves `/metrics` (`exposition.rs`), `/healthz` and `/readyz`
-//! (`probes.rs`) and a status page `/` (`page.rs`), each an [`answer::Answer`], from the
+//! (`probes.rs`) and a status page `/` (`page.rs`), each an [`answer::Response`], from the
 //! [`Board`] (`board.rs`): what the replica's loop and claims thread saw, written there as typed
 //! values, and, for the fleet-wide state (the ledger, a suspension), a bounded read of Redis per
 //! request on links of its own (`fleet.rs`). The server only reads the board: it can never hold
@@ -10,9 +10,9 @@ mod answer;
 mod board;
 mod exposition;
 mod fleet;
-mod http;
 mod page;
 mod probes;
+mod request;
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
@@ -21,7 +21,7 @@ use anyhow::{anyhow, Result};
 
 use crate::log::Log;
 
-pub use board::{Board, Fleetwide, JobLine, Running, State, HOLD_LOOP};
+pub use board::{Board, BoardState, Fleetwide, JobLine, Running, HOLD_LOOP};
 
 /// Bind `addr` and serve the board there, on a thread of its own (bad requests said at `-v`).
 pub fn start(addr: SocketAddr, board: Arc<Board>, log: Log) -> Result<()> {
@@ -33,7 +33,7 @@ pub fn start(addr: SocketAddr, board: Arc<Board>, log: Log) -> Result<()> {
     })?;
     std::thread::Builder::new()
         .name("listen".into())
-        .spawn(move || http::serve(listener, &board, &log))
+        .spawn(move || request::serve(listener, &board, &log))
         .map_err(|e| anyhow!("--listen {addr}: cannot start its thread: {e}"))?;
     Ok(())
 }

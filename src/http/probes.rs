@@ -1,14 +1,14 @@
 //! `/healthz` and `/readyz`: the replica's liveness (its loop turns) and readiness (Redis answers,
 //! it is not draining, it can start runs), from the board.
 
-use super::answer::Answer;
+use super::answer::Response;
 use super::board::{Board, STUCK, UNANSWERED};
 
 /// 200 while the loop turns.
-pub fn healthz(board: &Board) -> Answer {
+pub fn healthz(board: &Board) -> Response {
     let since = board.since_turn();
     if since > STUCK {
-        return Answer::text(
+        return Response::text(
             503,
             format!(
                 "stuck: the replica's loop has not turned for {} ms\n",
@@ -16,32 +16,32 @@ pub fn healthz(board: &Board) -> Answer {
             ),
         );
     }
-    Answer::text(200, "ok\n")
+    Response::text(200, "ok\n")
 }
 
 /// 200 while Redis answers and the replica serves.
-pub fn readyz(board: &Board) -> Answer {
+pub fn readyz(board: &Board) -> Response {
     let s = board.state();
     if s.draining {
-        return Answer::text(503, "draining: this replica claims nothing more\n");
+        return Response::text(503, "draining: this replica claims nothing more\n");
     }
     if let Some(why) = &s.sick {
-        return Answer::text(503, format!("{why}\n"));
+        return Response::text(503, format!("{why}\n"));
     }
     if let Some(why) = &s.failing {
-        return Answer::text(503, format!("redis does not answer: {why}\n"));
+        return Response::text(503, format!("redis does not answer: {why}\n"));
     }
     match s.answered {
         Some(at) if at.elapsed() <= UNANSWERED.max(s.beat_every * 5 / 2) => {
-            Answer::text(200, "ready\n")
+            Response::text(200, "ready\n")
         }
-        Some(at) => Answer::text(
+        Some(at) => Response::text(
             503,
             format!(
                 "redis has not answered for {} ms\n",
                 at.elapsed().as_millis()
             ),
         ),
-        None => Answer::text(503, "not yet: redis has not answered a heartbeat yet\n"),
+        None => Response::text(503, "not yet: redis has not answered a heartbeat yet\n"),
     }
 }

@@ -13,7 +13,7 @@ use crate::fleet::metrics::OUTCOMES;
 use crate::host::hostname;
 use crate::record::ledger::STATES;
 
-use super::answer::Answer;
+use super::answer::Response;
 use super::board::{Board, RTT_BOUNDS};
 use super::fleet::Reader;
 
@@ -97,7 +97,7 @@ fn escape(v: &str) -> String {
         .replace('\n', r"\n")
 }
 
-pub fn answer(board: &Board, fleet: &mut Reader) -> Answer {
+pub fn answer(board: &Board, fleet: &mut Reader) -> Response {
     let jobs = board.state().jobs.clone();
     let (read, _) = fleet.read(&jobs);
     let mut f = Families::default();
@@ -162,7 +162,7 @@ pub fn answer(board: &Board, fleet: &mut Reader) -> Answer {
         }
     }
     replica_series(board, &mut f, jobs.len());
-    Answer {
+    Response {
         status: 200,
         kind: "text/plain; version=0.0.4; charset=utf-8",
         body: f.text(),
