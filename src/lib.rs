@@ -28,12 +28,13 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::error::ErrorKind;
 
-use crate::cli::{Cli, LogFormat};
+use crate::cli::Cli;
 use crate::config::{Admin, AdminMode, Request};
 use crate::exit::Exit;
 use crate::fleet::report::Report;
 use crate::fleet::{admin, check, status, suspend};
-use crate::log::Log;
+use crate::log::LogFormat;
+use crate::log::{Log, Verbosity};
 use crate::store::inspect;
 use crate::store::keys::Keys;
 use crate::store::quorum::Masters;
@@ -59,8 +60,7 @@ fn run_guarded() -> Exit {
         Err(payload) => {
             let group = run::RUNNING_GROUP.swap(0, Ordering::SeqCst);
             let msg = crate::log::panic_message(&*payload);
-            let json = std::env::var("CRONLOCK_LOG_FORMAT").is_ok_and(|f| f == "json");
-            let log = Log::new(false, false, json);
+            let log = Log::new(Verbosity::Normal, format_from_env());
             let exit = if group > 0 {
                 // SAFETY: killing the command's process group, which we created.
                 unsafe { libc::kill(-group, libc::SIGKILL) };
@@ -92,8 +92,7 @@ fn run_parsed() -> Exit {
                 _ if checking_args() => unknown(&cli::one_line(&e)),
                 _ => {
                     // The format is unknown when parsing failed; honour the environment's.
-                    let json = std::env::var("CRONLOCK_LOG_FORMAT").is_ok_and(|f| f == "json");
-                    let log = Log::new(false, false, json);
+                    let log = Log::new(Verbosity::Normal, format_from_env());
                     log.error("usage", &cli::one_line(&e));
                     log.flush(FLUSH_WAIT);
                     Exit::Failure
@@ -101,19 +100,23 @@ fn run_parsed() -> Exit {
             };
         }
     };
-    let json = cli.log_format == LogFormat::Json;
-    let (quiet, verbose) = match cli.quiet_verbose() {
-        Ok(qv) => qv,
+    let format = cli.log_format;
+    let verbosity = match cli.verbosity() {
+        Ok(v) => v,
         Err(e) if cli.check => return unknown(&format!("{e:#}")),
         Err(e) => {
-            let log = Log::new(false, false, json);
+            let log = Log::new(Verbosity::Normal, format);
             log.error("usage", &format!("{e:#}"));
             log.flush(FLUSH_WAIT);
             return Exit::Failure;
         }
     };
     // A replica (--crontab) is a service: its runs' starts and ends are its normal output.
-    let log = Log::new(quiet, verbose || cli.crontab.is_some(), json);
+    let verbosity = match verbosity {
+        Verbosity::Normal if cli.crontab.is_some() => Verbosity::Verbose,
+        v => v,
+    };
+    let log = Log::new(verbosity, format);
     let exit = match execute(&cli, &log) {
         Ok(exit) => exit,
         // Asked to end while reading a crontab: the signal's status, as for any stop.
@@ -130,6 +133,14 @@ fn run_parsed() -> Exit {
     };
     log.flush(FLUSH_WAIT);
     exit
+}
+
+/// The log format the environment asks for, when the command line could not be read.
+fn format_from_env() -> LogFormat {
+    match std::env::var("CRONLOCK_LOG_FORMAT").as_deref() {
+        Ok("json") => LogFormat::Json,
+        _ => LogFormat::Text,
+    }
 }
 
 /// Whether the command line asks for `--check` (when it could not be parsed).

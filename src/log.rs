@@ -72,6 +72,24 @@ struct Context {
     fence: Option<i64>,
 }
 
+/// `--log-format` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// `cronlock: ...` lines
+    Text,
+    /// one JSON object per line
+    Json,
+}
+
+/// How much cronlock says: `-q` errors only; by default warnings (and, as JSON, what a run does);
+/// `-v` what a run does (and, as JSON, the debug events too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verbosity {
+    Quiet,
+    Normal,
+    Verbose,
+}
+
 /// A cheap, clonable handle shared by the main thread and the watchdog.
 #[derive(Debug, Clone)]
 pub struct Log {
@@ -83,12 +101,13 @@ pub struct Log {
 }
 
 impl Log {
-    pub fn new(quiet: bool, verbose: bool, json: bool) -> Log {
-        let min = match (quiet, verbose, json) {
-            (true, _, _) => Level::Error,
-            (_, true, true) => Level::Debug,
-            (_, true, false) | (_, false, true) => Level::Info,
-            (false, false, false) => Level::Warn,
+    pub fn new(verbosity: Verbosity, format: LogFormat) -> Log {
+        let json = format == LogFormat::Json;
+        let min = match (verbosity, json) {
+            (Verbosity::Quiet, _) => Level::Error,
+            (Verbosity::Verbose, true) => Level::Debug,
+            (Verbosity::Verbose, false) | (Verbosity::Normal, true) => Level::Info,
+            (Verbosity::Normal, false) => Level::Warn,
         };
         Log {
             min,

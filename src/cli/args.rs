@@ -4,7 +4,7 @@
 use std::ffi::OsString;
 
 use clap::parser::ValueSource;
-use clap::{ArgGroup, Parser, ValueEnum};
+use clap::{ArgGroup, Parser};
 
 use crate::cli::help::after_long_help;
 use crate::duration::{self, Span};
@@ -369,7 +369,7 @@ pub struct Cli {
     pub listen: Option<std::net::SocketAddr>,
 
     /// Name of the lock; every host running the same job uses the same KEY (at most 1024 bytes)
-    #[arg(value_name = "KEY", required = true)]
+    #[arg(value_name = "KEY", required_unless_present_any = ["list", "crontab"])]
     pub key: Option<String>,
 
     /// The command to run and its arguments, passed on untouched
@@ -386,6 +386,7 @@ pub struct Cli {
 pub struct Given {
     pub redis_url: Option<ValueSource>,
     pub redis_url_file: Option<ValueSource>,
+    pub ping_url_file: Option<ValueSource>,
     pub quiet: Option<ValueSource>,
     pub verbose: Option<ValueSource>,
     /// `--history` on the command line: with `--status`, show the kept runs.
@@ -446,14 +447,7 @@ pub(super) fn retries(s: &str) -> Result<u32, String> {
     }
 }
 
-/// `--log-format` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// `cronlock: ...` lines
-    Text,
-    /// one JSON object per line
-    Json,
-}
+pub use crate::log::LogFormat;
 
 /// `--schedule`: a cron expression, checked now so a bad one is one line naming the field.
 pub(super) fn schedule(text: &str) -> Result<crate::fleet::schedule::Schedule, String> {

@@ -111,6 +111,7 @@ fn defaults(key: String, command: Vec<OsString>) -> Option<Cli> {
         given: Given {
             redis_url: None,
             redis_url_file: None,
+            ping_url_file: None,
             quiet: Some(ValueSource::DefaultValue),
             verbose: Some(ValueSource::DefaultValue),
             history_flag: false,

@@ -4,6 +4,7 @@
 
 use std::ffi::OsString;
 
+use crate::log::Verbosity;
 use anyhow::{bail, Result};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches};
@@ -44,15 +45,18 @@ pub(crate) struct RunTarget {
 impl Cli {
     /// `-q` and `-v` after the environment: a variable set to off is off, and a flag on the
     /// command line wins over a variable.
-    pub fn quiet_verbose(&self) -> Result<(bool, bool)> {
-        if !(self.quiet && self.verbose) {
-            return Ok((self.quiet, self.verbose));
+    pub fn verbosity(&self) -> Result<Verbosity> {
+        match (self.quiet, self.verbose) {
+            (false, false) => return Ok(Verbosity::Normal),
+            (true, false) => return Ok(Verbosity::Quiet),
+            (false, true) => return Ok(Verbosity::Verbose),
+            (true, true) => {}
         }
         let cmdline = |s: Option<ValueSource>| s == Some(ValueSource::CommandLine);
         match (cmdline(self.given.quiet), cmdline(self.given.verbose)) {
             (true, true) => bail!("give either -q/--quiet or -v/--verbose, not both"),
-            (true, false) => Ok((true, false)),
-            (false, true) => Ok((false, true)),
+            (true, false) => Ok(Verbosity::Quiet),
+            (false, true) => Ok(Verbosity::Verbose),
             (false, false) => {
                 bail!("CRONLOCK_QUIET and CRONLOCK_VERBOSE are both on: turn one of them off")
             }
@@ -105,7 +109,11 @@ impl Cli {
             _ => self.redis_url_file.as_ref(),
         };
         let (urls, source): (Vec<String>, &'static str) = if let Some(path) = file {
-            let source = source_of("--redis-url-file", "CRONLOCK_REDIS_URL_FILE");
+            let source = named(
+                self.given.redis_url_file,
+                "--redis-url-file",
+                "CRONLOCK_REDIS_URL_FILE",
+            );
             let text = read_secret(path, source)?;
             (split_urls(&text), source)
         } else {
@@ -139,7 +147,11 @@ impl Cli {
     fn ping(&self) -> Result<Option<String>> {
         match &self.ping_url_file {
             Some(path) => {
-                let source = source_of("--ping-url-file", "CRONLOCK_PING_URL_FILE");
+                let source = named(
+                    self.given.ping_url_file,
+                    "--ping-url-file",
+                    "CRONLOCK_PING_URL_FILE",
+                );
                 read_secret(path, source).map(Some)
             }
             None => Ok(self.ping_url.clone()),
@@ -179,48 +191,35 @@ impl Cli {
             }
             return Ok(Mode::Crontab(file.clone()));
         }
-        let admin = if self.check {
-            Some("--check")
-        } else if self.status {
-            Some("--status")
-        } else if self.list {
-            Some("--list")
-        } else if self.force_release {
-            Some("--force-release")
-        } else if self.suspend {
-            Some("--suspend")
-        } else if self.resume {
-            Some("--resume")
-        } else {
-            None
-        };
-        let Some(flag) = admin else {
-            return self.target().map(Mode::Run);
-        };
-        if !self.command.is_empty() || self.shell_command.is_some() {
-            bail!("{flag} runs no command: remove COMMAND");
-        }
+        let runs_command = !self.command.is_empty() || self.shell_command.is_some();
         if self.list {
+            if runs_command {
+                bail!("--list runs no command: remove COMMAND");
+            }
             if self.key.is_some() {
                 bail!("--list takes no KEY");
             }
             return Ok(Mode::List);
         }
+        // The modes of one lock (clap's group `admin` lets at most one flag through).
+        let admin = [
+            LockMode::new(self.check, "--check", Mode::Check),
+            LockMode::new(self.status, "--status", Mode::Status),
+            LockMode::new(self.force_release, "--force-release", Mode::ForceRelease),
+            LockMode::new(self.suspend, "--suspend", Mode::Suspend),
+            LockMode::new(self.resume, "--resume", Mode::Resume),
+        ];
+        let Some(LockMode { flag, mode, .. }) = admin.into_iter().find(|m| m.given) else {
+            return self.target().map(Mode::Run);
+        };
+        if runs_command {
+            bail!("{flag} runs no command: remove COMMAND");
+        }
         let key = match self.key.as_deref() {
             None | Some("") => bail!("{flag} needs a non-empty KEY"),
             Some(k) => check_key(k)?,
         };
-        Ok(if self.check {
-            Mode::Check(key)
-        } else if self.status {
-            Mode::Status(key)
-        } else if self.suspend {
-            Mode::Suspend(key)
-        } else if self.resume {
-            Mode::Resume(key)
-        } else {
-            Mode::ForceRelease(key)
-        })
+        Ok(mode(key))
     }
 
     /// Checks that clap cannot express, each with a message naming what is wrong.
@@ -263,15 +262,25 @@ impl Cli {
     }
 }
 
-/// The flag or the variable, as the user gave a file option: for messages.
-fn source_of(flag: &'static str, var: &'static str) -> &'static str {
-    let on_cmdline = std::env::args_os()
-        .skip(1)
-        .any(|a| a.to_string_lossy().split('=').next() == Some(flag));
-    if on_cmdline || std::env::var_os(var).is_none() {
-        flag
-    } else {
+/// An admin mode of one lock: whether its flag was given, the flag, and the mode for a KEY.
+struct LockMode {
+    given: bool,
+    flag: &'static str,
+    mode: fn(String) -> Mode,
+}
+
+impl LockMode {
+    fn new(given: bool, flag: &'static str, mode: fn(String) -> Mode) -> LockMode {
+        LockMode { given, flag, mode }
+    }
+}
+
+/// The flag or the variable, as clap says the user gave an option: for messages.
+fn named(given: Option<ValueSource>, flag: &'static str, var: &'static str) -> &'static str {
+    if given == Some(ValueSource::EnvVariable) {
         var
+    } else {
+        flag
     }
 }
 
@@ -342,29 +351,8 @@ pub fn parse() -> std::result::Result<Cli, clap::Error> {
     if let Some(cli) = common_case(std::env::args_os().skip(1), std::env::vars_os()) {
         return Ok(cli);
     }
-    let mut args = history_flag_apart(std::env::args_os());
-    // KEY is required (--help, the man page and the completions say <KEY>), except by --list,
-    // the one mode that names no lock: there a stand-in fills its place, taken out below.
-    let end = args.iter().position(|a| a == "--").unwrap_or(args.len());
-    let crontab = args
-        .iter()
-        .take(end)
-        .skip(1)
-        .any(|a| a == "--crontab" || a.to_str().is_some_and(|a| a.starts_with("--crontab=")))
-        || std::env::var_os("CRONLOCK_CRONTAB").is_some_and(|v| !v.is_empty());
-    if crontab || args.iter().take(end).skip(1).any(|a| a == "--list") {
-        args.push(LIST_KEY.into());
-    }
-    let mut cli = from_matches(&Cli::command().try_get_matches_from(args)?)?;
-    if cli.list || cli.crontab.is_some() {
-        if cli.key.as_deref() == Some(LIST_KEY) {
-            cli.key = None;
-        } else if cli.command.last().is_some_and(|c| c == LIST_KEY) {
-            // A KEY was given after all: the stand-in went on as a COMMAND word.
-            cli.command.pop();
-        }
-    }
-    Ok(cli)
+    let args = history_flag_apart(std::env::args_os());
+    from_matches(&Cli::command().try_get_matches_from(args)?)
 }
 
 /// The modes that run no command.
@@ -376,10 +364,6 @@ pub(crate) const ADMIN_MODES: [&str; 6] = [
     "--suspend",
     "--resume",
 ];
-
-/// KEY's stand-in under `--list` and `--crontab`: a word no user types (it starts with a control
-/// character).
-const LIST_KEY: &str = "\u{1}list";
 
 /// `--history` takes an optional count, so `--status --history KEY` would read KEY as the count:
 /// in the modes that run no command (`--status`, `--check`, `--list`, `--force-release`, ...), a
@@ -412,6 +396,7 @@ pub(crate) fn from_matches(matches: &ArgMatches) -> std::result::Result<Cli, cla
     cli.given = Given {
         redis_url: matches.value_source("redis_url"),
         redis_url_file: matches.value_source("redis_url_file"),
+        ping_url_file: matches.value_source("ping_url_file"),
         quiet: matches.value_source("quiet"),
         verbose: matches.value_source("verbose"),
         history_flag: matches.value_source("history") == Some(ValueSource::CommandLine),
@@ -436,65 +421,4 @@ fn split_urls(text: &str) -> Vec<String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn verify_cli() {
-        Cli::command().debug_assert();
-    }
-
-    fn parse(args: &[&str]) -> Cli {
-        let m = Cli::command()
-            .try_get_matches_from(std::iter::once("cronlock").chain(args.iter().copied()))
-            .unwrap();
-        from_matches(&m).unwrap()
-    }
-
-    #[test]
-    fn switches() {
-        for on in ["1", "true", "YES", "on"] {
-            assert_eq!(switch(on), Ok(true));
-        }
-        for off in ["", "0", "false", "No", "off"] {
-            assert_eq!(switch(off), Ok(false));
-        }
-        assert!(switch("maybe").is_err());
-        assert!(switch("2").is_err());
-    }
-
-    #[test]
-    fn history_flag() {
-        let cli = parse(&["--status", "k", "--history"]);
-        assert!(cli.given.history_flag);
-        assert_eq!(cli.history, Some(Count(None)));
-        assert_eq!(
-            parse(&["--history", "3", "k", "true"])
-                .history_kept()
-                .unwrap(),
-            3
-        );
-        assert_eq!(
-            parse(&["k", "true"]).history_kept().unwrap(),
-            DEFAULT_HISTORY
-        );
-    }
-
-    #[test]
-    fn hyphenated_arguments_go_to_the_child() {
-        let cli = parse(&["k", "ls", "-la", "--color"]);
-        assert_eq!(cli.target().unwrap().argv, vec!["ls", "-la", "--color"]);
-        let cli = parse(&["-v", "k", "--", "ls", "-v"]);
-        assert!(cli.verbose);
-        assert_eq!(cli.target().unwrap().argv, vec!["ls", "-v"]);
-    }
-
-    #[test]
-    fn shell_command() {
-        let cli = parse(&["k", "-c", "echo hi"]);
-        assert_eq!(cli.target().unwrap().argv, vec!["/bin/sh", "-c", "echo hi"]);
-        assert!(parse(&["k", "-c", "x", "ls"]).target().is_err());
-        assert!(parse(&["k"]).target().is_err());
-        assert!(parse(&["", "true"]).target().is_err());
-    }
-}
+mod tests;
