@@ -14,7 +14,7 @@ use crate::host::hostname;
 use crate::record::ledger::STATES;
 
 use super::answer::Response;
-use super::board::{Board, RTT_BOUNDS};
+use super::board::{Board, BoardState, RTT_BOUNDS};
 use super::fleet::Reader;
 
 /// Families in order of first appearance, each with its help, type and samples.
@@ -224,6 +224,25 @@ fn replica_series(board: &Board, f: &mut Families, jobs: usize) {
             );
         }
     }
+    rtt_histogram(&s, f);
+    f.add(
+        "cronlock_redis_errors_total",
+        "counter",
+        "This replica's calls to Redis that failed.",
+        "",
+        s.redis_errors,
+    );
+    f.add(
+        "cronlock_build_info",
+        "gauge",
+        "cronlock's version, as a label; always 1.",
+        &format!("version=\"{}\"", env!("CARGO_PKG_VERSION")),
+        1,
+    );
+}
+
+/// The round-trip times of the replica's calls to Redis, as a histogram.
+fn rtt_histogram(s: &BoardState, f: &mut Families) {
     let name = "cronlock_redis_request_duration_seconds";
     let help = "How long this replica's calls to Redis took (claims, releases, heartbeats).";
     let mut total = 0;
@@ -240,20 +259,6 @@ fn replica_series(board: &Board, f: &mut Families, jobs: usize) {
         .for_each(|l| *l = l.replacen(name, &format!("{name}_bucket"), 1));
     fam.2.push(format!("{name}_sum {:.6}", s.rtt_sum));
     fam.2.push(format!("{name}_count {total}"));
-    f.add(
-        "cronlock_redis_errors_total",
-        "counter",
-        "This replica's calls to Redis that failed.",
-        "",
-        s.redis_errors,
-    );
-    f.add(
-        "cronlock_build_info",
-        "gauge",
-        "cronlock's version, as a label; always 1.",
-        &format!("version=\"{}\"", env!("CARGO_PKG_VERSION")),
-        1,
-    );
 }
 
 #[cfg(test)]

@@ -3,17 +3,19 @@
 //! `--retries`), take a heartbeat's view, a check's answer, and record an instant given up as
 //! missed.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::{rfc3339, unix_millis, Instant};
-use crate::config::CronJob;
+use crate::config::{CronJob, RunConfig};
 use crate::exit::Exit;
 use crate::log::{Level, Log};
 use crate::record::ledger::MissedReason;
 use crate::store::lock::{Held, Undo};
+use crate::store::members::FleetView;
 
 use super::beat::period;
-use super::claim::{Answer, Ask, ClaimVerdict};
+use super::claim::{Answer, Ask, ClaimVerdict, Group};
 use super::table::Table;
 use super::{health, runs, Phase, Replicant};
 
@@ -21,28 +23,24 @@ impl Replicant<'_> {
     /// Act on the claims thread's answers: start a won run, note a lost one, take a new view.
     pub(super) fn answers(&mut self, table: &mut Table, phase: Phase) {
         while let Ok(answer) = self.answers.try_recv() {
-            let (key, instant, verdict, config) = match answer {
+            match answer {
                 Answer::Claim {
                     key,
                     instant,
                     verdict,
                     config,
-                } => (key, instant, verdict, config),
+                } => self.claim_answered(table, phase, &key, instant, verdict, config),
                 Answer::Missed {
                     key,
                     config,
                     instant,
                     reason,
                     recorded,
-                } => {
-                    self.missed(&key, &config, instant, reason, recorded);
-                    continue;
-                }
+                } => self.missed(&key, &config, instant, reason, recorded),
                 Answer::Checked { items } => {
                     for (key, at, decided) in items {
                         table.checked(&key, at, decided);
                     }
-                    continue;
                 }
                 Answer::Unclaimed { key, result } => {
                     if let Err(text) = result {
@@ -54,69 +52,83 @@ impl Replicant<'_> {
                             ),
                         );
                     }
-                    continue;
                 }
-                Answer::View { group, view } => {
-                    if let Ok(view) = &view {
-                        self.beat.every = period(view.live.len(), table.shortest_ttl());
-                    }
-                    self.show_beat(view.as_ref().err().map(String::as_str), self.beat.every);
-                    match view {
-                        Ok(view) => {
-                            table.set_view(group, view);
-                        }
-                        Err(text) => self.log.event(
-                            Level::Debug,
-                            "heartbeat_failed",
-                            &format!("cannot send this replica's heartbeat: {text}"),
-                            &[],
-                        ),
-                    }
-                    continue;
-                }
-            };
-            self.in_flight = self.in_flight.saturating_sub(1);
-            let failed = matches!(verdict, ClaimVerdict::Failed(_));
-            match &verdict {
-                ClaimVerdict::Won(_) => self.show_claim(&key, Some(true), None),
-                ClaimVerdict::Failed(_) => self.show_claim(&key, None, None),
-                _ => {}
+                Answer::View { group, view } => self.viewed(table, group, view),
             }
-            table.answered(&key, !failed, self.log);
-            let first_news = failed && !std::mem::replace(&mut self.trouble_told, failed);
-            let Some(job) = table.job(&key).map(|j| j.cron.clone()) else {
-                // Removed by a reload meanwhile: a won claim is undone.
-                if let ClaimVerdict::Won(held) = verdict {
-                    self.unclaim(config, held);
+        }
+    }
+
+    /// A heartbeat's answer: the fleet's view (and the heartbeat's period for its size), or why
+    /// there is none.
+    fn viewed(&mut self, table: &mut Table, group: Group, view: Result<FleetView, String>) {
+        if let Ok(view) = &view {
+            self.beat.every = period(view.live.len(), table.shortest_ttl());
+        }
+        self.shown
+            .beat(view.as_ref().err().map(String::as_str), self.beat.every);
+        match view {
+            Ok(view) => table.set_view(group, view),
+            Err(text) => self.log.event(
+                Level::Debug,
+                "heartbeat_failed",
+                &format!("cannot send this replica's heartbeat: {text}"),
+                &[],
+            ),
+        }
+    }
+
+    /// A claim's answer: a won claim starts its run (or is undone: while draining or sick, or
+    /// for a job a reload removed), a failed one is said once, a lost one noted.
+    fn claim_answered(
+        &mut self,
+        table: &mut Table,
+        phase: Phase,
+        key: &str,
+        instant: i64,
+        verdict: ClaimVerdict,
+        config: Arc<RunConfig>,
+    ) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        let failed = matches!(verdict, ClaimVerdict::Failed(_));
+        match &verdict {
+            ClaimVerdict::Won(_) => self.shown.claim(key, Some(true), None),
+            ClaimVerdict::Failed(_) => self.shown.claim(key, None, None),
+            _ => {}
+        }
+        table.answered(key, !failed, self.log);
+        let first_news = failed && !std::mem::replace(&mut self.trouble_told, failed);
+        let Some(job) = table.job(key).map(|j| j.cron.clone()) else {
+            // Removed by a reload meanwhile: a won claim is undone.
+            if let ClaimVerdict::Won(held) = verdict {
+                self.unclaim(config, held);
+            }
+            return;
+        };
+        match verdict {
+            // Won while draining (or sick): undone, so another replica runs it at once.
+            ClaimVerdict::Won(held) if phase != Phase::Serving || self.sick.is_some() => {
+                self.unclaim(config, held);
+                if phase == Phase::Serving {
+                    table.look_again(key, instant);
                 }
-                continue;
-            };
-            match verdict {
-                // Won while draining (or sick): undone, so another replica runs it at once.
-                ClaimVerdict::Won(held) if phase != Phase::Serving || self.sick.is_some() => {
-                    self.unclaim(config, held);
-                    if phase == Phase::Serving {
-                        table.look_again(&key, instant);
-                    }
+            }
+            ClaimVerdict::Won(held) => {
+                // A run that cannot start: its instant back in the table, recorded missed at its
+                // deadline unless another replica runs it.
+                if !self.start(&job, held) {
+                    table.look_again(key, instant);
                 }
-                ClaimVerdict::Won(held) => {
-                    // A run that cannot start: its instant back in the table, recorded missed at
-                    // its deadline unless another replica runs it.
-                    if !self.start(&job, held) {
-                        table.look_again(&key, instant);
-                    }
-                }
-                ClaimVerdict::Failed(text) if first_news => self.log.warn(
-                    "claim_failed",
-                    &format!(
-                        "{key}: cannot claim the {} instant: {text}; trying again every second \
-                         (said once until a claim goes through)",
-                        rfc3339(instant.max(0) as u64)
-                    ),
+            }
+            ClaimVerdict::Failed(text) if first_news => self.log.warn(
+                "claim_failed",
+                &format!(
+                    "{key}: cannot claim the {} instant: {text}; trying again every second (said \
+                     once until a claim goes through)",
+                    rfc3339(instant.max(0) as u64)
                 ),
-                ClaimVerdict::Failed(_) => {}
-                lost => self.lost(table, &job, instant, lost),
-            }
+            ),
+            ClaimVerdict::Failed(_) => {}
+            lost => self.lost(table, &job, instant, lost),
         }
     }
 
@@ -140,11 +152,7 @@ impl Replicant<'_> {
     }
 
     /// Leave `group`'s fleet (a heartbeat that lapses at once).
-    pub(super) fn send_leave(
-        &self,
-        group: super::claim::Group,
-        config: std::sync::Arc<crate::config::RunConfig>,
-    ) {
+    pub(super) fn send_leave(&self, group: super::claim::Group, config: Arc<RunConfig>) {
         self.claims.send(Ask::Beat {
             config,
             group,
@@ -158,7 +166,7 @@ impl Replicant<'_> {
     fn missed(
         &mut self,
         key: &str,
-        config: &crate::config::RunConfig,
+        config: &RunConfig,
         instant: i64,
         reason: MissedReason,
         recorded: Result<bool, String>,
@@ -176,7 +184,7 @@ impl Replicant<'_> {
                 );
                 let report = crate::fleet::report::Report::metrics_only(&config.reports);
                 report.missed(key, instant.max(0) as u64, self.log);
-                self.show_missed(key, instant, reason);
+                self.shown.missed(key, instant, reason);
             }
             Ok(false) => {}
             Err(text) => self.log.event(
@@ -189,11 +197,7 @@ impl Replicant<'_> {
     }
 
     /// Undo a won claim that does not become a run: the instant can run elsewhere at once.
-    pub(super) fn unclaim(
-        &self,
-        config: std::sync::Arc<crate::config::RunConfig>,
-        held: Box<Held>,
-    ) {
+    pub(super) fn unclaim(&self, config: Arc<RunConfig>, held: Box<Held>) {
         self.claims.send(Ask::Unclaim {
             config,
             held,
@@ -267,7 +271,7 @@ impl Replicant<'_> {
         };
         let fields = [("key", key.clone().into()), ("instant", instant.into())];
         self.log.event(Level::Debug, "claim_lost", &text, &fields);
-        self.show_claim(key, Some(false), suspended);
+        self.shown.claim(key, Some(false), suspended);
         if job.config.reports.metrics_dir.is_some() {
             report_skip(job, suspended, self.log);
         }

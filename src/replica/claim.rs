@@ -191,20 +191,7 @@ pub(super) fn carry_out(links: &mut Links, ask: Ask) -> Option<Answer> {
                 recorded,
             })
         }
-        Ask::Check { config, items } => {
-            let keys: Vec<Keys> = items
-                .iter()
-                .map(|(key, _)| Keys::new(&config.prefix, key))
-                .collect();
-            let asked: Vec<(&Keys, i64)> = keys.iter().zip(&items).map(|(k, i)| (k, i.1)).collect();
-            let decided = masters(links, &config).claimed(config.connect_timeout, &asked);
-            let items = items
-                .into_iter()
-                .zip(decided)
-                .map(|((key, at), done)| (key, at, done))
-                .collect();
-            Some(Answer::Checked { items })
-        }
+        Ask::Check { config, items } => Some(check(links, &config, items)),
         Ask::Beat {
             config,
             group,
@@ -247,6 +234,22 @@ pub(super) fn carry_out(links: &mut Links, ask: Ask) -> Option<Answer> {
             None
         }
     }
+}
+
+/// Which of `items` (KEY, instant) are decided already, as one call per fleet.
+fn check(links: &mut Links, config: &RunConfig, items: Vec<(String, i64)>) -> Answer {
+    let keys: Vec<Keys> = items
+        .iter()
+        .map(|(key, _)| Keys::new(&config.prefix, key))
+        .collect();
+    let asked: Vec<(&Keys, i64)> = keys.iter().zip(&items).map(|(k, i)| (k, i.1)).collect();
+    let decided = masters(links, config).claimed(config.connect_timeout, &asked);
+    let items = items
+        .into_iter()
+        .zip(decided)
+        .map(|((key, at), done)| (key, at, done))
+        .collect();
+    Answer::Checked { items }
 }
 
 /// The links for `config`'s servers, opened on first use and kept.

@@ -105,9 +105,7 @@ struct Replicant<'a> {
     /// The test hook [`runs::HOLD_AFTER_CLAIM`]: where to say a claim was won, then stop.
     hold: Option<std::path::PathBuf>,
     /// With `--listen`: what the server shows (`watched.rs`).
-    board: Option<std::sync::Arc<crate::http::Board>>,
-    /// The table (its `loaded` count) the board last showed.
-    shown_loaded: Option<u64>,
+    shown: watched::Shown,
 }
 
 /// Serve the crontab until SIGTERM or SIGINT, and every run has ended.
@@ -147,7 +145,7 @@ pub fn serve(
         signals::WAKEUP,
     ]);
     loop {
-        r.show_turn(&table, phase);
+        r.shown.turn(&table, r.in_flight, phase != Phase::Serving);
         r.answers(&mut table, phase);
         r.reports(&mut table);
         runs::reap(&mut r.runs);
@@ -232,8 +230,7 @@ impl<'a> Replicant<'a> {
             hold: cfg!(debug_assertions)
                 .then(|| std::env::var_os(runs::HOLD_AFTER_CLAIM).map(Into::into))
                 .flatten(),
-            board,
-            shown_loaded: None,
+            shown: watched::Shown::new(board),
         })
     }
 
@@ -381,13 +378,13 @@ impl<'a> Replicant<'a> {
                     "can start runs again: claiming again",
                     &[],
                 );
-                self.show_sick(None);
+                self.shown.sick(None);
             }
             Err(why) => {
                 sick.probe_at = Instant::now() + health::PROBE_EVERY;
                 if why != sick.why {
                     sick.why = why;
-                    self.show_sick(self.sick.as_ref().map(|s| s.why.as_str()));
+                    self.shown.sick(self.sick.as_ref().map(|s| s.why.as_str()));
                 }
             }
         }
@@ -405,7 +402,7 @@ impl<'a> Replicant<'a> {
                     health::PROBE_EVERY.as_secs()
                 ),
             );
-            self.show_sick(Some(&why));
+            self.shown.sick(Some(&why));
         }
         self.sick = Some(health::Sick::new(why));
     }

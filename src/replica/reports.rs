@@ -24,7 +24,7 @@ impl Replicant<'_> {
             let Some(run) = self.runs.get_mut(&pid) else {
                 continue;
             };
-            if let (Some(board), Some(report)) = (&self.board, &heard) {
+            if let (Some(board), Some(report)) = (self.shown.board(), &heard) {
                 super::watched::show_report(board, run, report);
             }
             match heard {
@@ -82,7 +82,7 @@ impl Replicant<'_> {
             if run.ended {
                 continue;
             }
-            self.show_gone(&run.key);
+            self.shown.gone(&run.key);
             // A run that exited by itself without starting its command (it reports the start
             // right after the spawn) left no command behind: its claim is undone at once (the
             // instant runs elsewhere), and one that failed as cronlock itself (125: another

@@ -4,6 +4,7 @@
 //! back by the scheduler.
 
 use crate::record::ledger::MissedReason;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::unix_millis;
@@ -15,18 +16,37 @@ use crate::record::run::Ending;
 
 use super::runs::Spawned;
 use super::table::Table;
-use super::{Phase, Replicant};
 
-impl Replicant<'_> {
-    /// The loop turned: the board hears it, with the table's jobs when they changed.
-    pub(super) fn show_turn(&mut self, table: &Table, phase: Phase) {
+/// The board a replica shows (with `--listen`), and the table it last showed.
+pub(super) struct Shown {
+    board: Option<Arc<Board>>,
+    /// The table (its `loaded` count) the board last showed.
+    loaded: Option<u64>,
+}
+
+impl Shown {
+    pub(super) fn new(board: Option<Arc<Board>>) -> Shown {
+        Shown {
+            board,
+            loaded: None,
+        }
+    }
+
+    /// The board, with `--listen`.
+    pub(super) fn board(&self) -> Option<&Arc<Board>> {
+        self.board.as_ref()
+    }
+
+    /// The loop turned: the board hears it, with the table's jobs when they changed, the claims
+    /// in flight, and whether the replica drains.
+    pub(super) fn turn(&mut self, table: &Table, in_flight: usize, draining: bool) {
         let Some(board) = &self.board else {
             return;
         };
         board.turned();
         let mut s = board.state();
-        if self.shown_loaded != Some(table.loaded) {
-            self.shown_loaded = Some(table.loaded);
+        if self.loaded != Some(table.loaded) {
+            self.loaded = Some(table.loaded);
             s.jobs = table
                 .jobs
                 .iter()
@@ -37,12 +57,12 @@ impl Replicant<'_> {
                 })
                 .collect();
         }
-        s.in_flight = self.in_flight;
-        s.draining = phase != Phase::Serving;
+        s.in_flight = in_flight;
+        s.draining = draining;
     }
 
     /// A run is over without having reported its end.
-    pub(super) fn show_gone(&self, key: &str) {
+    pub(super) fn gone(&self, key: &str) {
         if let Some(board) = &self.board {
             board.state().running.remove(key);
         }
@@ -50,7 +70,7 @@ impl Replicant<'_> {
 
     /// A claim's answer: won, lost (another replica's run, a suspension: an attempt skipped
     /// here), or failed (Redis did not answer).
-    pub(super) fn show_claim(&self, key: &str, won: Option<bool>, suspended: Option<u64>) {
+    pub(super) fn claim(&self, key: &str, won: Option<bool>, suspended: Option<u64>) {
         let Some(board) = &self.board else {
             return;
         };
@@ -71,14 +91,14 @@ impl Replicant<'_> {
     }
 
     /// This replica cannot start runs (and why), or can again.
-    pub(super) fn show_sick(&self, why: Option<&str>) {
+    pub(super) fn sick(&self, why: Option<&str>) {
         if let Some(board) = &self.board {
             board.state().sick = why.map(str::to_string);
         }
     }
 
     /// An instant of KEY recorded missed, for `reason`.
-    pub(super) fn show_missed(&self, key: &str, instant: i64, reason: MissedReason) {
+    pub(super) fn missed(&self, key: &str, instant: i64, reason: MissedReason) {
         if let Some(board) = &self.board {
             *board
                 .state()
@@ -96,7 +116,7 @@ impl Replicant<'_> {
     }
 
     /// A heartbeat was answered (or failed, with why); the next is due within `every`.
-    pub(super) fn show_beat(&self, failed: Option<&str>, every: Duration) {
+    pub(super) fn beat(&self, failed: Option<&str>, every: Duration) {
         if let Some(board) = &self.board {
             let mut s = board.state();
             s.beat_every = every;

@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
 use anyhow::Result;
-use serde_json::Value;
 
 use crate::clock::Instant;
 use crate::command::child::{self, Child, Ended, Stop};
@@ -24,12 +23,11 @@ use crate::fleet::metrics;
 use crate::fleet::record;
 use crate::fleet::report::RunOutcome;
 use crate::lease::{self, LockState, Validity};
-use crate::log::{Level, Log};
+use crate::log::Log;
 use crate::record::run::Ending;
 use crate::signals;
-use crate::store::lock::{Held, LedgerEnd, ReleaseOptions, Released};
+use crate::store::lock::{Held, LedgerEnd, ReleaseOptions};
 use crate::store::quorum::Masters;
-use crate::store::topology::Redis;
 use crate::store::tracking;
 use crate::watchdog::Watchdog;
 
@@ -37,8 +35,10 @@ use crate::watchdog::Watchdog;
 type OnStart<'a> = &'a mut dyn FnMut(&str, u32);
 
 mod handed;
+mod release;
 mod take;
 
+use release::{release, said_released};
 use take::{acquired_line, take, Taken};
 
 /// The command's process group while one runs, so a panic on the main thread can still end it.
@@ -457,85 +457,4 @@ fn finished(ended: &Ended, started: Instant, log: &Log) -> CommandEnd {
         ],
     );
     CommandEnd { exit, ending }
-}
-
-/// Release our lock and record the run; problems are warnings, since the command's status is what
-/// matters now. Bounded by `--connect-timeout` in all (after the watchdog's stop, which has its
-/// own: the end of a run is at most 2x `--connect-timeout`); a failed call is retried once on a
-/// new connection, but only while the lock can still be alive in Redis (before `valid_until`).
-/// A run with an instant (`--schedule`) retries a failed release until its lock would lapse, so
-/// the ledger records how the instant really ended instead of leaving it `running` (which
-/// `--retries` would later judge abandoned and run again).
-fn release(
-    redis: &[Redis],
-    within: Duration,
-    masters: Option<Masters>,
-    held: &Held,
-    valid_until: Instant,
-    opts: &ReleaseOptions,
-    log: &Log,
-) {
-    let lost = Instant::now() >= valid_until;
-    let name = &held.keys.name;
-    let end = if held.instant.is_some() {
-        valid_until.max(Instant::now() + within)
-    } else {
-        Instant::now() + within
-    };
-    let left = || end.saturating_duration_since(Instant::now()).min(within);
-    let mut masters = masters.unwrap_or_else(|| Masters::new(redis));
-    let mut retried = false;
-    let mut result = masters.release(left(), held, opts);
-    // The watchdog's connection may have been dropped since its last renewal (a Redis restart,
-    // an idle timeout, a failover): again, while it can still matter.
-    while let Err(e) = &result {
-        let pause = Duration::from_millis(if retried { 200 } else { 0 });
-        if !e.transient() || Instant::now() + pause >= valid_until.min(end) {
-            break;
-        }
-        std::thread::sleep(pause);
-        retried = true;
-        result = masters.release(left(), held, opts);
-    }
-    let result = result.map_err(|e| anyhow::anyhow!("cannot release lock '{name}': {e}"));
-    said_released(held, opts, result, lost, retried, log);
-}
-
-/// The line for how the release went. `lost`: the lock was lost before (a failure is no news);
-/// `retried`: a first try whose reply was lost may have deleted it ("not ours" is no news).
-fn said_released(
-    held: &Held,
-    opts: &ReleaseOptions,
-    result: anyhow::Result<Released>,
-    lost: bool,
-    retried: bool,
-    log: &Log,
-) {
-    let name = &held.keys.name;
-    match result {
-        Ok(Released::Deleted) => log.info("released", &format!("released lock '{name}'"), &[]),
-        Ok(Released::Kept) => log.info(
-            "held_for_min_hold",
-            &format!(
-                "keeping lock '{name}' for {} more (--min-hold)",
-                Span(std::time::Duration::from_millis(opts.hold.as_millis() as u64))
-            ),
-            &[("hold_ms", Value::from(opts.hold.as_millis() as u64))],
-        ),
-        // Lost, or deleted by a first try whose reply the dropped connection lost.
-        Ok(Released::NotOurs) if lost || retried => {}
-        Ok(Released::NotOurs) => log.warn(
-            "release_not_ours",
-            &format!(
-                "lock '{name}' was no longer ours at release (it expired or was taken over); left it alone"
-            ),
-        ),
-        // After a loss the release is expected to fail: the loss was the one line to print.
-        Err(e) => log.event(
-            if lost { Level::Info } else { Level::Warn },
-            "release_failed",
-            &format!("{e:#}; it will expire within {}", Span(held.ttl)),
-            &[],
-        ),
-    }
 }
