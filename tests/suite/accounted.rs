@@ -479,6 +479,21 @@ fn a_full_replica_causes_no_heartbeat_storm() {
     assert!(beats <= 6 * 6, "{beats} heartbeats in 6 s");
 }
 
+/// The replica listening on `port` answers `/readyz` with `status` within `within` (503: it says
+/// it cannot start runs); else the answer and the replicas' stderr beside `file`.
+pub fn assert_readyz(port: u16, status: u16, within: Duration, file: &Path) {
+    let says = || {
+        let (got, body) = crate::listen::get(port, "/readyz");
+        got == status && (status != 503 || body.contains("cannot start"))
+    };
+    assert!(
+        wait_for(within, says),
+        "{:?}\n{}",
+        crate::listen::get(port, "/readyz"),
+        replica_err(file)
+    );
+}
+
 /// A replica that has no run to start for a while still learns that it cannot start runs: its
 /// binary loses its run bit, its only job is due once a year, and /readyz answers 503 within
 /// 15 s (its probe after 10 s without a run), then 200 again within 5 s of the bit's return.
@@ -503,23 +518,9 @@ fn an_idle_replica_learns_it_cannot_start_runs() {
         crate::listen::get(port, "/readyz").0 == 200
     }));
     std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o644)).unwrap();
-    assert!(
-        wait_for(Duration::from_secs(15), || {
-            let (status, body) = crate::listen::get(port, "/readyz");
-            status == 503 && body.contains("cannot start")
-        }),
-        "{:?}\n{}",
-        crate::listen::get(port, "/readyz"),
-        replica_err(&file)
-    );
+    assert_readyz(port, 503, Duration::from_secs(15), &file);
     std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
-    assert!(
-        wait_for(Duration::from_secs(5), || {
-            crate::listen::get(port, "/readyz").0 == 200
-        }),
-        "{:?}",
-        crate::listen::get(port, "/readyz")
-    );
+    assert_readyz(port, 200, Duration::from_secs(5), &file);
     assert_eq!(stop(sick), Some(0));
 }
 
@@ -532,7 +533,7 @@ mod alone {
     use std::process::Child;
     use std::time::{Duration, Instant};
 
-    use super::{assert_all_ran, assert_none_twice, jobs, now_secs, runs};
+    use super::{assert_all_ran, assert_none_twice, assert_readyz, jobs, now_secs, runs};
     use crate::common::replicas::{crontab, replica, replica_err, replica_of};
     use crate::common::*;
 
@@ -628,15 +629,7 @@ mod alone {
         serve_for(Instant::now(), 2);
         std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o644)).unwrap();
         let from = now_secs() + 1;
-        assert!(
-            wait_for(Duration::from_secs(15), || {
-                let (status, body) = crate::listen::get(port, "/readyz");
-                status == 503 && body.contains("cannot start")
-            }),
-            "{:?}\n{}",
-            crate::listen::get(port, "/readyz"),
-            replica_err(&file)
-        );
+        assert_readyz(port, 503, Duration::from_secs(15), &file);
         let sick_pid = fleet[2].id();
         let ticks = own_ticks(sick_pid);
         serve_for(Instant::now(), 6);
@@ -646,13 +639,7 @@ mod alone {
         let spent = own_ticks(sick_pid) - ticks;
         assert!(spent < 100, "the sick replica used {spent} ticks in 6 s");
         std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
-        assert!(
-            wait_for(Duration::from_secs(5), || {
-                crate::listen::get(port, "/readyz").0 == 200
-            }),
-            "{:?}",
-            crate::listen::get(port, "/readyz")
-        );
+        assert_readyz(port, 200, Duration::from_secs(5), &file);
         all_out(fleet, &file);
         let (count, _) = runs(&dir);
         assert_none_twice(&count);
