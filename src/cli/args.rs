@@ -369,7 +369,7 @@ pub struct Cli {
     pub listen: Option<std::net::SocketAddr>,
 
     /// Name of the lock; every host running the same job uses the same KEY (at most 1024 bytes)
-    #[arg(value_name = "KEY", required_unless_present_any = ["list", "crontab"])]
+    #[arg(value_name = "KEY", required = true)]
     pub key: Option<String>,
 
     /// The command to run and its arguments, passed on untouched

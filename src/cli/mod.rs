@@ -351,8 +351,29 @@ pub fn parse() -> std::result::Result<Cli, clap::Error> {
     if let Some(cli) = common_case(std::env::args_os().skip(1), std::env::vars_os()) {
         return Ok(cli);
     }
-    let args = history_flag_apart(std::env::args_os());
-    from_matches(&Cli::command().try_get_matches_from(args)?)
+    let mut args = history_flag_apart(std::env::args_os());
+    // KEY is required (--help, the man page and the completions say <KEY>), except by --list,
+    // the one mode that names no lock: there a stand-in fills its place, taken out below.
+    let end = args.iter().position(|a| a == "--").unwrap_or(args.len());
+    let crontab = args
+        .iter()
+        .take(end)
+        .skip(1)
+        .any(|a| a == "--crontab" || a.to_str().is_some_and(|a| a.starts_with("--crontab=")))
+        || std::env::var_os("CRONLOCK_CRONTAB").is_some_and(|v| !v.is_empty());
+    if crontab || args.iter().take(end).skip(1).any(|a| a == "--list") {
+        args.push(LIST_KEY.into());
+    }
+    let mut cli = from_matches(&Cli::command().try_get_matches_from(args)?)?;
+    if cli.list || cli.crontab.is_some() {
+        if cli.key.as_deref() == Some(LIST_KEY) {
+            cli.key = None;
+        } else if cli.command.last().is_some_and(|c| c == LIST_KEY) {
+            // A KEY was given after all: the stand-in went on as a COMMAND word.
+            cli.command.pop();
+        }
+    }
+    Ok(cli)
 }
 
 /// The modes that run no command.
@@ -364,6 +385,10 @@ pub(crate) const ADMIN_MODES: [&str; 6] = [
     "--suspend",
     "--resume",
 ];
+
+/// KEY's stand-in under `--list` and `--crontab`: a word no user types (it starts with a control
+/// character).
+const LIST_KEY: &str = "\u{1}list";
 
 /// `--history` takes an optional count, so `--status --history KEY` would read KEY as the count:
 /// in the modes that run no command (`--status`, `--check`, `--list`, `--force-release`, ...), a
