@@ -8,11 +8,11 @@ use std::time::Duration;
 use redis::{Script, Value};
 
 use crate::clock::Instant;
+use crate::record::suspension::Suspension;
 use crate::record::Stored;
 use crate::store::keys::Keys;
-use crate::store::lock::{
-    eval, eval_many, int, ms, text_or_nil, AcquireOutcome, Held, Holder, Instants, ScriptCall,
-};
+use crate::store::lock::{Held, Holder, Instants};
+use crate::store::script::{eval, eval_many, int, ms, text_or_nil, ScriptCall};
 use crate::store::topology::{Failure, Link};
 
 // Hashed once: every call then sends EVALSHA with the SHA1.
@@ -76,6 +76,28 @@ pub fn try_acquire(
         )?
     };
     attempt(link, reply, ask, sent_at)
+}
+
+/// One attempt's outcome.
+#[derive(Debug)]
+pub enum AcquireOutcome {
+    Held(Box<Held>),
+    /// Held elsewhere; the holder's lock expires in this much (None: no expiry set), the
+    /// holder's value, and (with a schedule) the instant this attempt was for.
+    Busy(Option<Duration>, String, Option<i64>),
+    /// The run for this instant already started (at `ran`, the recorded instant).
+    AlreadyRan {
+        instant: i64,
+        ran: i64,
+    },
+    /// The current holders hold KEY with this other `--limit`: refused, nothing touched.
+    Mismatch(u32),
+    /// KEY is suspended (`--suspend`): the suspension record, and (with a schedule) the instant
+    /// this attempt was for, now recorded `skipped`.
+    Suspended {
+        record: Stored<Suspension>,
+        instant: Option<i64>,
+    },
 }
 
 /// One acquire: KEY's keys, the holder value, the TTL, with `--schedule` the instants to choose

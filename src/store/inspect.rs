@@ -13,7 +13,8 @@ use crate::record::run::RunRecord;
 use crate::record::suspension::Suspension;
 use crate::record::Stored;
 use crate::store::keys::Keys;
-use crate::store::lock::{eval, ms, text_or_nil, MAX_LIMIT, NOTIFY_TTL};
+use crate::store::lock::{MAX_LIMIT, NOTIFY_TTL};
+use crate::store::script::{eval, ms, text_or_nil};
 use crate::store::topology::{Failure, Link};
 
 const FORCE_RELEASE_LUA: &str = include_str!("lua/force_release.lua");

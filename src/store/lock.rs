@@ -11,11 +11,10 @@ use anyhow::Result;
 use redis::{Script, Value};
 
 use crate::clock::Instant;
-use crate::record::suspension::Suspension;
-use crate::record::Stored;
 pub use crate::store::holder::Holder;
 use crate::store::keys::Keys;
-use crate::store::topology::{Call, Failure, Link};
+use crate::store::script::{eval, eval_many, int, ms, ScriptCall};
+use crate::store::topology::{Failure, Link};
 
 // The scripts, hashed once: every call then sends EVALSHA with the SHA1.
 const RENEW_LUA: &str = include_str!("lua/renew.lua");
@@ -106,132 +105,6 @@ pub struct LedgerEnd {
     /// cronlock was asked to end (SIGTERM, SIGINT: a drain, a shutdown): a failure is then
     /// `interrupted`, which `--retries` runs again like an abandoned attempt.
     pub interrupted: bool,
-}
-
-/// One attempt's outcome.
-#[derive(Debug)]
-pub enum AcquireOutcome {
-    Held(Box<Held>),
-    /// Held elsewhere; the holder's lock expires in this much (None: no expiry set), the
-    /// holder's value, and (with a schedule) the instant this attempt was for.
-    Busy(Option<Duration>, String, Option<i64>),
-    /// The run for this instant already started (at `ran`, the recorded instant).
-    AlreadyRan {
-        instant: i64,
-        ran: i64,
-    },
-    /// The current holders hold KEY with this other `--limit`: refused, nothing touched.
-    Mismatch(u32),
-    /// KEY is suspended (`--suspend`): the suspension record, and (with a schedule) the instant
-    /// this attempt was for, now recorded `skipped`.
-    Suspended {
-        record: Stored<Suspension>,
-        instant: Option<i64>,
-    },
-}
-
-pub(super) fn ms(d: Duration) -> u64 {
-    d.as_millis().max(1) as u64
-}
-
-/// Run `script` with `keys` and `args` on the node that serves `keys[0]`, within `within` in all:
-/// by SHA1 (`EVALSHA`), and with its text when the server does not have it yet (a new server, a
-/// restart, a promoted replica: the script cache is not replicated).
-///
-/// `read` turns the reply into the answer: a reply it refuses (the wrong type or shape) drops
-/// the connection, so no later request is answered by what that server sends next.
-pub(super) fn eval<T>(
-    link: &mut Link,
-    within: Duration,
-    script: &Script,
-    text: &str,
-    keys: &[&str],
-    args: &[String],
-    read: impl FnOnce(&Value) -> Result<T, Failure>,
-) -> Result<T, Failure> {
-    let deadline = Instant::now() + within;
-    let n = keys.len().to_string();
-    let call = |link: &mut Link, verb: &str, body: &str| {
-        let mut all: Vec<&[u8]> = vec![verb.as_bytes(), body.as_bytes(), n.as_bytes()];
-        all.extend(keys.iter().map(|k| k.as_bytes()));
-        all.extend(args.iter().map(|a| a.as_bytes()));
-        link.call(
-            deadline.saturating_duration_since(Instant::now()),
-            keys[0],
-            &all,
-        )
-    };
-    let reply = match call(link, "EVALSHA", script.get_hash()) {
-        Err(Failure::Call(e)) if e.code() == Some("NOSCRIPT") => call(link, "EVAL", text),
-        r => r,
-    }?;
-    link.read(reply, read)
-}
-
-/// One call of a script: its keys (the first names the node) and its arguments.
-pub(super) type ScriptCall<'a> = (Vec<&'a str>, Vec<String>);
-
-/// [`eval`] for several calls of `script` at once, as one pipeline ([`Link::call_many`]): each
-/// one's answer, in order. A call the server had no script for (`NOSCRIPT`) is sent again alone,
-/// with the script's text.
-pub(super) fn eval_many<T>(
-    link: &mut Link,
-    within: Duration,
-    script: &Script,
-    text: &str,
-    calls: &[ScriptCall<'_>],
-    read: impl Fn(&Value) -> Result<T, Failure>,
-) -> Vec<Result<T, Failure>> {
-    let deadline = Instant::now() + within;
-    let counts: Vec<String> = calls
-        .iter()
-        .map(|(keys, _)| keys.len().to_string())
-        .collect();
-    let frames: Vec<Vec<&[u8]>> = calls
-        .iter()
-        .zip(&counts)
-        .map(|((keys, args), n)| {
-            let mut all: Vec<&[u8]> = vec![b"EVALSHA", script.get_hash().as_bytes(), n.as_bytes()];
-            all.extend(keys.iter().map(|k| k.as_bytes()));
-            all.extend(args.iter().map(|a| a.as_bytes()));
-            all
-        })
-        .collect();
-    let pipeline: Vec<Call<'_>> = calls
-        .iter()
-        .zip(&frames)
-        .map(|((keys, _), frame)| (keys[0], frame.as_slice()))
-        .collect();
-    let replies = link.call_many(within, &pipeline);
-    replies
-        .into_iter()
-        .zip(calls)
-        .map(|(reply, (keys, args))| match reply {
-            Err(Failure::Call(e)) if e.code() == Some("NOSCRIPT") => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                eval(link, left, script, text, keys, args, &read)
-            }
-            Err(f) => Err(f),
-            Ok(v) => link.read(v, &read),
-        })
-        .collect()
-}
-
-/// The integer a script returns; anything else is a failure of the call, never an answer.
-pub(super) fn int(v: &Value, what: &'static str) -> Result<i64, Failure> {
-    match v {
-        Value::Int(n) => Ok(*n),
-        _ => Err(Failure::shape(what)),
-    }
-}
-
-/// A string or nothing (Lua's `false`).
-pub(super) fn text_or_nil(v: &Value, what: &'static str) -> Result<Option<String>, Failure> {
-    match v {
-        Value::Nil => Ok(None),
-        Value::BulkString(b) => Ok(Some(String::from_utf8_lossy(b).into_owned())),
-        _ => Err(Failure::shape(what)),
-    }
 }
 
 /// What an undo does to the attempt's ledger entry (see `abandon.lua`).

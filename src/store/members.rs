@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use redis::{Script, Value};
 
-use crate::store::lock::{eval, ms};
+use crate::store::script::{eval, ms};
 use crate::store::topology::{Failure, Link};
 
 const MEMBERS_LUA: &str = include_str!("lua/members.lua");

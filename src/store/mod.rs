@@ -19,6 +19,7 @@ pub mod members;
 pub mod quorum;
 pub mod resp;
 pub mod round;
+pub mod script;
 pub mod sentinel;
 pub mod tls;
 pub mod topology;

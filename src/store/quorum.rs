@@ -21,10 +21,11 @@
 use std::time::Duration;
 
 use crate::clock::Instant;
+use crate::store::acquire::AcquireOutcome;
 use crate::store::acquire::{self, Acquire};
 use crate::store::inspect::{self, Snapshot};
 use crate::store::keys::Keys;
-use crate::store::lock::{self, AcquireOutcome, Held, Holder, ReleaseOptions, Released, Undo};
+use crate::store::lock::{self, Held, Holder, ReleaseOptions, Released, Undo};
 use crate::store::members;
 use crate::store::round::{confirmed, failed, refused, split, Lost, MasterAnswer, MastersNamed};
 pub use crate::store::round::{Refused, RoundOutcome};

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::duration::Span;
 use crate::store::acquire::Acquire;
-use crate::store::lock::AcquireOutcome;
+use crate::store::acquire::AcquireOutcome;
 use crate::store::topology::{Failure, Link};
 
 /// What an acquisition round came to: the masters' verdict, or why there is none.

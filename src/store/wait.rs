@@ -18,8 +18,9 @@ use crate::record::suspension::Suspension;
 use crate::record::Stored;
 use crate::signals;
 use crate::store::acquire::Acquire;
+use crate::store::acquire::AcquireOutcome;
 use crate::store::keys::Keys;
-use crate::store::lock::{self, AcquireOutcome, Held, Holder};
+use crate::store::lock::{self, Held, Holder};
 use crate::store::quorum::{Masters, Refused};
 
 /// The longest a waiter blocks between attempts.
