@@ -161,7 +161,7 @@ const FLUSH_WAIT: Duration = Duration::from_millis(500);
 
 /// Do what the parsed command line says: one run, one of the admin modes, or a replica.
 fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
-    match cli.resolve()? {
+    match cli::request::request(cli)? {
         Request::Run(config) => {
             let mut report = Report::new(&config.reports, log)?;
             let attempted = crate::clock::unix_millis();

@@ -11,14 +11,15 @@
 //! line, run by `/bin/sh -c` as cron runs it (`%` is not special).
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
 use clap::CommandFactory;
 
-use crate::cli::{from_matches, one_line, Cli, ADMIN_MODES};
-use crate::config::{CronJob, Env, Request};
+use crate::cli::{from_matches, one_line, Cli, Mode, ADMIN_MODES};
+use crate::config::{CronJob, Env, Replica};
 use crate::fleet::schedule::Schedule;
 use crate::signals;
 
@@ -42,6 +43,19 @@ const NOT_PER_JOB: [&str; 13] = [
     "--version",
     "-V",
 ];
+
+/// The replica `--crontab FILE` asks for: its jobs read (answering SIGTERM and SIGINT while it
+/// reads) and its own settings.
+pub fn replica(cli: &Cli, file: PathBuf) -> Result<Replica> {
+    Ok(Replica {
+        jobs: load_answering(&file)?,
+        file,
+        max_jobs: cli.max_jobs,
+        drain: cli.drain.0,
+        listen: cli.listen,
+        grace: cli.grace.map_or(Duration::from_secs(5), |g| g.0),
+    })
+}
 
 /// [`load`] on a thread of its own, while this (the main) thread answers SIGTERM and SIGINT: a
 /// file that reads slowly (a hung network filesystem, a huge file) never keeps a replica from
@@ -294,9 +308,10 @@ fn job(
     let mut cli = from_matches(&matches).map_err(|e| anyhow!(one_line(&e)))?;
     // The replica's own settings (from its environment) are not the job's.
     cli.crontab = None;
-    let Request::Run(config) = cli.resolve()? else {
+    let Mode::Run(target) = cli.mode()? else {
         bail!("line {n} is not a run");
     };
+    let config = super::resolve::run_config(&cli, target)?;
     Ok(CronJob {
         line: n,
         key,
@@ -306,7 +321,7 @@ fn job(
         retries: config.retries,
         args,
         env: env.clone(),
-        config: std::sync::Arc::new(*config),
+        config: Arc::new(config),
     })
 }
 

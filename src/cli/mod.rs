@@ -14,6 +14,7 @@ pub mod common;
 pub(crate) mod crontab;
 pub mod help;
 mod message;
+pub mod request;
 mod resolve;
 
 pub use args::*;

@@ -7,135 +7,127 @@
 
 use anyhow::{bail, Result};
 
-use crate::cli::{Cli, Mode};
-use crate::config::{Admin, AdminMode, Replica, Reports, Request, RunConfig};
+use crate::cli::{Cli, Mode, RunTarget};
+use crate::config::{Admin, AdminMode, Reports, Request, RunConfig};
 use crate::lease::Timing;
 use crate::store::topology::Redis;
 
-impl Cli {
-    /// What the command line asks for, checked in the order the messages promise: the mode and
-    /// its arguments, then the run's timing and history, the servers, and the reports.
-    pub fn resolve(&self) -> Result<Request> {
-        let mode = self.mode()?;
-        if let Mode::Crontab(file) = mode {
-            return Ok(Request::Crontab(Box::new(Replica {
-                jobs: super::crontab::load_answering(&file)?,
-                file,
-                max_jobs: self.max_jobs,
-                drain: self.drain.0,
-                listen: self.listen,
-                grace: self
-                    .grace
-                    .map_or(std::time::Duration::from_secs(5), |g| g.0),
-            })));
-        }
-        let Mode::Run(target) = mode else {
-            return self.admin(mode).map(|a| Request::Admin(Box::new(a)));
-        };
-        // Checked before anything else, so a bad value never runs the command.
-        let history = self.history_kept()?;
-        let timing = Timing::new(self.ttl.0, self.grace.map(|g| g.0))?;
-        let servers = self.servers()?;
-        if self.catch_up.is_some() && servers.len() > 1 {
-            bail!(
-                "--catch-up needs one Redis (plain, Sentinel or Cluster): with several \
-                 independent masters each would keep its own ledger of instants, and a retry \
-                 could be judged due on some and not on others"
-            );
-        }
-        let reports = self.reports()?;
-        Ok(Request::Run(Box::new(RunConfig {
-            key: target.key,
-            argv: target.argv,
-            prefix: self.prefix.clone(),
-            servers,
-            connect_timeout: self.connect_timeout.0,
-            timing,
-            wait: self.wait(),
-            limit: self.limit,
-            schedule: self.schedule.clone(),
-            handover: handover_fd()?,
-            catch_up: self.catch_up.map(|c| c.0),
-            retries: self.retries.unwrap_or(0),
-            conflict_exit_code: self.conflict_exit_code,
-            max_runtime: self.max_runtime(),
-            min_hold: self.min_hold.0,
-            history,
-            history_ttl: self.history_ttl.map(|t| t.0),
-            reports,
-        })))
+/// A run or an admin mode (a replica's crontab is `crontab.rs`'s), checked in the order the
+/// messages promise: the mode's arguments, then the run's timing and history, the servers, and
+/// the reports.
+pub fn resolve(cli: &Cli, mode: Mode) -> Result<Request> {
+    match mode {
+        Mode::Run(target) => run_config(cli, target).map(|c| Request::Run(Box::new(c))),
+        Mode::Crontab(_) => unreachable!("a replica is crontab.rs's"),
+        mode => admin(cli, mode).map(|a| Request::Admin(Box::new(a))),
     }
+}
 
-    /// An admin mode with what it needs.
-    fn admin(&self, mode: Mode) -> Result<Admin> {
-        let mode = match mode {
-            Mode::Run(_) | Mode::Crontab(_) => unreachable!("not an admin mode"),
-            Mode::Status(key) => AdminMode::Status {
-                key,
-                history: self
-                    .given
-                    .history_flag
-                    .then(|| self.history.and_then(|c| c.0)),
-                schedule: self.schedule.clone(),
-            },
-            Mode::Check(key) => AdminMode::Check {
-                key,
-                max_age: self.max_age.map(|m| m.0),
-                schedule: self.schedule.clone(),
-            },
-            Mode::List => AdminMode::List,
-            Mode::ForceRelease(key) => AdminMode::ForceRelease {
-                key,
-                token: self.token.clone(),
-            },
-            Mode::Suspend(key) => AdminMode::Suspend {
-                key,
-                reason: self.reason.clone(),
-            },
-            Mode::Resume(key) => AdminMode::Resume { key },
-        };
-        Ok(Admin {
-            mode,
-            prefix: self.prefix.clone(),
-            servers: self.servers()?,
-            timeout: self.connect_timeout.0,
-            json: self.json,
-        })
+/// The run a command line (or a crontab line) describes.
+pub(super) fn run_config(cli: &Cli, target: RunTarget) -> Result<RunConfig> {
+    // Checked before anything else, so a bad value never runs the command.
+    let history = cli.history_kept()?;
+    let timing = Timing::new(cli.ttl.0, cli.grace.map(|g| g.0))?;
+    let servers = servers(cli)?;
+    if cli.catch_up.is_some() && servers.len() > 1 {
+        bail!(
+            "--catch-up needs one Redis (plain, Sentinel or Cluster): with several \
+             independent masters each would keep its own ledger of instants, and a retry \
+             could be judged due on some and not on others"
+        );
     }
+    let reports = reports(cli)?;
+    Ok(RunConfig {
+        key: target.key,
+        argv: target.argv,
+        prefix: cli.prefix.clone(),
+        servers,
+        connect_timeout: cli.connect_timeout.0,
+        timing,
+        wait: cli.wait(),
+        limit: cli.limit,
+        schedule: cli.schedule.clone(),
+        handover: handover_fd()?,
+        catch_up: cli.catch_up.map(|c| c.0),
+        retries: cli.retries.unwrap_or(0),
+        conflict_exit_code: cli.conflict_exit_code,
+        max_runtime: cli.max_runtime(),
+        min_hold: cli.min_hold.0,
+        history,
+        history_ttl: cli.history_ttl.map(|t| t.0),
+        reports,
+    })
+}
 
-    /// The Redis URL(s), each resolved to one topology.
-    fn servers(&self) -> Result<Vec<Redis>> {
-        let (urls, source) = self.redis_urls()?;
-        let tls = self.tls()?;
-        let redis = urls
-            .iter()
-            .map(|url| Redis::new(url, source, self.connect_timeout.0, &tls, self.min_replicas))
-            .collect::<Result<Vec<Redis>>>()?;
-        if self.limit > 1 && redis.len() > 1 {
-            bail!(
-                "--limit {} needs one Redis (plain, Sentinel or Cluster): with several independent \
-                 masters the holders of a KEY could not be counted safely",
-                self.limit
-            );
-        }
-        Ok(redis)
-    }
+/// An admin mode with what it needs.
+fn admin(cli: &Cli, mode: Mode) -> Result<Admin> {
+    let mode = match mode {
+        Mode::Run(_) | Mode::Crontab(_) => unreachable!("not an admin mode"),
+        Mode::Status(key) => AdminMode::Status {
+            key,
+            history: cli
+                .given
+                .history_flag
+                .then(|| cli.history.and_then(|c| c.0)),
+            schedule: cli.schedule.clone(),
+        },
+        Mode::Check(key) => AdminMode::Check {
+            key,
+            max_age: cli.max_age.map(|m| m.0),
+            schedule: cli.schedule.clone(),
+        },
+        Mode::List => AdminMode::List,
+        Mode::ForceRelease(key) => AdminMode::ForceRelease {
+            key,
+            token: cli.token.clone(),
+        },
+        Mode::Suspend(key) => AdminMode::Suspend {
+            key,
+            reason: cli.reason.clone(),
+        },
+        Mode::Resume(key) => AdminMode::Resume { key },
+    };
+    Ok(Admin {
+        mode,
+        prefix: cli.prefix.clone(),
+        servers: servers(cli)?,
+        timeout: cli.connect_timeout.0,
+        json: cli.json,
+    })
+}
 
-    /// The reports; a `--metrics-dir` that is not a directory is an error before the lock is
-    /// taken, and so is an unreadable `--ping-url-file`.
-    fn reports(&self) -> Result<Reports> {
-        if let Some(dir) = self.metrics_dir.as_deref().filter(|d| !d.is_dir()) {
-            bail!(
-                "--metrics-dir {} is not a directory (or CRONLOCK_METRICS_DIR)",
-                dir.display()
-            );
-        }
-        Ok(Reports {
-            metrics_dir: self.metrics_dir.clone(),
-            ping_url: self.ping()?,
-            ping_body: self.ping_body,
-        })
+/// The Redis URL(s), each resolved to one topology.
+fn servers(cli: &Cli) -> Result<Vec<Redis>> {
+    let (urls, source) = cli.redis_urls()?;
+    let tls = cli.tls()?;
+    let redis = urls
+        .iter()
+        .map(|url| Redis::new(url, source, cli.connect_timeout.0, &tls, cli.min_replicas))
+        .collect::<Result<Vec<Redis>>>()?;
+    if cli.limit > 1 && redis.len() > 1 {
+        bail!(
+            "--limit {} needs one Redis (plain, Sentinel or Cluster): with several independent \
+             masters the holders of a KEY could not be counted safely",
+            cli.limit
+        );
     }
+    Ok(redis)
+}
+
+/// The reports; a `--metrics-dir` that is not a directory is an error before the lock is
+/// taken, and so is an unreadable `--ping-url-file`.
+fn reports(cli: &Cli) -> Result<Reports> {
+    if let Some(dir) = cli.metrics_dir.as_deref().filter(|d| !d.is_dir()) {
+        bail!(
+            "--metrics-dir {} is not a directory (or CRONLOCK_METRICS_DIR)",
+            dir.display()
+        );
+    }
+    Ok(Reports {
+        metrics_dir: cli.metrics_dir.clone(),
+        ping_url: cli.ping()?,
+        ping_body: cli.ping_body,
+    })
 }
 
 /// The channel a replica (`--crontab`) hands its run's lock over on: a descriptor number.
