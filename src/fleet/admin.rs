@@ -49,6 +49,19 @@ struct Row {
     suspended: Option<Stored<Suspension>>,
 }
 
+/// One row of `--list --json`.
+#[derive(serde::Serialize)]
+struct ShownRow<'a> {
+    key: &'a str,
+    holder: Option<&'a Stored<HolderValue>>,
+    ttl_ms: Value,
+    fencing_token: Option<i64>,
+    suspended: Option<Value>,
+    /// With several masters: how many hold it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    held_on: Option<usize>,
+}
+
 /// A KEY held with `--limit` above 1: its name, N, and the slots in use.
 type Semaphore = (String, u32, usize);
 
@@ -69,17 +82,14 @@ pub fn list(
             .iter()
             .map(|r| {
                 let held = r.holder.is_some();
-                let mut row = json!({
-                    "key": r.name,
-                    "holder": r.holder.as_ref().map(Stored::to_json),
-                    "ttl_ms": if held { ttl_ms(r.pttl) } else { Value::Null },
-                    "fencing_token": if held { r.fence.into() } else { Value::Null },
-                    "suspended": r.suspended.as_ref().map(suspension_json),
-                });
-                if several {
-                    row["held_on"] = r.holding.into();
-                }
-                row
+                crate::record::to_json(&ShownRow {
+                    key: &r.name,
+                    holder: r.holder.as_ref(),
+                    ttl_ms: if held { ttl_ms(r.pttl) } else { Value::Null },
+                    fencing_token: r.fence.filter(|_| held),
+                    suspended: r.suspended.as_ref().map(suspension_json),
+                    held_on: several.then_some(r.holding),
+                })
             })
             .collect();
         rows_json.extend(

@@ -66,11 +66,21 @@ pub(crate) fn ago(ms: u64) -> String {
 /// A suspension record (`--suspend`) as JSON, with `since_time`; one cronlock did not write is
 /// shown as `{"value": ...}`.
 pub fn suspension_json(record: &Stored<Suspension>) -> Value {
-    let mut v = record.to_json();
-    if let Some(since) = record.ours().and_then(|s| s.since) {
-        v["since_time"] = rfc3339(since).into();
+    /// A suspension with its start also in RFC 3339.
+    #[derive(serde::Serialize)]
+    struct Shown<'a> {
+        #[serde(flatten)]
+        record: &'a Suspension,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        since_time: Option<String>,
     }
-    v
+    match record {
+        Stored::Ours(record) => crate::record::to_json(&Shown {
+            record,
+            since_time: record.since.map(rfc3339),
+        }),
+        foreign => foreign.to_json(),
+    }
 }
 
 /// When a suspension began (Unix ms), if its record says.

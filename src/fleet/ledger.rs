@@ -3,7 +3,8 @@
 //! (succeeded, failed and retried, abandoned by a dead host, missed, skipped while suspended)
 //! reads the same everywhere it is shown.
 
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 
 use crate::clock::rfc3339;
 use crate::fleet::describe::round_ms;
@@ -13,38 +14,53 @@ use crate::record::{or_unknown, Stored};
 /// A ledger: (instant in Unix ms, its entry), newest first.
 pub type Ledger = [(i64, Stored<LedgerEntry>)];
 
-/// One instant's entry as JSON: `{instant, instant_time, state, attempts: [...]}`, each attempt
-/// with its times also in RFC 3339. An entry cronlock did not write is shown as `{"value": ...}`.
-pub fn entry_json(instant: i64, entry: &Stored<LedgerEntry>) -> Value {
-    let mut doc = json!({
-        "instant": instant,
-        "instant_time": rfc3339(instant.max(0) as u64),
-        "state": Value::Null,
-        "attempts": [],
-    });
-    match entry {
-        Stored::Foreign(raw) => doc["value"] = raw.as_str().into(),
-        Stored::Ours(e) => {
-            doc["state"] = e.state.as_deref().into();
-            doc["attempts"] = e.attempts.iter().map(attempt_json).collect();
-            if let Some(reason) = &e.reason {
-                doc["reason"] = reason.as_str().into();
-            }
-        }
-    }
-    doc
+/// One instant's entry as `--status --json` shows it: `{instant, instant_time, state,
+/// attempts}`, each attempt with its times also in RFC 3339; an entry cronlock did not write
+/// shows its `value`.
+#[derive(Serialize)]
+struct ShownEntry<'a> {
+    instant: i64,
+    instant_time: String,
+    state: Option<&'a str>,
+    attempts: Vec<ShownAttempt<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value: Option<&'a str>,
 }
 
-/// An attempt as JSON, with `started_time` and `ended_time`.
-fn attempt_json(a: &LedgerAttempt) -> Value {
-    let mut v = crate::record::to_json(a);
-    if let Some(ms) = a.started {
-        v["started_time"] = rfc3339(ms).into();
-    }
-    if let Some(ms) = a.ended {
-        v["ended_time"] = rfc3339(ms).into();
-    }
-    v
+/// An attempt, with `started_time` and `ended_time`.
+#[derive(Serialize)]
+struct ShownAttempt<'a> {
+    #[serde(flatten)]
+    attempt: &'a LedgerAttempt,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    started_time: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ended_time: Option<String>,
+}
+
+/// One instant's entry as JSON (see [`ShownEntry`]).
+pub fn entry_json(instant: i64, entry: &Stored<LedgerEntry>) -> Value {
+    let ours = entry.ours();
+    crate::record::to_json(&ShownEntry {
+        instant,
+        instant_time: rfc3339(instant.max(0) as u64),
+        state: ours.and_then(|e| e.state.as_deref()),
+        attempts: attempts(entry)
+            .iter()
+            .map(|a| ShownAttempt {
+                attempt: a,
+                started_time: a.started.map(rfc3339),
+                ended_time: a.ended.map(rfc3339),
+            })
+            .collect(),
+        reason: ours.and_then(|e| e.reason.as_deref()),
+        value: match entry {
+            Stored::Foreign(raw) => Some(raw),
+            Stored::Ours(_) => None,
+        },
+    })
 }
 
 /// The ledger, newest first, as JSON.

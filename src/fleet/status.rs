@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use anyhow::Result;
+use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::clock::{rfc3339, unix_millis};
@@ -42,14 +43,64 @@ struct SlotView {
     fence: i64,
 }
 
+/// A slot's holder as `--status --json` shows it: the holder value's fields and the slot's.
+#[derive(Serialize)]
+struct ShownSlot<'a> {
+    #[serde(flatten)]
+    holder: &'a Stored<HolderValue>,
+    slot: u32,
+    fencing_token: i64,
+    ttl_ms: Option<i64>,
+}
+
 impl SlotView {
-    fn to_json(&self) -> Value {
-        let mut v = self.holder.to_json();
-        v["slot"] = self.slot.into();
-        v["fencing_token"] = self.fence.into();
-        v["ttl_ms"] = ttl_ms(self.pttl);
-        v
+    fn shown(&self) -> ShownSlot<'_> {
+        ShownSlot {
+            holder: &self.holder,
+            slot: self.slot,
+            fencing_token: self.fence,
+            ttl_ms: (self.pttl >= 0).then_some(self.pttl),
+        }
     }
+}
+
+/// A master's view with its URL, for `--status --json` with several masters.
+#[derive(Serialize)]
+struct ShownMaster<'a> {
+    #[serde(flatten)]
+    view: Value,
+    url: &'a str,
+}
+
+/// `--status --json` of a plain lock.
+#[derive(Serialize)]
+struct ShownStatus<'a> {
+    key: &'a str,
+    held: bool,
+    holder: Option<&'a Stored<HolderValue>>,
+    ttl_ms: Option<Value>,
+    fencing_token: Option<i64>,
+    suspended: Option<Value>,
+    last_run: Option<&'a Stored<RunRecord>>,
+    schedule: Option<Value>,
+    ledger: Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    history: Option<&'a [Stored<RunRecord>]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    masters: Option<Vec<ShownMaster<'a>>>,
+}
+
+/// `--status --json` of a KEY held with `--limit` above 1.
+#[derive(Serialize)]
+struct ShownSlots<'a> {
+    key: &'a str,
+    held: bool,
+    limit: u32,
+    holders: Vec<ShownSlot<'a>>,
+    suspended: Option<Value>,
+    last_run: Option<&'a Stored<RunRecord>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    history: Option<&'a [Stored<RunRecord>]>,
 }
 
 /// One master's view of a lock, with several masters.
@@ -88,11 +139,6 @@ impl MasterView {
             MasterView::Unread(e) => json!({ "error": e }),
         }
     }
-}
-
-/// Run records as JSON.
-fn runs_json(runs: &[Stored<RunRecord>]) -> Value {
-    runs.iter().map(Stored::to_json).collect()
 }
 
 /// `--status KEY`; with `history`, also the kept runs (`Some(None)`: all of them).
@@ -151,38 +197,36 @@ pub fn status(
 /// `--status --json` of a plain lock.
 fn json_status(keys: &Keys, view: &StatusView) -> String {
     let (snap, holder) = (&view.snap, &view.holder);
-    let mut doc = json!({
-        "key": keys.name,
-        "held": holder.is_some(),
-        "holder": holder.as_ref().map(Stored::to_json),
-        "ttl_ms": holder.as_ref().map(|_| ttl_ms(snap.pttl)),
-        "fencing_token": holder.as_ref().and(snap.fence),
-        "suspended": snap.suspended.as_ref().map(suspension_json),
-        "last_run": snap.last_run.as_ref().map(Stored::to_json),
-        "schedule": view.plan.as_ref().map(|p| json!({
-            "schedule": p.schedule.text,
-            "last_instant": p.last,
-            "last_instant_time": p.last.map(|ms| rfc3339(ms as u64)),
-            "next_instant": p.next,
-            "next_instant_time": p.next.map(|ms| rfc3339(ms as u64)),
-        })),
-        "ledger": ledger::json(&snap.ledger),
-    });
-    if view.with_history {
-        doc["history"] = runs_json(&snap.history);
-    }
-    if !view.per_master.is_empty() {
-        doc["masters"] = view
-            .per_master
-            .iter()
-            .map(|(url, m)| {
-                let mut v = m.to_json();
-                v["url"] = url.as_str().into();
-                v
+    let doc = ShownStatus {
+        key: &keys.name,
+        held: holder.is_some(),
+        holder: holder.as_ref(),
+        ttl_ms: holder.as_ref().map(|_| ttl_ms(snap.pttl)),
+        fencing_token: holder.as_ref().and(snap.fence),
+        suspended: snap.suspended.as_ref().map(suspension_json),
+        last_run: snap.last_run.as_ref(),
+        schedule: view.plan.as_ref().map(|p| {
+            json!({
+                "schedule": p.schedule.text,
+                "last_instant": p.last,
+                "last_instant_time": p.last.map(|ms| rfc3339(ms as u64)),
+                "next_instant": p.next,
+                "next_instant_time": p.next.map(|ms| rfc3339(ms as u64)),
             })
-            .collect();
-    }
-    format!("{doc}\n")
+        }),
+        ledger: ledger::json(&snap.ledger),
+        history: view.with_history.then_some(snap.history.as_slice()),
+        masters: (!view.per_master.is_empty()).then(|| {
+            view.per_master
+                .iter()
+                .map(|(url, m)| ShownMaster {
+                    view: m.to_json(),
+                    url,
+                })
+                .collect()
+        }),
+    };
+    format!("{}\n", crate::record::to_json(&doc))
 }
 
 /// `--status` of a plain lock, for people.
@@ -321,18 +365,16 @@ fn slots_status(keys: &Keys, limit: u32, view: &StatusView, as_json: bool) -> St
     let mut out = String::new();
     let holders = &view.holders;
     if as_json {
-        let mut doc = json!({
-            "key": keys.name,
-            "held": !holders.is_empty(),
-            "limit": limit,
-            "holders": holders.iter().map(SlotView::to_json).collect::<Vec<_>>(),
-            "suspended": view.snap.suspended.as_ref().map(suspension_json),
-            "last_run": view.snap.last_run.as_ref().map(Stored::to_json),
-        });
-        if view.with_history {
-            doc["history"] = runs_json(&view.snap.history);
-        }
-        w!(out, "{doc}");
+        let doc = ShownSlots {
+            key: &keys.name,
+            held: !holders.is_empty(),
+            limit,
+            holders: holders.iter().map(SlotView::shown).collect(),
+            suspended: view.snap.suspended.as_ref().map(suspension_json),
+            last_run: view.snap.last_run.as_ref(),
+            history: view.with_history.then_some(view.snap.history.as_slice()),
+        };
+        w!(out, "{}", crate::record::to_json(&doc));
         return out;
     }
     w!(

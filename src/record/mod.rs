@@ -52,9 +52,16 @@ impl<T> Stored<T> {
 impl<T: Serialize> Stored<T> {
     /// As JSON for `--json` outputs: the record's fields, or `{"value": ...}`.
     pub fn to_json(&self) -> Value {
+        to_json(self)
+    }
+}
+
+/// Shown as the record's fields, or `{"value": ...}` for a value cronlock did not write.
+impl<T: Serialize> Serialize for Stored<T> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
-            Stored::Ours(t) => to_json(t),
-            Stored::Foreign(raw) => json!({ "value": raw }),
+            Stored::Ours(t) => t.serialize(s),
+            Stored::Foreign(raw) => json!({ "value": raw }).serialize(s),
         }
     }
 }

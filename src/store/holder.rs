@@ -87,10 +87,10 @@ mod tests {
     #[test]
     fn holder_value_is_json_with_identity() {
         let h = Holder::new("report.sh --all");
-        let v: serde_json::Value = serde_json::from_str(&h.value).unwrap();
-        assert_eq!(v["token"], h.token.as_str());
-        assert_eq!(v["command"], "report.sh --all");
-        assert_eq!(v["pid"], std::process::id());
+        let v: HolderValue = serde_json::from_str(&h.value).unwrap();
+        assert_eq!(v.token.as_deref(), Some(h.token.as_str()));
+        assert_eq!(v.command.as_deref(), Some("report.sh --all"));
+        assert_eq!(v.pid, Some(u64::from(std::process::id())));
     }
 
     #[test]
@@ -98,9 +98,9 @@ mod tests {
         let h = Holder::new("say \"hi\" \\ \u{1}");
         let quoted: serde_json::Value = serde_json::from_str(&h.quoted()).unwrap();
         assert_eq!(quoted, h.value.as_str());
-        let members: serde_json::Value =
+        let members: crate::record::ledger::LedgerAttempt =
             serde_json::from_str(&format!("{{{}}}", h.attempt_members())).unwrap();
-        assert_eq!(members["host"], h.host.as_str());
-        assert_eq!(members["run_id"], h.token.as_str());
+        assert_eq!(members.host.as_deref(), Some(h.host.as_str()));
+        assert_eq!(members.run_id.as_deref(), Some(h.token.as_str()));
     }
 }
