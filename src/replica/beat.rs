@@ -3,12 +3,20 @@
 //! and the claims of instants on whole seconds reach Redis together, and it wakes once for all of
 //! them instead of once for each.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::unix_millis;
 use crate::clock::Instant;
+use crate::config::RunConfig;
+use crate::log::{Level, Log};
+use crate::store::members::FleetView;
 
+use super::claim::{Ask, Group};
+use super::claimer::Claims;
 use super::entry::LEAD_MS;
+use super::table::Table;
+use super::watched::Shown;
 
 /// The heartbeat's period with up to 5 replicas; 200 ms more per replica above that, so the
 /// heartbeats of a fleet cost Redis about 5 calls a second, sent in the wakes of Redis that claim
@@ -89,6 +97,99 @@ impl Beat {
         let slot = next_slot(self.at_ms, self.every);
         let left = (slot - unix_millis() as i64).max(0) as u64;
         (Instant::now() + Duration::from_millis(left)).min(self.at + self.every)
+    }
+}
+
+/// This replica's heartbeats: its id among the live replicas, and the last one sent.
+pub(super) struct Heartbeats {
+    me: String,
+    last: Beat,
+}
+
+impl Heartbeats {
+    /// None sent yet; the first goes at once, then every `every` until a view says otherwise.
+    pub(super) fn new(me: String, every: Duration) -> Heartbeats {
+        Heartbeats {
+            me,
+            last: Beat::first(every),
+        }
+    }
+
+    /// Whether one should go before the next slot (at most every [`BEAT_AGAIN`]): "full"
+    /// changed. (An instant a full owner leaves waiting is claimed by the others after
+    /// [`super::table::FALLBACK_MS`] whatever their views say, so nothing else hurries a
+    /// heartbeat: the fleet's heartbeats stay a few calls a second however busy it is.)
+    pub(super) fn sooner(&self, full: bool) -> bool {
+        full != self.last.full
+    }
+
+    /// When the next is due, for a replica `full` or not.
+    pub(super) fn due(&self, full: bool) -> Instant {
+        self.last.due_for(self.sooner(full))
+    }
+
+    /// Send this replica's heartbeat to each group its jobs claim in: at its slot, when "full"
+    /// changed (at most every [`BEAT_AGAIN`]), or, `leaving`, to leave the ranking.
+    pub(super) fn send(
+        &mut self,
+        claims: &mut Claims,
+        table: &mut Table,
+        full: bool,
+        leaving: bool,
+    ) {
+        let every = self.last.every;
+        let due = self.last.is_due();
+        if !leaving && !due && (!self.sooner(full) || self.last.since() < BEAT_AGAIN) {
+            return;
+        }
+        let lapse = if leaving { Duration::ZERO } else { every * 3 };
+        for (group, config) in table.groups() {
+            claims.send(Ask::Beat {
+                config,
+                group,
+                id: self.me.clone(),
+                lapse,
+                full,
+            });
+        }
+        self.last = Beat::sent(every, full);
+        table.lapse = every * 3;
+    }
+
+    /// Leave `group`'s fleet (a heartbeat that lapses at once).
+    pub(super) fn leave(&self, claims: &mut Claims, group: Group, config: Arc<RunConfig>) {
+        claims.send(Ask::Beat {
+            config,
+            group,
+            id: self.me.clone(),
+            lapse: Duration::ZERO,
+            full: false,
+        });
+    }
+
+    /// A heartbeat's answer: the fleet's view (and the heartbeat's period for its size), or why
+    /// there is none.
+    pub(super) fn viewed(
+        &mut self,
+        table: &mut Table,
+        group: Group,
+        view: Result<FleetView, String>,
+        shown: &Shown,
+        log: &Log,
+    ) {
+        if let Ok(view) = &view {
+            self.last.every = period(view.live.len(), table.shortest_ttl());
+        }
+        shown.beat(view.as_ref().err().map(String::as_str), self.last.every);
+        match view {
+            Ok(view) => table.set_view(group, view),
+            Err(text) => log.event(
+                Level::Debug,
+                "heartbeat_failed",
+                &format!("cannot send this replica's heartbeat: {text}"),
+                &[],
+            ),
+        }
     }
 }
 

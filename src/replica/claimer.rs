@@ -23,36 +23,59 @@ use crate::store::lock::{Held, ReleaseOptions};
 
 use super::claim::{self, answer_run, masters, verdict, Answer, Ask, Links};
 
-/// The claim thread's inbox.
+/// The claims thread's inbox, its answers, and how many claims it has not answered yet.
 pub struct Claims {
     /// `None` once [`Claims::finish`] closed it.
     asks: Option<Sender<Ask>>,
+    answers: Receiver<Answer>,
+    /// Claims sent and not yet answered.
+    in_flight: usize,
     /// Closed when the thread ends (every ask carried out).
     done: Receiver<()>,
 }
 
 impl Claims {
-    /// Start the thread; its answers go to `answers`, and each wakes the main thread. With a
-    /// `board` (`--listen`), the time each batch took goes there.
-    pub fn start(answers: Sender<Answer>, board: Option<Arc<Board>>) -> std::io::Result<Claims> {
+    /// Start the thread; each answer wakes the main thread. With a `board` (`--listen`), the time
+    /// each batch took goes there.
+    pub fn start(board: Option<Arc<Board>>) -> std::io::Result<Claims> {
         let (asks, inbox) = std::sync::mpsc::channel();
+        let (answered, answers) = std::sync::mpsc::channel();
         let (ended, done) = std::sync::mpsc::channel::<()>();
         std::thread::Builder::new()
             .name("claims".into())
             .spawn(move || {
-                serve(inbox, answers, board);
+                serve(inbox, answered, board);
                 drop(ended);
             })?;
         Ok(Claims {
             asks: Some(asks),
+            answers,
+            in_flight: 0,
             done,
         })
     }
 
-    pub fn send(&self, ask: Ask) {
+    pub fn send(&mut self, ask: Ask) {
         if let Some(asks) = &self.asks {
+            if matches!(ask, Ask::Claim { .. }) {
+                self.in_flight += 1;
+            }
             let _ = asks.send(ask);
         }
+    }
+
+    /// The next answer the thread gave, if any.
+    pub fn answer(&mut self) -> Option<Answer> {
+        let answer = self.answers.try_recv().ok()?;
+        if matches!(answer, Answer::Claim { .. }) {
+            self.in_flight = self.in_flight.saturating_sub(1);
+        }
+        Some(answer)
+    }
+
+    /// How many claims were sent and not answered yet.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
     }
 
     /// Take no more asks, and wait up to `within` for the thread to carry out those it has:

@@ -13,6 +13,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::clock::Instant;
+use crate::log::Log;
+
+use super::watched::Shown;
 
 /// How often a sick replica probes.
 pub const PROBE_EVERY: Duration = Duration::from_secs(2);
@@ -23,17 +26,106 @@ pub const IDLE_PROBE: Duration = Duration::from_secs(10);
 const PROBE_WITHIN: Duration = Duration::from_secs(2);
 
 /// Why this replica cannot start runs, and when it probes next.
-pub struct Sick {
-    pub why: String,
-    pub probe_at: Instant,
+struct Sick {
+    why: String,
+    probe_at: Instant,
 }
 
 impl Sick {
-    pub fn new(why: String) -> Sick {
+    fn new(why: String) -> Sick {
         Sick {
             why,
             probe_at: Instant::now() + PROBE_EVERY,
         }
+    }
+}
+
+/// Whether this replica can start runs, and when it probes next.
+pub(super) struct Health {
+    /// This replica cannot start runs, and why.
+    sick: Option<Sick>,
+    /// While it can: when it probes if it starts no run before ([`IDLE_PROBE`]).
+    idle_probe_at: Instant,
+}
+
+impl Health {
+    /// Able to start runs, with no run started yet.
+    pub(super) fn new() -> Health {
+        Health {
+            sick: None,
+            idle_probe_at: Instant::now() + IDLE_PROBE,
+        }
+    }
+
+    pub(super) fn is_sick(&self) -> bool {
+        self.sick.is_some()
+    }
+
+    /// When the next probe goes.
+    pub(super) fn probe_at(&self) -> Instant {
+        self.sick
+            .as_ref()
+            .map_or(self.idle_probe_at, |s| s.probe_at)
+    }
+
+    /// A run started: no idle probe before [`IDLE_PROBE`] from now.
+    pub(super) fn started_run(&mut self) {
+        self.idle_probe_at = Instant::now() + IDLE_PROBE;
+    }
+
+    /// A sick replica probes when its time comes, and serves again once it can start runs; one
+    /// that started no run for [`IDLE_PROBE`] probes too (so `/readyz` says it is sick before it
+    /// loses a claim). `exe` is the binary its runs start.
+    pub(super) fn probe(&mut self, exe: &Path, log: &Log, shown: &Shown) {
+        let now = Instant::now();
+        let Some(sick) = &mut self.sick else {
+            if now >= self.idle_probe_at {
+                self.idle_probe_at = now + IDLE_PROBE;
+                if let Err(why) = probe(exe) {
+                    self.fell_sick(why, log, shown);
+                }
+            }
+            return;
+        };
+        if now < sick.probe_at {
+            return;
+        }
+        match probe(exe) {
+            Ok(()) => {
+                self.sick = None;
+                self.started_run();
+                log.info(
+                    "runs_start_again",
+                    "can start runs again: claiming again",
+                    &[],
+                );
+                shown.sick(None);
+            }
+            Err(why) => {
+                sick.probe_at = Instant::now() + PROBE_EVERY;
+                if why != sick.why {
+                    shown.sick(Some(&why));
+                    sick.why = why;
+                }
+            }
+        }
+    }
+
+    /// This replica cannot start runs: it claims nothing (and says it is full) until a probe
+    /// shows it can.
+    pub(super) fn fell_sick(&mut self, why: String, log: &Log, shown: &Shown) {
+        if self.sick.is_none() {
+            log.error(
+                "cannot_start_runs",
+                &format!(
+                    "{why}; claiming nothing (other replicas take its instants) and trying again \
+                     every {} s",
+                    PROBE_EVERY.as_secs()
+                ),
+            );
+            shown.sick(Some(&why));
+        }
+        self.sick = Some(Sick::new(why));
     }
 }
 
@@ -44,7 +136,7 @@ fn our_version() -> String {
 
 /// Start `exe --version` as a run would be started, and check that it is this version: `Err`
 /// with why not.
-pub fn probe(exe: &Path) -> Result<(), String> {
+fn probe(exe: &Path) -> Result<(), String> {
     let mut child = Command::new(exe)
         .arg("--version")
         .stdin(Stdio::null())

@@ -1,130 +1,104 @@
-//! What the replica does with its runs' reports and ends: the start and end lines (from the
-//! typed reports on each run's channel, never from its output), and a run that ended without
-//! reporting its end (its lock given back when no command can be left, else left to lapse).
+//! What a run's reports and its end mean to the replica: the start and end lines (from the
+//! typed reports on each run's channel, never from its output), a release to carry out, and
+//! what follows a run that ended without reporting its end (its lock given back when no command
+//! can be left, else left to lapse).
 
+use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use crate::clock::{rfc3339, unix_millis};
 use crate::fleet::handover::{RunEnd, RunReport};
 use crate::log::Log;
 use crate::record::run::Ending;
+use crate::store::lock::ReleaseOptions;
 
-use super::claim::Ask;
 use super::runs::Spawned;
-use super::table::Table;
-use super::Replicant;
 
-impl Replicant<'_> {
-    /// Read what the runs reported.
-    pub(super) fn reports(&mut self, table: &mut Table) {
-        // A release an instant waits for goes at once (see `claimer.rs`).
-        let full = self.runs.len() + self.in_flight >= self.replica.max_jobs as usize;
-        let urgent = full || table.waiting() > 0;
-        while let Ok((pid, heard)) = self.heard.1.try_recv() {
-            let Some(run) = self.runs.get_mut(&pid) else {
-                continue;
+/// What the loop does after a run's report.
+pub enum Followup {
+    Nothing,
+    /// Release the run's lock on the claims thread's link, and answer on `reply`.
+    Release {
+        opts: Box<ReleaseOptions>,
+        reply: UnixStream,
+    },
+    /// The run ended; `failed`: its command did not succeed (a `--retries` job looks again).
+    Ended {
+        failed: bool,
+    },
+}
+
+/// Note what `run` reported (`None`: its channel closed), and say its start and end.
+pub fn heard(run: &mut Spawned, report: Option<RunReport>, log: &Log) -> Followup {
+    match report {
+        None => run.closed = true,
+        Some(RunReport::Started { pid: group }) => {
+            run.started = true;
+            said_started(run, group, log);
+        }
+        // At most once: a second ask goes unanswered, and the run releases by itself.
+        Some(RunReport::Release(opts)) => {
+            if let Some(reply) = run.reply.take() {
+                return Followup::Release { opts, reply };
+            }
+        }
+        Some(RunReport::Ended(end)) => {
+            run.ended = true;
+            said_ended(run, &end, log);
+            return Followup::Ended {
+                failed: end.status != 0,
             };
-            if let (Some(board), Some(report)) = (self.shown.board(), &heard) {
-                super::watched::show_report(board, run, report);
-            }
-            match heard {
-                None => run.closed = true,
-                Some(RunReport::Started { pid: group }) => {
-                    run.started = true;
-                    said_started(run, group, self.log);
-                }
-                // Released on the claims thread's link, answered on the run's channel (at most
-                // once: a second ask goes unanswered, and the run releases by itself).
-                Some(RunReport::Release(opts)) => {
-                    if let Some(reply) = run.reply.take() {
-                        self.claims.send(Ask::ReleaseRun {
-                            config: run.config.clone(),
-                            held: run.held.clone(),
-                            opts,
-                            reply,
-                            urgent,
-                        });
-                    }
-                }
-                Some(RunReport::Ended(end)) => {
-                    run.ended = true;
-                    said_ended(run, &end, self.log);
-                    let retries = table.job(&run.key).is_some_and(|j| j.cron.retries > 0);
-                    if end.status != 0 && retries {
-                        table.look_again(&run.key, unix_millis() as i64 + 1000);
-                    }
-                }
-            }
         }
     }
+    Followup::Nothing
+}
 
-    /// Forget the runs that are over; one that died without reporting its end is said, and looked
-    /// at again (with `--retries`) once its lock has lapsed.
-    pub(super) fn forget_ended(&mut self, table: &mut Table) {
-        let over: Vec<u32> = self
-            .runs
-            .iter()
-            .filter(|(_, r)| r.over())
-            .map(|(p, _)| *p)
-            .collect();
-        for pid in over {
-            let Some(run) = self.runs.remove(&pid) else {
-                continue;
-            };
-            let status = run.exited.map(|s| s.to_string()).unwrap_or_default();
-            if run.stopped {
-                self.interrupted = true;
-                self.log.warn(
-                    "run_stopped",
-                    &format!("{}: its run was stopped ({status})", run.key),
-                );
-            }
-            if run.ended {
-                continue;
-            }
-            self.shown.gone(&run.key);
-            // A run that exited by itself without starting its command (it reports the start
-            // right after the spawn) left no command behind: its claim is undone at once (the
-            // instant runs elsewhere), and one that failed as cronlock itself (125: another
-            // version of the binary, a handover it refused) makes this replica sick. After a
-            // start, or a death by a signal, the guard may have been killed with it and the
-            // command's children live on: the lock is left to lapse, and the next claim of the
-            // job records the attempt abandoned, as when the replica dies.
-            let code = run.exited.and_then(|s| s.code());
-            let release = !run.started && code.is_some();
-            if !run.stopped {
-                let then = if release {
-                    "its lock is released"
-                } else {
-                    "its lock is left to lapse"
-                };
-                self.log.warn(
-                    "run_died",
-                    &format!(
-                        "{}: its run ended ({status}) without reporting an end; {then}",
-                        run.key
-                    ),
-                );
-            }
-            if release {
-                self.unclaim(run.config.clone(), run.held.clone());
-                // Back in the table: claimed again (here or elsewhere) while it can still
-                // start, else recorded missed at its deadline.
-                if let Some(at) = run.instant {
-                    table.look_again(&run.key, at);
-                }
-            }
-            if !run.started && code == Some(i32::from(crate::exit::FAILURE)) && !run.stopped {
-                self.fell_sick(format!(
-                    "its runs fail before starting their command (exit {})",
-                    crate::exit::FAILURE
-                ));
-            }
-            if !release && table.job(&run.key).is_some_and(|j| j.cron.retries > 0) {
-                let wait = run.ttl.as_millis() as i64 + 250;
-                table.look_again(&run.key, unix_millis() as i64 + wait);
-            }
-        }
+/// What follows a run that is over without having reported its end.
+pub struct Unreported {
+    /// Its lock is given back (no command can be left): the instant runs elsewhere at once.
+    pub release: bool,
+    /// It failed as cronlock itself before starting its command: this replica cannot start runs.
+    pub sick: Option<String>,
+    /// With `--retries`, when to look at its job again: once its lock has lapsed.
+    pub retry_at: Option<i64>,
+}
+
+/// Say how a run that never reported its end ended, and what follows.
+pub fn unreported(run: &Spawned, log: &Log) -> Unreported {
+    // A run that exited by itself without starting its command (it reports the start right
+    // after the spawn) left no command behind: its claim is undone at once (the instant runs
+    // elsewhere), and one that failed as cronlock itself (125: another version of the binary, a
+    // handover it refused) makes this replica sick. After a start, or a death by a signal, the
+    // guard may have been killed with it and the command's children live on: the lock is left
+    // to lapse, and the next claim of the job records the attempt abandoned, as when the
+    // replica dies.
+    let code = run.exited.and_then(|s| s.code());
+    let release = !run.started && code.is_some();
+    if !run.stopped {
+        let status = run.exited.map(|s| s.to_string()).unwrap_or_default();
+        let then = if release {
+            "its lock is released"
+        } else {
+            "its lock is left to lapse"
+        };
+        log.warn(
+            "run_died",
+            &format!(
+                "{}: its run ended ({status}) without reporting an end; {then}",
+                run.key
+            ),
+        );
+    }
+    let failed_as_us = !run.started && code == Some(i32::from(crate::exit::FAILURE));
+    Unreported {
+        release,
+        sick: (failed_as_us && !run.stopped).then(|| {
+            format!(
+                "its runs fail before starting their command (exit {})",
+                crate::exit::FAILURE
+            )
+        }),
+        retry_at: (!release).then(|| unix_millis() as i64 + run.ttl.as_millis() as i64 + 250),
     }
 }
 

@@ -11,8 +11,9 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
@@ -40,8 +41,8 @@ const NOT_FOR_RUNS: &[&str] = &[
 /// Only a debug build (the tests' own) reads it.
 pub const HOLD_AFTER_CLAIM: &str = "CRONLOCK_TEST_HOLD_AFTER_CLAIM";
 
-/// What a run's channel said, for the loop: a report, or `None` at its end.
-pub type Heard = (u32, Option<RunReport>);
+/// What a run's channel said, for the loop: the run's pid, and a report, or `None` at its end.
+type Heard = (u32, Option<RunReport>);
 
 /// A run this replica supervises.
 pub struct Spawned {
@@ -80,10 +81,146 @@ impl Spawned {
     }
 }
 
+/// The runs this replica started and supervises, the binary they start from, and the channel
+/// their reports reach the loop on.
+pub struct Runs {
+    /// cronlock's own binary, as a run starts it.
+    exe: PathBuf,
+    /// `--log-format json`: a run's relayed output lines are JSON too.
+    json: bool,
+    by_pid: HashMap<u32, Spawned>,
+    heard: (Sender<Heard>, Receiver<Heard>),
+    /// A run had to be stopped (the replica's exit status says so).
+    interrupted: bool,
+    /// The test hook [`HOLD_AFTER_CLAIM`]: where to say a claim was won, then stop.
+    hold: Option<PathBuf>,
+}
+
+impl Runs {
+    /// None yet; `Err` when cronlock cannot find its own binary.
+    pub fn new(json: bool) -> Result<Runs> {
+        let exe = std::env::current_exe().map_err(|e| {
+            anyhow!(
+                "cannot find cronlock's own binary: {}",
+                crate::log::io_text(&e)
+            )
+        })?;
+        Ok(Runs {
+            exe,
+            json,
+            by_pid: HashMap::new(),
+            heard: mpsc::channel(),
+            interrupted: false,
+            hold: cfg!(debug_assertions)
+                .then(|| std::env::var_os(HOLD_AFTER_CLAIM).map(Into::into))
+                .flatten(),
+        })
+    }
+
+    /// The binary a run starts (what a health probe starts too).
+    pub fn exe(&self) -> &Path {
+        &self.exe
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_pid.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_pid.is_empty()
+    }
+
+    /// Whether a run had to be stopped.
+    pub fn interrupted(&self) -> bool {
+        self.interrupted
+    }
+
+    /// Start the run of `job` that takes over `held`.
+    pub fn start(&mut self, job: &CronJob, held: &Held, log: &Log) -> Result<()> {
+        if let Some(path) = &self.hold {
+            let _ = std::fs::write(path, &job.key);
+            loop {
+                std::thread::park();
+            }
+        }
+        let run = spawn(&self.exe, job, held, self.json, &self.heard.0, log)?;
+        self.by_pid.insert(run.pid(), run);
+        Ok(())
+    }
+
+    /// The next report a run sent, with the run (still supervised) that sent it.
+    pub fn next_report(&mut self) -> Option<(&mut Spawned, Option<RunReport>)> {
+        loop {
+            let (pid, report) = self.heard.1.try_recv().ok()?;
+            // (A report of a run already forgotten is dropped.)
+            if self.by_pid.contains_key(&pid) {
+                return self.by_pid.get_mut(&pid).map(|run| (run, report));
+            }
+        }
+    }
+
+    /// Note the runs whose process ended.
+    pub fn reap(&mut self) {
+        for run in self.by_pid.values_mut().filter(|r| r.exited.is_none()) {
+            match run.child.try_wait() {
+                Ok(Some(status)) => run.exited = Some(status),
+                Ok(None) => {}
+                // Not ours to wait for any more (cannot happen for a child we spawned).
+                Err(_) => run.exited = Some(std::os::unix::process::ExitStatusExt::from_raw(0)),
+            }
+        }
+    }
+
+    /// The runs that are over, no longer supervised; one this replica stopped is said.
+    pub fn take_over(&mut self, log: &Log) -> Vec<Spawned> {
+        let over: Vec<u32> = self
+            .by_pid
+            .iter()
+            .filter(|(_, r)| r.over())
+            .map(|(p, _)| *p)
+            .collect();
+        let over: Vec<Spawned> = over
+            .into_iter()
+            .filter_map(|pid| self.by_pid.remove(&pid))
+            .collect();
+        for run in over.iter().filter(|r| r.stopped) {
+            self.interrupted = true;
+            let status = run.exited.map(|s| s.to_string()).unwrap_or_default();
+            log.warn(
+                "run_stopped",
+                &format!("{}: its run was stopped ({status})", run.key),
+            );
+        }
+        over
+    }
+
+    /// Send `sig` to every run's cronlock (which passes SIGTERM on to its command; SIGKILL leaves
+    /// the command to the run's guard).
+    pub fn stop(&mut self, sig: libc::c_int, log: &Log) {
+        for (pid, run) in self.by_pid.iter_mut().filter(|(_, r)| r.exited.is_none()) {
+            if !run.stopped {
+                log.warn(
+                    "stopping_run",
+                    &format!(
+                        "{}: stopping its run ({}): the drain is over",
+                        run.key,
+                        signals::name(sig)
+                    ),
+                );
+            }
+            run.stopped = true;
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid as i32),
+                nix::sys::signal::Signal::try_from(sig).ok(),
+            );
+        }
+    }
+}
+
 /// Start the run of `job` that takes over `held`. A child that started is never lost: once it
 /// exists, trouble with its output is a warning and the run is returned all the same.
-pub fn spawn(
-    exe: &std::path::Path,
+fn spawn(
+    exe: &Path,
     job: &CronJob,
     held: &Held,
     json: bool,
@@ -180,38 +317,4 @@ fn thread(name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> 
         .stack_size(128 * 1024)
         .spawn(f)
         .map(drop)
-}
-
-/// Note the runs whose process ended.
-pub fn reap(runs: &mut HashMap<u32, Spawned>) {
-    for run in runs.values_mut().filter(|r| r.exited.is_none()) {
-        match run.child.try_wait() {
-            Ok(Some(status)) => run.exited = Some(status),
-            Ok(None) => {}
-            // Not ours to wait for any more (cannot happen for a child we spawned).
-            Err(_) => run.exited = Some(std::os::unix::process::ExitStatusExt::from_raw(0)),
-        }
-    }
-}
-
-/// Send `sig` to every run's cronlock (which passes SIGTERM on to its command; SIGKILL leaves
-/// the command to the run's guard).
-pub fn stop(runs: &mut HashMap<u32, Spawned>, sig: libc::c_int, log: &Log) {
-    for (pid, run) in runs.iter_mut().filter(|(_, r)| r.exited.is_none()) {
-        if !run.stopped {
-            log.warn(
-                "stopping_run",
-                &format!(
-                    "{}: stopping its run ({}): the drain is over",
-                    run.key,
-                    signals::name(sig)
-                ),
-            );
-        }
-        run.stopped = true;
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(*pid as i32),
-            nix::sys::signal::Signal::try_from(sig).ok(),
-        );
-    }
 }
