@@ -215,9 +215,11 @@ pass_on() { # SERVER PART: the server's suites of the binary, PART `rest` or `al
   if [ "$2" = alone ]; then filters+=("${SERVER_ALONE_SKIP[@]}"); else filters+=(--skip ::alone::); fi
   local bin=("$REDIS62/redis-server" "$REDIS62/redis-cli")
   [ "$1" = 6.2 ] || bin=("$VALKEY81/valkey-server" "$VALKEY81/valkey-cli")
-  # Three tests at a time each (Sentinel's and Cluster's failovers are most of their time, spent
-  # waiting).
-  CRONLOCK_TEST_REDIS_SERVER="${bin[0]}" CRONLOCK_TEST_REDIS_CLI="${bin[1]}" RUST_TEST_THREADS=3 \
+  # Five tests at a time in the rest (Sentinel's and Cluster's failovers are most of their time,
+  # spent waiting), three in the measuring part.
+  local threads=5
+  [ "$2" = alone ] && threads=3
+  CRONLOCK_TEST_REDIS_SERVER="${bin[0]}" CRONLOCK_TEST_REDIS_CLI="${bin[1]}" RUST_TEST_THREADS=$threads \
     "$suite" "${filters[@]}" "${SERVER_SKIP[@]}"
 }
 pids=()
@@ -240,23 +242,23 @@ end_passes() { # PART: wait for them; show what they said
 ours=$(redis-server --version | cut -d' ' -f3)
 # Two parts. The tests that measure time (a module `alone` in their suite: tests/suite/common/
 # alone.rs) take the cores for themselves while they measure: the rest first, then they, each
-# part on every server at once. The rest run six at a time on Redis 7.0 (they wait on servers and
-# processes far more than they compute, and none of them measures), three on each other server;
-# the measuring ones four at a time on 7.0, three elsewhere (what comes before their measuring
-# overlaps; their measuring does not).
+# part on every server at once. The rest run twelve at a time on Redis 7.0 (they wait on servers
+# and processes far more than they compute: a quarter of one core, measured, and none of them
+# measures), five on each other server; the measuring ones six at a time on 7.0, three elsewhere
+# (what comes before their measuring overlaps; their measuring does not).
 # Given arguments (a filter), the first part is exactly `cargo test` with them, and the lock of
 # alone.rs keeps its measuring tests apart from the others.
 first=("$@")
 if [ $# -eq 0 ]; then first=(-- --skip ::alone::); fi
 start_passes rest
-RUST_TEST_THREADS=${RUST_TEST_THREADS:-6} \
+RUST_TEST_THREADS=${RUST_TEST_THREADS:-12} \
   cargo test --locked --no-fail-fast "${first[@]}" > >(tee "$logs/rest on $ours.out") 2>&1 ||
   failed+=("the suite on $ours")
 end_passes rest
 start_passes alone
 if [ $# -eq 0 ]; then
   echo "test.sh: the tests that measure time, on $ours" >&2
-  RUST_TEST_THREADS=4 "$suite" ::alone:: > >(tee "$logs/alone on $ours.out") 2>&1 ||
+  RUST_TEST_THREADS=6 "$suite" ::alone:: > >(tee "$logs/alone on $ours.out") 2>&1 ||
     failed+=("the tests that measure time on $ours")
 fi
 end_passes alone
