@@ -26,6 +26,7 @@ complete -c cronlock -l log-format -d 'Format of cronlock\'s own messages on std
 json\t'one JSON object per line'"
 complete -c cronlock -l max-age -d 'With --check: how old the last run may be (with --schedule: how long after an instant its run may take to start)' -r
 complete -c cronlock -l reason -d 'With --suspend: why, for whoever reads --status, --check or a skipped firing\'s -v line' -r
+complete -c cronlock -l for -d 'With --suspend: end the suspension by itself after DURATION (on Redis\'s clock); the first instant after it runs. --resume still ends it early' -r
 complete -c cronlock -l token -d 'With --force-release: release only the holder with this token (its CRONLOCK_TOKEN, shown by --status)' -r
 complete -c cronlock -l crontab -d 'Run the jobs of this crontab as one of any number of equal replicas: each instant of each job runs once across them; a line is `SCHEDULE [OPTIONS] KEY COMMAND-LINE`' -r -F
 complete -c cronlock -l max-jobs -d 'With --crontab: runs this replica supervises at once (and claims in flight); a due job waits for room here or on another replica, and is given up only when it can no longer start' -r

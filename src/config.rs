@@ -189,8 +189,13 @@ pub enum AdminMode {
     List,
     /// `--force-release KEY [--token T]`.
     ForceRelease { key: String, token: Option<String> },
-    /// `--suspend KEY [--reason TEXT]`.
-    Suspend { key: String, reason: Option<String> },
+    /// `--suspend KEY [--reason TEXT] [--for DURATION]`.
+    Suspend {
+        key: String,
+        reason: Option<String>,
+        /// `--for`: the suspension ends by itself this long after it began.
+        lasting: Option<Duration>,
+    },
     /// `--resume KEY`.
     Resume { key: String },
 }

@@ -207,11 +207,18 @@ fn admin_mode(admin: &Admin, log: &Log) -> Result<Exit> {
             token.as_deref(),
             json,
         )?,
-        AdminMode::Suspend { key, reason } => suspend::suspend(
+        AdminMode::Suspend {
+            key,
+            reason,
+            lasting,
+        } => suspend::suspend(
             &mut masters,
             timeout,
             &Keys::new(&admin.prefix, key),
-            reason.as_deref(),
+            &suspend::Asked {
+                reason: reason.as_deref(),
+                lasting: *lasting,
+            },
             json,
         )?,
         AdminMode::Resume { key } => {

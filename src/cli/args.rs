@@ -31,7 +31,7 @@ pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
                       cronlock --check [--max-age <DURATION>] [--schedule <CRON>] [--json] <KEY>\n       \
                       cronlock --list [--json]\n       \
                       cronlock --force-release <KEY>\n       \
-                      cronlock --suspend [--reason <TEXT>] <KEY>\n       \
+                      cronlock --suspend [--reason <TEXT>] [--for <DURATION>] <KEY>\n       \
                       cronlock --resume <KEY>\n       \
                       cronlock --crontab <FILE> [--max-jobs <N>] [--drain <DURATION>] [--listen <ADDR>]",
     group(ArgGroup::new("admin").args(["status", "check", "list", "force_release", "suspend", "resume"]))
@@ -312,6 +312,12 @@ pub struct Cli {
         requires = "suspend"
     )]
     pub reason: Option<String>,
+
+    /// With --suspend: end the suspension by itself after DURATION (on Redis's clock); the first
+    /// instant after it runs. --resume still ends it early
+    #[arg(long = "for", env = "CRONLOCK_SUSPEND_FOR", value_name = "DURATION",
+          value_parser = duration::positive, allow_hyphen_values = true, requires = "suspend")]
+    pub suspend_for: Option<Span>,
 
     /// End KEY's suspension: the next due instant runs; then exit
     #[arg(long, requires = "key")]

@@ -99,6 +99,7 @@ fn defaults(key: String, command: Vec<OsString>) -> Option<Cli> {
         force_release: false,
         suspend: false,
         reason: None,
+        suspend_for: None,
         resume: false,
         crontab: None,
         max_jobs: 16,

@@ -239,7 +239,7 @@ fn words(text: &str) -> Vec<(usize, &str)> {
 /// A word that can stand in a cron field (so a 6th one makes a 6-field schedule).
 fn cron_field(word: &str) -> bool {
     word.chars()
-        .all(|c| c.is_ascii_digit() || "*/,-?LW#".contains(c))
+        .all(|c| c.is_ascii_digit() || "*/,-?LW#H()".contains(c))
         || word
             .split([',', '-', '/'])
             .all(|p| p.len() == 3 && p.chars().all(|c| c.is_ascii_alphabetic()))
@@ -312,6 +312,10 @@ fn job(
         bail!("line {n} is not a run");
     };
     let config = super::resolve::run_config(&cli, target)?;
+    let schedule = match &config.schedule {
+        Some(keyed) => keyed.clone(),
+        None => schedule,
+    };
     Ok(CronJob {
         line: n,
         key,

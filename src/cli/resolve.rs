@@ -5,10 +5,11 @@
 //! `HiArgs`, uutils' `Config::from(&matches)`): nothing below `lib.rs` sees [`Cli`], and a run
 //! described some other way (a crontab line) is started the same way.
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 
 use crate::cli::{Cli, Mode, RunTarget};
 use crate::config::{Admin, AdminMode, Reports, Request, RunConfig};
+use crate::fleet::schedule::Schedule;
 use crate::lease::Timing;
 use crate::store::topology::Redis;
 
@@ -37,6 +38,7 @@ pub(super) fn run_config(cli: &Cli, target: RunTarget) -> Result<RunConfig> {
         );
     }
     let reports = reports(cli)?;
+    let schedule = keyed(cli, &target.key)?;
     Ok(RunConfig {
         key: target.key,
         argv: target.argv,
@@ -46,7 +48,7 @@ pub(super) fn run_config(cli: &Cli, target: RunTarget) -> Result<RunConfig> {
         timing,
         wait: cli.wait(),
         limit: cli.limit,
-        schedule: cli.schedule.clone(),
+        schedule,
         handover: handover_fd()?,
         catch_up: cli.catch_up.map(|c| c.0),
         retries: cli.retries.unwrap_or(0),
@@ -59,22 +61,36 @@ pub(super) fn run_config(cli: &Cli, target: RunTarget) -> Result<RunConfig> {
     })
 }
 
+/// `--schedule` with its `H` fields drawn for `key`.
+fn keyed(cli: &Cli, key: &str) -> Result<Option<Schedule>> {
+    cli.schedule
+        .as_ref()
+        .map(|s| s.for_key(key))
+        .transpose()
+        .map_err(|e| {
+            anyhow!(
+                "--schedule '{}': {e}",
+                cli.schedule.as_ref().map_or("", |s| s.text.as_str())
+            )
+        })
+}
+
 /// An admin mode with what it needs.
 fn admin(cli: &Cli, mode: Mode) -> Result<Admin> {
     let mode = match mode {
         Mode::Run(_) | Mode::Crontab(_) => unreachable!("not an admin mode"),
         Mode::Status(key) => AdminMode::Status {
-            key,
             history: cli
                 .given
                 .history_flag
                 .then(|| cli.history.and_then(|c| c.0)),
-            schedule: cli.schedule.clone(),
+            schedule: keyed(cli, &key)?,
+            key,
         },
         Mode::Check(key) => AdminMode::Check {
-            key,
             max_age: cli.max_age.map(|m| m.0),
-            schedule: cli.schedule.clone(),
+            schedule: keyed(cli, &key)?,
+            key,
         },
         Mode::List => AdminMode::List,
         Mode::ForceRelease(key) => AdminMode::ForceRelease {
@@ -84,6 +100,7 @@ fn admin(cli: &Cli, mode: Mode) -> Result<Admin> {
         Mode::Suspend(key) => AdminMode::Suspend {
             key,
             reason: cli.reason.clone(),
+            lasting: cli.suspend_for.map(|d| d.0),
         },
         Mode::Resume(key) => AdminMode::Resume { key },
     };

@@ -63,6 +63,11 @@ pub(crate) fn ago(ms: u64) -> String {
     round_ms(unix_millis().saturating_sub(ms))
 }
 
+/// How long until `ms` (Unix ms), by this host's clock.
+pub(crate) fn left(ms: u64) -> String {
+    round_ms(ms.saturating_sub(unix_millis()))
+}
+
 /// A suspension record (`--suspend`) as JSON, with `since_time`; one cronlock did not write is
 /// shown as `{"value": ...}`.
 pub fn suspension_json(record: &Stored<Suspension>) -> Value {
@@ -73,11 +78,18 @@ pub fn suspension_json(record: &Stored<Suspension>) -> Value {
         record: &'a Suspension,
         #[serde(skip_serializing_if = "Option::is_none")]
         since_time: Option<String>,
+        /// With `--for`: when it ends, and how long is left (by this host's clock).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        until_time: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        left_ms: Option<u64>,
     }
     match record {
         Stored::Ours(record) => crate::record::to_json(&Shown {
             record,
             since_time: record.since.map(rfc3339),
+            until_time: record.until.map(rfc3339),
+            left_ms: record.until.map(|u| u.saturating_sub(unix_millis())),
         }),
         foreign => foreign.to_json(),
     }
@@ -97,12 +109,16 @@ pub fn describe_suspension(record: &Stored<Suspension>) -> String {
         .since
         .map(|s| format!(" since {} ({} ago)", rfc3339(s), ago(s)))
         .unwrap_or_default();
+    let until = v
+        .until
+        .map(|u| format!(" until {} ({} left)", rfc3339(u), left(u)))
+        .unwrap_or_default();
     let why = match v.reason.as_deref() {
         Some(r) if !r.is_empty() => format!(": {r}"),
         _ => " (no reason given)".into(),
     };
     format!(
-        "by {} on {}{since}{why}",
+        "by {} on {}{since}{until}{why}",
         or_unknown(v.user.as_deref()),
         or_unknown(v.host.as_deref())
     )

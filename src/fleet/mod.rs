@@ -23,5 +23,6 @@ pub mod ping;
 pub mod record;
 pub mod report;
 pub mod schedule;
+pub mod spread;
 pub mod status;
 pub mod suspend;

@@ -8,7 +8,8 @@
 //! lock was released (the run a `--min-hold` would only approximate).
 //!
 //! Expressions are cron's: 5 fields, or 6 with seconds first; ranges, steps, lists, names and
-//! `@hourly`-style nicknames, parsed and evaluated by `croner`. The time zone is a `CRON_TZ=` or
+//! `@hourly`-style nicknames, parsed and evaluated by `croner`; `H` draws a value from KEY
+//! (`spread.rs`). The time zone is a `CRON_TZ=` or
 //! `TZ=` prefix, else the `TZ` variable, else the system's (`/etc/localtime`), all from the
 //! system's tz database through `jiff`, as cron itself does.
 
@@ -16,7 +17,7 @@ use croner::parser::CronParser;
 use croner::Cron;
 use jiff::tz::TimeZone;
 
-use crate::fleet::instants;
+use crate::fleet::{instants, spread};
 
 /// A parsed `--schedule`.
 #[derive(Clone, Debug)]
@@ -29,6 +30,9 @@ pub struct Schedule {
     /// The hour field names hours: the job runs at a local time, once a day across a
     /// daylight-saving change; otherwise (`*`, a step) on elapsed time ([`instants`]).
     fixed: bool,
+    /// With an `H` field ([`spread`]): the expression as KEY resolved it (as drawn for no KEY
+    /// until [`Schedule::for_key`]).
+    pub resolved: Option<String>,
 }
 
 /// The most distinct expressions kept for sharing.
@@ -84,8 +88,21 @@ fn zone_file(name: &str) -> Option<jiff::tz::TimeZone> {
 const FIELDS_5: [&str; 5] = ["minute", "hour", "day-of-month", "month", "day-of-week"];
 
 impl Schedule {
-    /// Parse `text`; the error names the offending field or time zone.
+    /// Parse `text`; the error names the offending field or time zone. An `H` field is drawn
+    /// for no KEY: [`Schedule::for_key`] draws it for the job's.
     pub fn parse(text: &str) -> Result<Schedule, String> {
+        Schedule::parse_for(text, "")
+    }
+
+    /// This schedule with its `H` fields drawn for `key` (itself when it has none).
+    pub fn for_key(&self, key: &str) -> Result<Schedule, String> {
+        match self.resolved {
+            Some(_) => Schedule::parse_for(&self.text, key),
+            None => Ok(self.clone()),
+        }
+    }
+
+    fn parse_for(text: &str, key: &str) -> Result<Schedule, String> {
         let trimmed = text.trim();
         let (zone, expr) = match trimmed.split_once(char::is_whitespace) {
             Some((first, rest)) if first.starts_with("CRON_TZ=") || first.starts_with("TZ=") => {
@@ -98,8 +115,11 @@ impl Schedule {
             }
             _ => (TimeZone::system(), trimmed),
         };
+        let resolved = spread::is_hashed(expr)
+            .then(|| spread::resolve(expr, key))
+            .transpose()?;
         let parser = CronParser::builder().build();
-        let cron = parsed(&parser, expr)?;
+        let cron = parsed(&parser, resolved.as_deref().unwrap_or(expr))?;
         let hours = &cron.pattern.hours;
         let fixed = !(hours.from_wildcard || hours.step > 1);
         let schedule = Schedule {
@@ -107,6 +127,7 @@ impl Schedule {
             cron,
             zone,
             fixed,
+            resolved,
         };
         if schedule
             .next_after(crate::clock::unix_millis() as i64)

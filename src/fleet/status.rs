@@ -82,12 +82,25 @@ struct ShownStatus<'a> {
     fencing_token: Option<i64>,
     suspended: Option<Value>,
     last_run: Option<&'a Stored<RunRecord>>,
-    schedule: Option<Value>,
+    schedule: Option<ShownSchedule<'a>>,
     ledger: Value,
     #[serde(skip_serializing_if = "Option::is_none")]
     history: Option<&'a [Stored<RunRecord>]>,
     #[serde(skip_serializing_if = "Option::is_none")]
     masters: Option<Vec<ShownMaster<'a>>>,
+}
+
+/// The schedule in `--status --json` (its keys in name order, as before they were typed).
+#[derive(Serialize)]
+struct ShownSchedule<'a> {
+    last_instant: Option<i64>,
+    last_instant_time: Option<String>,
+    next_instant: Option<i64>,
+    next_instant_time: Option<String>,
+    /// With an `H` field: the expression as drawn for KEY.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resolved: Option<&'a str>,
+    schedule: &'a str,
 }
 
 /// `--status --json` of a KEY held with `--limit` above 1.
@@ -171,7 +184,7 @@ pub fn status(
         })
         .collect();
     let view = StatusView {
-        plan: plan(&snap, schedule),
+        plan: plan(&snap, &keys.name, schedule),
         holder: snap.holder.as_deref().map(Stored::read),
         holders,
         per_master,
@@ -205,14 +218,13 @@ fn json_status(keys: &Keys, view: &StatusView) -> String {
         fencing_token: holder.as_ref().and(snap.fence),
         suspended: snap.suspended.as_ref().map(suspension_json),
         last_run: snap.last_run.as_ref(),
-        schedule: view.plan.as_ref().map(|p| {
-            json!({
-                "schedule": p.schedule.text,
-                "last_instant": p.last,
-                "last_instant_time": p.last.map(|ms| rfc3339(ms as u64)),
-                "next_instant": p.next,
-                "next_instant_time": p.next.map(|ms| rfc3339(ms as u64)),
-            })
+        schedule: view.plan.as_ref().map(|p| ShownSchedule {
+            last_instant: p.last,
+            last_instant_time: p.last.map(|ms| rfc3339(ms as u64)),
+            next_instant: p.next,
+            next_instant_time: p.next.map(|ms| rfc3339(ms as u64)),
+            resolved: p.schedule.resolved.as_deref(),
+            schedule: &p.schedule.text,
         }),
         ledger: ledger::json(&snap.ledger),
         history: view.with_history.then_some(snap.history.as_slice()),
@@ -317,7 +329,14 @@ fn masters_lines(out: &mut String, view: &StatusView) {
 
 /// The schedule: the last instant a run started for (and its state in the ledger), and the next.
 fn schedule_lines(out: &mut String, p: &SchedulePlan, ledger: &Ledger) {
-    w!(out, "schedule:        {}", p.schedule.text);
+    match &p.schedule.resolved {
+        Some(r) => w!(
+            out,
+            "schedule:        {} (for this KEY: {r})",
+            p.schedule.text
+        ),
+        None => w!(out, "schedule:        {}", p.schedule.text),
+    }
     match p.last {
         Some(ms) => {
             let state = ledger
@@ -415,10 +434,12 @@ struct SchedulePlan {
     next: Option<i64>,
 }
 
-fn plan(snap: &inspect::Snapshot, given: Option<&Schedule>) -> Option<SchedulePlan> {
+fn plan(snap: &inspect::Snapshot, key: &str, given: Option<&Schedule>) -> Option<SchedulePlan> {
     let schedule = match given {
         Some(s) => s.clone(),
-        None => Schedule::parse(snap.schedule.as_deref()?).ok()?,
+        None => Schedule::parse(snap.schedule.as_deref()?)
+            .and_then(|s| s.for_key(key))
+            .ok()?,
     };
     let next = schedule.next_after(unix_millis() as i64);
     Some(SchedulePlan {

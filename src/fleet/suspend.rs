@@ -43,22 +43,30 @@ fn majority<T>(masters: &Masters, mut answers: Vec<Result<T>>, what: &str) -> Re
     ))
 }
 
-/// `--suspend KEY [--reason TEXT]`.
+/// What `--suspend` asks for: why, and for how long (`None`: until `--resume`).
+pub struct Asked<'a> {
+    pub reason: Option<&'a str>,
+    pub lasting: Option<Duration>,
+}
+
+/// `--suspend KEY [--reason TEXT] [--for DURATION]`.
 pub fn suspend(
     masters: &mut Masters,
     within: Duration,
     keys: &Keys,
-    reason: Option<&str>,
+    asked: &Asked,
     as_json: bool,
 ) -> Result<String> {
     let record = crate::record::to_text(&Suspension {
         host: Some(host::hostname()),
-        reason: Some(reason.unwrap_or("").to_string()),
+        reason: Some(asked.reason.unwrap_or("").to_string()),
         since: None,
+        until: None,
         user: Some(host::user()),
         rest: Default::default(),
     });
-    let answers = masters.suspend(within, keys, &record);
+    let lasting = asked.lasting.unwrap_or_default();
+    let answers = masters.suspend(within, keys, &record, lasting);
     let (before, now) = majority(masters, answers, &format!("suspend lock '{}'", keys.name))?;
     let now: Stored<Suspension> = Stored::read(&now);
     let mut out = String::new();
@@ -79,12 +87,16 @@ pub fn suspend(
             keys.name
         );
     }
+    let ends = match now.ours().and_then(|s| s.until) {
+        Some(_) => "until then (or cronlock --resume {KEY})",
+        None => "until cronlock --resume {KEY}",
+    };
     w!(
         out,
-        "lock '{}' is suspended {}; every firing skips until cronlock --resume {}",
+        "lock '{}' is suspended {}; every firing skips {}",
         keys.name,
         describe_suspension(&now),
-        keys.name
+        ends.replace("{KEY}", &keys.name)
     );
     Ok(out)
 }

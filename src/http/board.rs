@@ -29,6 +29,8 @@ pub struct JobLine {
     pub key: String,
     pub schedule: Schedule,
     pub config: Arc<RunConfig>,
+    /// When this replica began to serve it (Unix ms).
+    pub since_ms: u64,
 }
 
 /// A run of this replica, from its start.
@@ -47,6 +49,9 @@ pub struct Fleetwide {
     pub suspended: Option<Stored<Suspension>>,
     /// The ledger, newest first: (instant in Unix ms, entry).
     pub ledger: Vec<(i64, Stored<LedgerEntry>)>,
+    /// When a run last succeeded (Unix ms), by the last-run record and the ledger; `None` when
+    /// neither has one.
+    pub last_success: Option<u64>,
 }
 
 /// The round-trip times to Redis, as a histogram (upper bounds in seconds).

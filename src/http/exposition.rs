@@ -120,7 +120,23 @@ pub fn answer(board: &Board, fleet: &mut Reader) -> Response {
                     &key,
                     next / 1000,
                 );
+                if let Some(after) = job.schedule.next_after(next) {
+                    f.add(
+                        "cronlock_schedule_period_seconds",
+                        "gauge",
+                        "The time between the job's next two instants.",
+                        &key,
+                        (after - next) / 1000,
+                    );
+                }
             }
+            f.add(
+                "cronlock_replica_serving_since_timestamp_seconds",
+                "gauge",
+                "When this replica began to serve the job (Unix time).",
+                &key,
+                job.since_ms / 1000,
+            );
             let counts = s.outcomes.get(&job.key).copied().unwrap_or_default();
             for (o, n) in OUTCOMES.iter().zip(counts) {
                 f.add(
@@ -144,6 +160,23 @@ pub fn answer(board: &Board, fleet: &mut Reader) -> Response {
             "1 while the job is suspended (cronlock --suspend), read from Redis, else 0.",
             &key,
             u8::from(state.suspended.is_some()),
+        );
+        if let Some(until) = state.suspended.as_ref().and_then(|s| s.ours()?.until) {
+            f.add(
+                "cronlock_fleet_suspended_until_timestamp_seconds",
+                "gauge",
+                "With cronlock --suspend --for: when the suspension ends by itself (Unix time).",
+                &key,
+                until / 1000,
+            );
+        }
+        f.add(
+            "cronlock_fleet_last_success_timestamp_seconds",
+            "gauge",
+            "When a run of the job last succeeded on any host (Unix time), read from Redis; 0 \
+             when none is recorded.",
+            &key,
+            state.last_success.unwrap_or(0) / 1000,
         );
         let states: Vec<String> = state
             .ledger

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::clock::Instant;
-use crate::store::inspect::merge;
+use crate::store::inspect::{merge, Snapshot};
 use crate::store::keys::Keys;
 use crate::store::quorum::Masters;
 
@@ -19,6 +19,26 @@ pub const READ_WITHIN: Duration = Duration::from_millis(1500);
 #[derive(Default)]
 pub struct Reader {
     links: HashMap<Vec<u64>, Masters>,
+}
+
+/// When a run of the snapshot's KEY last succeeded (Unix ms): the last run's end when it exited
+/// 0, or the newest succeeded attempt's in the ledger, whichever is later.
+fn last_success(snap: &Snapshot) -> Option<u64> {
+    let last_run = snap
+        .last_run
+        .as_ref()
+        .and_then(|r| r.ours())
+        .filter(|r| r.exit_status == Some(0))
+        .and_then(|r| r.finished);
+    let ledger = snap
+        .ledger
+        .iter()
+        .filter_map(|(_, e)| e.ours())
+        .flat_map(|e| e.attempts.iter())
+        .filter(|a| a.state.as_deref() == Some("succeeded"))
+        .filter_map(|a| a.ended)
+        .max();
+    last_run.max(ledger)
 }
 
 impl Reader {
@@ -48,6 +68,7 @@ impl Reader {
                     out.insert(
                         job.key.clone(),
                         Fleetwide {
+                            last_success: last_success(&snap),
                             suspended: snap.suspended,
                             ledger: snap.ledger,
                         },

@@ -120,7 +120,10 @@ fn row(
          <td data-label=\"Now\">{runs}</td><td data-label=\"Suspended\">{susp}</td>\
          <td data-label=\"Instants\" class=\"cells\">",
         k = esc(&job.key),
-        s = esc(&job.schedule.text),
+        s = esc(&match &job.schedule.resolved {
+            Some(r) => format!("{} = {r}", job.schedule.text),
+            None => job.schedule.text.clone(),
+        }),
         runs = esc(&runs),
         susp = esc(&suspended),
     );

@@ -47,15 +47,24 @@ impl Shown {
         let mut s = board.state();
         if self.loaded != Some(table.loaded) {
             self.loaded = Some(table.loaded);
-            s.jobs = table
+            // A job kept across a reload keeps the time it began to be served.
+            let since: std::collections::HashMap<&str, u64> = s
+                .jobs
+                .iter()
+                .map(|j| (j.key.as_str(), j.since_ms))
+                .collect();
+            let now = crate::clock::unix_millis();
+            let jobs = table
                 .jobs
                 .iter()
                 .map(|j| JobLine {
                     key: j.cron.key.clone(),
                     schedule: j.cron.schedule.clone(),
                     config: j.cron.config.clone(),
+                    since_ms: since.get(j.cron.key.as_str()).copied().unwrap_or(now),
                 })
                 .collect();
+            s.jobs = jobs;
         }
         s.in_flight = in_flight;
         s.draining = draining;

@@ -18,10 +18,12 @@ use crate::store::topology::{Failure, Link};
 // Hashed once: every call then sends EVALSHA with the SHA1.
 const ACQUIRE_LUA: &str = concat!(
     include_str!("lua/fence.lua"),
+    include_str!("lua/suspension.lua"),
     include_str!("lua/acquire.lua")
 );
 const SEMAPHORE_LUA: &str = concat!(
     include_str!("lua/fence.lua"),
+    include_str!("lua/suspension.lua"),
     include_str!("lua/semaphore.lua")
 );
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));

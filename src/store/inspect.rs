@@ -18,9 +18,18 @@ use crate::store::script::{eval, ms, text_or_nil};
 use crate::store::topology::{Failure, Link};
 
 const FORCE_RELEASE_LUA: &str = include_str!("lua/force_release.lua");
-const STATUS_LUA: &str = include_str!("lua/status.lua");
-const SUSPEND_LUA: &str = include_str!("lua/suspend.lua");
-const RESUME_LUA: &str = include_str!("lua/resume.lua");
+const STATUS_LUA: &str = concat!(
+    include_str!("lua/suspension.lua"),
+    include_str!("lua/status.lua")
+);
+const SUSPEND_LUA: &str = concat!(
+    include_str!("lua/suspension.lua"),
+    include_str!("lua/suspend.lua")
+);
+const RESUME_LUA: &str = concat!(
+    include_str!("lua/suspension.lua"),
+    include_str!("lua/resume.lua")
+);
 static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(FORCE_RELEASE_LUA));
 static STATUS: LazyLock<Script> = LazyLock::new(|| Script::new(STATUS_LUA));
 static SUSPEND: LazyLock<Script> = LazyLock::new(|| Script::new(SUSPEND_LUA));
@@ -29,13 +38,15 @@ static RESUME: LazyLock<Script> = LazyLock::new(|| Script::new(RESUME_LUA));
 /// How many instants the ledger keeps (`KEEP` in `acquire.lua`, which trims in batches above it).
 pub const LEDGER_KEEP: usize = 64;
 
-/// `--suspend KEY`: store `record` (JSON: host, user, reason; Redis adds `since`). Returns the
-/// record in force before (None: KEY was not suspended) and the one now.
+/// `--suspend KEY`: store `record` (JSON: host, user, reason; Redis adds `since`, and `until`
+/// when `lasting` is not zero). Returns the record in force before (None: KEY was not suspended,
+/// or its suspension had run out) and the one now.
 pub fn suspend(
     link: &mut Link,
     within: Duration,
     keys: &Keys,
     record: &str,
+    lasting: Duration,
 ) -> Result<(Option<String>, String)> {
     eval(
         link,
@@ -43,7 +54,7 @@ pub fn suspend(
         &SUSPEND,
         SUSPEND_LUA,
         &[&keys.suspend],
-        &[record.to_string()],
+        &[record.to_string(), lasting.as_millis().to_string()],
         |v| {
             redis::from_redis_value::<(Option<String>, String)>(v.clone())
                 .map_err(|_| Failure::shape("a suspend reply that is not {before, now}"))

@@ -236,7 +236,10 @@ pub fn renew(link: &mut Link, within: Duration, held: &Held) -> Result<bool, Fai
     }
 }
 
-const MISSED_LUA: &str = include_str!("lua/missed.lua");
+const MISSED_LUA: &str = concat!(
+    include_str!("lua/suspension.lua"),
+    include_str!("lua/missed.lua")
+);
 static MISSED: LazyLock<Script> = LazyLock::new(|| Script::new(MISSED_LUA));
 
 /// Record instant `at` of `keys`'s KEY as missed in its ledger, for `reason` (a word), unless the

@@ -399,8 +399,9 @@ impl Masters {
         within: Duration,
         keys: &Keys,
         record: &str,
+        lasting: Duration,
     ) -> Vec<anyhow::Result<(Option<String>, String)>> {
-        self.each(|_, link| inspect::suspend(link, within, keys, record))
+        self.each(|_, link| inspect::suspend(link, within, keys, record, lasting))
     }
 
     /// Each master's answer to `--resume`: the record that was in force.

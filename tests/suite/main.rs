@@ -25,6 +25,7 @@ mod locking;
 mod monitoring;
 mod newcomer;
 mod owner;
+mod policies;
 mod quorum;
 mod records;
 mod replicated;

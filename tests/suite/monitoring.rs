@@ -58,6 +58,10 @@ fn the_shipped_rules_pass_promtool_on_series_cronlock_wrote() {
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     files.push(prom(&metrics, "paused-job"));
 
+    // A replica's /metrics, from its first scrape: an hourly job that succeeded (caught up at
+    // start) and one that never did, each with its last success, period and serving time.
+    all_fleet(&r, &dir, &mut files);
+
     // The series, with every timestamp rebased so that the test's start is promtool's time 60 s.
     let all: Vec<(String, String, f64)> = files.iter().flat_map(|f| samples(f)).collect();
     let host = all[0]
@@ -89,6 +93,16 @@ fn the_shipped_rules_pass_promtool_on_series_cronlock_wrote() {
             [vec![retry.clone()], vec![retry]],
         ),
         ("CronlockSuspendedTooLong", [vec![], vec![suspended]]),
+        (
+            "CronlockNoSuccessInTwoPeriods",
+            [
+                vec![],
+                vec![
+                    prom::no_success_in_two_periods("fleet-never"),
+                    prom::no_success_in_two_periods("fleet-ok"),
+                ],
+            ],
+        ),
     ]);
     prom::rules_test(&dir, &all, &alerts);
 }
@@ -127,4 +141,52 @@ fn retry_running(r: &Redis, dir: &Path, m: &str) -> String {
     std::fs::write(&go, "").unwrap();
     assert_eq!(second.wait().unwrap().code(), Some(0));
     running
+}
+
+/// A replica serving two hourly jobs caught up at its start (`fleet-ok` succeeds, `fleet-never`
+/// fails): its `/metrics` once both have run, pushed to `files`.
+fn all_fleet(r: &Redis, dir: &Path, files: &mut Vec<String>) {
+    let file = crate::common::replicas::crontab(
+        dir,
+        "0 0 * * * * --catch-up 2h fleet-ok true\n0 0 * * * * --catch-up 2h fleet-never false\n",
+    );
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let replica = crate::common::replicas::replica(&r.url(), &file, &["--listen", &addr]);
+    let mut text = String::new();
+    let ran = wait_for(Duration::from_secs(15), || {
+        text = crate::listen::get(port, "/metrics").1;
+        let ledger = |key: &str, state: &str| {
+            text.contains(&format!(
+                "cronlock_ledger_instants{{key=\"{key}\",state=\"{state}\"}} 1"
+            ))
+        };
+        ledger("fleet-ok", "succeeded") && ledger("fleet-never", "failed")
+    });
+    crate::common::replicas::stop(replica);
+    assert!(
+        ran,
+        "{text}\n{}",
+        crate::common::replicas::replica_err(&file)
+    );
+    for want in [
+        "cronlock_fleet_last_success_timestamp_seconds{key=\"fleet-never\"} 0",
+        "cronlock_schedule_period_seconds{key=\"fleet-ok\"} 3600",
+        "cronlock_replica_serving_since_timestamp_seconds{key=\"fleet-never\"}",
+    ] {
+        assert!(text.contains(want), "no {want}: {text}");
+    }
+    // Only the fleet's series (the replica's own are about it, not the jobs).
+    let keep = [
+        "cronlock_fleet_last_success_timestamp_seconds",
+        "cronlock_schedule_period_seconds",
+        "cronlock_replica_serving_since_timestamp_seconds",
+        "cronlock_fleet_suspended",
+    ];
+    let kept: String = text
+        .lines()
+        .filter(|l| l.starts_with('#') || keep.iter().any(|k| l.starts_with(&format!("{k}{{"))))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    files.push(kept);
 }

@@ -45,8 +45,9 @@ local EARLY = 5000
 -- The ledger keeps this many instants, the newest.
 local KEEP = 64
 -- The suspension, read before anything is written (as every read here).
-local suspension = redis.call('HMGET', KEYS[7], 'current', 'pauses')
-local suspended, paused = suspension[1], suspension[2]
+-- (A suspension whose --for has run out ends here: suspension.lua, prepended.)
+local suspended = suspension_in_force(KEYS[7], true)
+local paused = redis.call('HGET', KEYS[7], 'pauses')
 local pauses = {}
 if paused then
   local ok, p = pcall(cjson.decode, paused)

@@ -15,7 +15,7 @@ end
 if redis.call('HEXISTS', KEYS[1], field) == 1 then
   return 0
 end
-if redis.call('HEXISTS', KEYS[2], 'current') == 1 then
+if suspension_in_force(KEYS[2], true) then
   redis.call('HSET', KEYS[1], field, '{"state":"skipped","attempts":{}}')
   return 1
 end

@@ -4,7 +4,8 @@
 -- Returns the record that was in force, or false when KEY was not suspended.
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 local KEEP = 16
-local current = redis.call('HGET', KEYS[1], 'current')
+-- (One whose --for ran out has ended already: suspension.lua, prepended.)
+local current = suspension_in_force(KEYS[1], true)
 if not current then
   return false
 end

@@ -14,7 +14,7 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
   return {0, 0, false, 0, 0, -1, 0, 0, false}
 end
 local n = tonumber(ARGV[3])
-local suspended = redis.call('HGET', KEYS[6], 'current')
+local suspended = suspension_in_force(KEYS[6], true)
 if suspended then
   return {0, 0, false, 0, 0, -1, 0, 0, suspended}
 end

@@ -31,5 +31,6 @@ return {
   redis.call('GET', KEYS[6]),
   slots,
   redis.call('HGETALL', KEYS[8]),
-  redis.call('HGET', KEYS[9], 'current'),
+  -- (Not one whose --for ran out: suspension.lua, prepended; nothing is written here.)
+  suspension_in_force(KEYS[9], false),
 }

@@ -1,13 +1,19 @@
--- --suspend: mark KEY suspended, fleet-wide, until --resume.
+-- --suspend: mark KEY suspended, fleet-wide, until --resume (or, with --for, until a time).
 -- KEYS[1] the suspension (hash: 'current', the record while suspended; 'pauses', the past ones)
 -- ARGV[1] the record (JSON: host, user, reason); 'since' is set here from Redis's clock, and
 -- kept when KEY was suspended already (who is replaced, and the reason when one is given)
+-- ARGV[2] --for in ms (0: until --resume): 'until' is set to Redis's clock plus it (and a
+-- suspension again without --for has none)
 -- Returns {the record before (false when it was not suspended), the record now}.
-if redis.replicate_commands then pcall(redis.replicate_commands) end
-local before = redis.call('HGET', KEYS[1], 'current')
+local before = suspension_in_force(KEYS[1], true)
 local record = cjson.decode(ARGV[1])
 local t = redis.call('TIME')
-record.since = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+record.since = now
+local span = tonumber(ARGV[2]) or 0
+if span > 0 then
+  record['until'] = now + span
+end
 if before then
   local ok, old = pcall(cjson.decode, before)
   if ok and type(old) == 'table' and tonumber(old.since) then

@@ -71,9 +71,10 @@ pub fn rules_test(
     all: &[(String, String, f64)],
     alerts: &BTreeMap<&str, [Vec<Expected>; 2]>,
 ) {
+    // (0 is "never": it stays 0.)
     let base = all
         .iter()
-        .filter(|(n, _, _)| n.ends_with("_timestamp_seconds"))
+        .filter(|(n, _, v)| n.ends_with("_timestamp_seconds") && *v > 0.0)
         .map(|(_, _, v)| *v)
         .fold(f64::MAX, f64::min)
         .floor()
@@ -86,7 +87,7 @@ pub fn rules_test(
     .unwrap();
     writeln!(test, "  - interval: 1m\n    input_series:").unwrap();
     for (name, series, value) in all {
-        let v = if name.ends_with("_timestamp_seconds") {
+        let v = if name.ends_with("_timestamp_seconds") && *value > 0.0 {
             value - base
         } else {
             *value
@@ -138,6 +139,17 @@ pub fn no_success(key: &str) -> Expected {
         format!(
             "summary: '{key} has not succeeded on any host for 26h', description: 'cronlock \
              --status --history {key} shows its recent instants and attempts.'"
+        ),
+    )
+}
+
+/// What CronlockNoSuccessInTwoPeriods says of KEY.
+pub fn no_success_in_two_periods(key: &str) -> Expected {
+    (
+        format!("key: {key}, severity: page"),
+        format!(
+            "summary: '{key} has not succeeded for two of its periods', description: 'cronlock \
+             --status {key} shows its ledger: which instants ran, failed or were missed, and why.'"
         ),
     )
 }
