@@ -25,7 +25,7 @@ complete -c cronlock -l ping-url-file -d 'Read the --ping URL from this file ins
 complete -c cronlock -l log-format -d 'Format of cronlock\'s own messages on stderr' -r -f -a "text\t'`cronlock: ...` lines'
 json\t'one JSON object per line'"
 complete -c cronlock -l max-age -d 'With --check: how old the last run may be (with --schedule: how long after an instant its run may take to start)' -r
-complete -c cronlock -l reason -d 'With --suspend: why, for whoever reads --status, --check or a skipped firing\'s -v line' -r
+complete -c cronlock -l reason -d 'With --suspend or --trigger: why, for whoever reads --status, --check or a skipped firing\'s -v line' -r
 complete -c cronlock -l for -d 'With --suspend: end the suspension by itself after DURATION (on Redis\'s clock); the first instant after it runs. --resume still ends it early' -r
 complete -c cronlock -l token -d 'With --force-release: release only the holder with this token (its CRONLOCK_TOKEN, shown by --status)' -r
 complete -c cronlock -l crontab -d 'Run the jobs of this crontab as one of any number of equal replicas: each instant of each job runs once across them; a line is `SCHEDULE [OPTIONS] KEY COMMAND-LINE`' -r -F
@@ -42,6 +42,7 @@ complete -c cronlock -l list -d 'List every lock currently held, and every KEY s
 complete -c cronlock -l force-release -d 'Delete KEY\'s lock whoever holds it (the holder\'s command is then stopped, exit 122)'
 complete -c cronlock -l suspend -d 'Suspend KEY across the fleet until --resume: every firing skips with the -E status (a running command goes on), and the instants that pass meanwhile are recorded skipped and never caught up; then exit'
 complete -c cronlock -l resume -d 'End KEY\'s suspension: the next due instant runs; then exit'
+complete -c cronlock -l trigger -d 'Ask the --crontab fleet serving KEY to run it once now, as a manual instant, under its own lock, suspension, --limit and --retries; exit 0 once a replica took it (with --wait: the command\'s status, 124 when the wait runs out), -E\'s status when it is skipped, 69 when no replica serving KEY took it within 10 s'
 complete -c cronlock -l json -d 'Print --status, --list, --force-release, --suspend and --resume results as JSON'
 complete -c cronlock -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c cronlock -s V -l version -d 'Print version'

@@ -139,6 +139,22 @@ impl RunConfig {
             retries: self.retries,
             earlier,
             ledger_ttl: self.history_ttl,
+            manual: false,
+        })
+    }
+
+    /// What the acquire script takes for the manual instant `at` (`--trigger`): that one, run
+    /// once (again after a failure, with `--retries`) while its request is there.
+    pub fn manual_instants(&self, at: i64) -> Option<Instants> {
+        let s = self.schedule.as_ref()?;
+        Some(Instants {
+            schedule: s.text.clone(),
+            candidates: vec![at],
+            catch_up: self.catch_up,
+            retries: self.retries,
+            earlier: Vec::new(),
+            ledger_ttl: self.history_ttl,
+            manual: true,
         })
     }
 
@@ -189,6 +205,15 @@ pub enum AdminMode {
     List,
     /// `--force-release KEY [--token T]`.
     ForceRelease { key: String, token: Option<String> },
+    /// `--trigger KEY [--reason TEXT] [--wait DURATION] [-E N]`.
+    Trigger {
+        key: String,
+        reason: Option<String>,
+        /// Wait this long for the run's end.
+        wait: Option<Duration>,
+        /// `-E`: the status of a skipped instant.
+        conflict: u8,
+    },
     /// `--suspend KEY [--reason TEXT] [--for DURATION]`.
     Suspend {
         key: String,

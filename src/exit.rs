@@ -26,6 +26,10 @@ pub enum Exit {
     Success,
     /// `--check`: the monitoring plugin's status (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN).
     Check(u8),
+    /// `--trigger`: no replica serving KEY took it (sysexits' `EX_UNAVAILABLE`).
+    Unserved,
+    /// `--trigger --wait`: the run did not end within the wait (as timeout(1)).
+    TimedOut,
 }
 
 pub const LOCK_LOST: u8 = 122;
@@ -33,6 +37,8 @@ pub const MAX_RUNTIME: u8 = 124;
 pub const FAILURE: u8 = 125;
 pub const CANNOT_EXECUTE: u8 = 126;
 pub const NOT_FOUND: u8 = 127;
+pub const UNSERVED: u8 = 69;
+pub const TIMED_OUT: u8 = 124;
 
 impl Exit {
     /// The numeric status the process exits with.
@@ -47,6 +53,8 @@ impl Exit {
             Exit::NotFound => NOT_FOUND,
             Exit::Success => 0,
             Exit::Check(c) => c,
+            Exit::Unserved => UNSERVED,
+            Exit::TimedOut => TIMED_OUT,
         }
     }
 

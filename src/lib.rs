@@ -32,7 +32,7 @@ use crate::cli::Cli;
 use crate::config::{Admin, AdminMode, Request};
 use crate::exit::Exit;
 use crate::fleet::report::Report;
-use crate::fleet::{admin, check, status, suspend};
+use crate::fleet::{admin, check, status, suspend, trigger};
 use crate::log::LogFormat;
 use crate::log::{Log, Verbosity};
 use crate::store::inspect;
@@ -215,18 +215,46 @@ fn admin_mode(admin: &Admin, log: &Log) -> Result<Exit> {
             &mut masters,
             timeout,
             &Keys::new(&admin.prefix, key),
-            &suspend::Asked {
+            &suspend::SuspendAsked {
                 reason: reason.as_deref(),
                 lasting: *lasting,
             },
             json,
         )?,
+        AdminMode::Trigger {
+            key,
+            reason,
+            wait,
+            conflict,
+        } => {
+            let asked = trigger::TriggerAsked {
+                reason: reason.as_deref(),
+                wait: *wait,
+                conflict: *conflict,
+            };
+            return trigger_key(admin, key, &asked, log);
+        }
         AdminMode::Resume { key } => {
             suspend::resume(&mut masters, timeout, &Keys::new(&admin.prefix, key), json)?
         }
     };
     admin::print(&text)?;
     Ok(Exit::Success)
+}
+
+/// `--trigger KEY`: its line on stdout, or why it was not carried out on stderr; the status
+/// says which.
+fn trigger_key(admin: &Admin, key: &str, asked: &trigger::TriggerAsked, log: &Log) -> Result<Exit> {
+    let mut masters = Masters::new(&admin.servers);
+    let keys = Keys::new(&admin.prefix, key);
+    let done = trigger::trigger(&mut masters, admin.timeout, &admin.prefix, &keys, asked)?;
+    if !done.out.is_empty() {
+        admin::print(&done.out)?;
+    }
+    if let Some(said) = &done.said {
+        log.error("trigger_not_done", said);
+    }
+    Ok(done.exit)
 }
 
 /// `--check KEY`: every failure is an UNKNOWN verdict, never an error.

@@ -33,8 +33,10 @@ pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
                       cronlock --force-release <KEY>\n       \
                       cronlock --suspend [--reason <TEXT>] [--for <DURATION>] <KEY>\n       \
                       cronlock --resume <KEY>\n       \
+                      cronlock --trigger [--reason <TEXT>] [--wait <DURATION>] <KEY>\n       \
                       cronlock --crontab <FILE> [--max-jobs <N>] [--drain <DURATION>] [--listen <ADDR>]",
-    group(ArgGroup::new("admin").args(["status", "check", "list", "force_release", "suspend", "resume"]))
+    group(ArgGroup::new("admin").args(["status", "check", "list", "force_release", "suspend", "resume", "trigger"])),
+    group(ArgGroup::new("asking").args(["suspend", "trigger"]))
 )]
 pub struct Cli {
     /// Redis URL: redis://[user][:password@]host[:port][/db], rediss://... (TLS),
@@ -304,12 +306,13 @@ pub struct Cli {
     #[arg(long, requires = "key")]
     pub suspend: bool,
 
-    /// With --suspend: why, for whoever reads --status, --check or a skipped firing's -v line
+    /// With --suspend or --trigger: why, for whoever reads --status, --check or a skipped
+    /// firing's -v line
     #[arg(
         long,
         env = "CRONLOCK_SUSPEND_REASON",
         value_name = "TEXT",
-        requires = "suspend"
+        requires = "asking"
     )]
     pub reason: Option<String>,
 
@@ -322,6 +325,13 @@ pub struct Cli {
     /// End KEY's suspension: the next due instant runs; then exit
     #[arg(long, requires = "key")]
     pub resume: bool,
+
+    /// Ask the --crontab fleet serving KEY to run it once now, as a manual instant, under its own
+    /// lock, suspension, --limit and --retries; exit 0 once a replica took it (with --wait: the
+    /// command's status, 124 when the wait runs out), -E's status when it is skipped, 69 when
+    /// no replica serving KEY took it within 10 s
+    #[arg(long, requires = "key")]
+    pub trigger: bool,
 
     /// With --force-release: release only the holder with this token (its CRONLOCK_TOKEN, shown
     /// by --status)

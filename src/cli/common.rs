@@ -101,6 +101,7 @@ fn defaults(key: String, command: Vec<OsString>) -> Option<Cli> {
         reason: None,
         suspend_for: None,
         resume: false,
+        trigger: false,
         crontab: None,
         max_jobs: 16,
         drain: Span(std::time::Duration::from_secs(25)),

@@ -18,7 +18,8 @@ pub const EXIT_STATUS: &[(&str, &str)] = &[
     ),
     (
         "124",
-        "the command was terminated because it ran past --max-runtime",
+        "the command was terminated because it ran past --max-runtime (with --trigger --wait: \
+         the run did not end within the wait)",
     ),
     (
         "125",
@@ -27,6 +28,10 @@ pub const EXIT_STATUS: &[(&str, &str)] = &[
     ),
     ("126", "the command was found but could not be executed"),
     ("127", "the command was not found"),
+    (
+        "69",
+        "with --trigger: no replica serving KEY took it; nothing was left in Redis",
+    ),
     (
         "0, 1, 2, 3",
         "with --check: OK, WARNING, CRITICAL, UNKNOWN (monitoring plugin conventions; never 125)",

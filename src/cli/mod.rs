@@ -32,6 +32,7 @@ pub(crate) enum Mode {
     ForceRelease(String),
     Suspend(String),
     Resume(String),
+    Trigger(String),
     Crontab(std::path::PathBuf),
 }
 
@@ -187,6 +188,7 @@ impl Cli {
                 || self.force_release
                 || self.suspend
                 || self.resume
+                || self.trigger
             {
                 bail!("--crontab serves jobs: it is not an admin mode's option");
             }
@@ -209,6 +211,7 @@ impl Cli {
             LockMode::new(self.force_release, "--force-release", Mode::ForceRelease),
             LockMode::new(self.suspend, "--suspend", Mode::Suspend),
             LockMode::new(self.resume, "--resume", Mode::Resume),
+            LockMode::new(self.trigger, "--trigger", Mode::Trigger),
         ];
         let Some(LockMode { flag, mode, .. }) = admin.into_iter().find(|m| m.given) else {
             return self.target().map(Mode::Run);
@@ -378,13 +381,14 @@ pub fn parse() -> std::result::Result<Cli, clap::Error> {
 }
 
 /// The modes that run no command.
-pub(crate) const ADMIN_MODES: [&str; 6] = [
+pub(crate) const ADMIN_MODES: [&str; 7] = [
     "--status",
     "--check",
     "--list",
     "--force-release",
     "--suspend",
     "--resume",
+    "--trigger",
 ];
 
 /// KEY's stand-in under `--list` and `--crontab`: a word no user types (it starts with a control

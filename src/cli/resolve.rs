@@ -103,6 +103,12 @@ fn admin(cli: &Cli, mode: Mode) -> Result<Admin> {
             lasting: cli.suspend_for.map(|d| d.0),
         },
         Mode::Resume(key) => AdminMode::Resume { key },
+        Mode::Trigger(key) => AdminMode::Trigger {
+            key,
+            reason: cli.reason.clone(),
+            wait: (!cli.wait().is_zero()).then(|| cli.wait()),
+            conflict: cli.conflict_exit_code,
+        },
     };
     Ok(Admin {
         mode,

@@ -45,6 +45,8 @@ pub struct Handover {
     pub slot: u32,
     pub limit: u32,
     pub instant: Option<i64>,
+    /// The instant is a manual one (`--trigger`).
+    pub manual: bool,
     pub attempt: u32,
     pub ttl: Duration,
     /// When the claim was sent, on `CLOCK_BOOTTIME` (the same clock in every process): the lock
@@ -62,6 +64,7 @@ impl Handover {
             slot: held.slot,
             limit: held.limit,
             instant: held.instant,
+            manual: held.manual,
             attempt: held.attempt,
             ttl: held.ttl,
             sent_at: held.sent_at,
@@ -83,6 +86,7 @@ impl Handover {
             limit: self.limit,
             slot: self.slot,
             attempt: self.attempt,
+            manual: self.manual,
         }
     }
 
@@ -101,6 +105,7 @@ impl Handover {
             slot: self.slot,
             limit: self.limit,
             instant: self.instant,
+            manual: self.manual,
             attempt: self.attempt,
             ttl_ms: self.ttl.as_millis() as u64,
             sent_boot_ns: self.sent_at.as_duration().as_nanos() as u64,
@@ -130,6 +135,7 @@ impl Handover {
             slot: m.slot,
             limit: m.limit.max(1),
             instant: m.instant,
+            manual: m.manual,
             attempt: m.attempt.max(1),
             ttl: Duration::from_millis(m.ttl_ms),
             sent_at: Instant::from_duration(Duration::from_nanos(m.sent_boot_ns)),

@@ -23,6 +23,9 @@ struct ShownEntry<'a> {
     instant_time: String,
     state: Option<&'a str>,
     attempts: Vec<ShownAttempt<'a>>,
+    /// A manual instant (`--trigger`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    manual: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -55,6 +58,7 @@ pub fn entry_json(instant: i64, entry: &Stored<LedgerEntry>) -> Value {
                 ended_time: a.ended.map(rfc3339),
             })
             .collect(),
+        manual: ours.is_some_and(|e| e.manual),
         reason: ours.and_then(|e| e.reason.as_deref()),
         value: match entry {
             Stored::Foreign(raw) => Some(raw),
@@ -86,6 +90,9 @@ pub fn state_words(entry: &Stored<LedgerEntry>) -> String {
     let mut state = state(entry);
     if let Some(reason) = entry.ours().and_then(LedgerEntry::reason_word) {
         state = format!("{state} ({reason})");
+    }
+    if entry.ours().is_some_and(|e| e.manual) {
+        state = format!("{state}, manual (--trigger)");
     }
     match attempts(entry).len() {
         0 | 1 => state,

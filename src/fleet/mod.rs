@@ -26,3 +26,4 @@ pub mod schedule;
 pub mod spread;
 pub mod status;
 pub mod suspend;
+pub mod trigger;

@@ -349,6 +349,13 @@ fn schedule_lines(out: &mut String, p: &SchedulePlan, ledger: &Ledger) {
         }
         None => w!(out, "  last instant:  none recorded"),
     }
+    let manual = ledger
+        .iter()
+        .find(|(_, e)| e.ours().is_some_and(|e| e.manual));
+    if let Some((ms, entry)) = manual {
+        let state = ledger::state_words(entry);
+        w!(out, "  last manual:   {} ({state})", p.schedule.label(*ms));
+    }
     if let Some(ms) = p.next {
         let left = (ms as u64).saturating_sub(unix_millis());
         w!(

@@ -19,7 +19,7 @@ use crate::store::quorum::Masters;
 
 /// The answer of a majority of masters (the first that answered stands for them), or the first
 /// error when too few answered.
-fn majority<T>(masters: &Masters, mut answers: Vec<Result<T>>, what: &str) -> Result<T> {
+pub(crate) fn majority<T>(masters: &Masters, mut answers: Vec<Result<T>>, what: &str) -> Result<T> {
     let ok = answers.iter().filter(|a| a.is_ok()).count();
     if ok >= masters.majority() {
         let first = answers
@@ -44,7 +44,7 @@ fn majority<T>(masters: &Masters, mut answers: Vec<Result<T>>, what: &str) -> Re
 }
 
 /// What `--suspend` asks for: why, and for how long (`None`: until `--resume`).
-pub struct Asked<'a> {
+pub struct SuspendAsked<'a> {
     pub reason: Option<&'a str>,
     pub lasting: Option<Duration>,
 }
@@ -54,7 +54,7 @@ pub fn suspend(
     masters: &mut Masters,
     within: Duration,
     keys: &Keys,
-    asked: &Asked,
+    asked: &SuspendAsked,
     as_json: bool,
 ) -> Result<String> {
     let record = crate::record::to_text(&Suspension {

@@ -183,6 +183,11 @@ pub fn answer(board: &Board, fleet: &mut Reader) -> Response {
             .iter()
             .map(|(_, e)| e.ours().and_then(|e| e.state.clone()).unwrap_or_default())
             .collect();
+        let manual: Vec<bool> = state
+            .ledger
+            .iter()
+            .map(|(_, e)| e.ours().is_some_and(|e| e.manual))
+            .collect();
         for st in STATES {
             let n = states.iter().filter(|s| *s == st).count();
             f.add(
@@ -191,6 +196,18 @@ pub fn answer(board: &Board, fleet: &mut Reader) -> Response {
                 "The job's newest instants in the ledger (up to 64), by state, read from Redis.",
                 &format!("{key},state=\"{st}\""),
                 n,
+            );
+            let m = states
+                .iter()
+                .zip(&manual)
+                .filter(|(s, m)| *s == st && **m)
+                .count();
+            f.add(
+                "cronlock_ledger_manual_instants",
+                "gauge",
+                "Of those, the manual ones (cronlock --trigger), by state.",
+                &format!("{key},state=\"{st}\""),
+                m,
             );
         }
     }

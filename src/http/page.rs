@@ -27,7 +27,7 @@ vertical-align:top}th{background:#f4f4f4}.cells{white-space:nowrap}\
 .c{display:inline-block;width:.8em;height:1.2em;margin-right:2px;border-radius:2px;background:#ccc}\
 .succeeded{background:#2e9e44}.failed{background:#d23c3c}.missed{background:#8a5cc2}\
 .abandoned{background:#e08a00}.interrupted{background:#c76b98}.skipped{background:#9aa5b1}\
-.running{background:#2f7bd9}.warn{color:#b00}.muted{color:#777}\
+.running{background:#2f7bd9}.manual{outline:2px solid #222;outline-offset:-2px}.warn{color:#b00}.muted{color:#777}\
 @media (max-width:640px){thead{display:none}tr.job{display:block;border-bottom:1px solid #ddd;\
 padding:.4em 0}tr.job td{display:block;border:0;padding:.1em .5em}\
 tr.job td::before{content:attr(data-label);font-weight:600;margin-right:.5em}}";
@@ -134,10 +134,15 @@ fn row(
         } else {
             ""
         };
+        // A manual instant (--trigger) is marked apart from the schedule's.
+        let manual = entry.ours().is_some_and(|e| e.manual);
         let _ = write!(
             out,
-            "<span class=\"c {class}\" data-state=\"{}\" title=\"{}\"></span>",
+            "<span class=\"c {class}{}\" data-state=\"{}\"{} title=\"{}{}\"></span>",
+            if manual { " manual" } else { "" },
             esc(&st),
+            if manual { " data-manual=\"1\"" } else { "" },
+            if manual { "manual (--trigger): " } else { "" },
             esc(&details(*at, entry))
         );
     }

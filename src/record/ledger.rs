@@ -63,6 +63,9 @@ pub struct LedgerEntry {
     /// While an attempt runs: its holder value (compared by `release.lua`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<String>,
+    /// A manual instant (`--trigger`), not the schedule's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub manual: bool,
     /// Why it was `missed` or `skipped`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,

@@ -46,6 +46,9 @@ pub struct LockMessage {
     pub slot: u32,
     pub limit: u32,
     pub instant: Option<i64>,
+    /// The instant is a manual one (`--trigger`), not the schedule's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub manual: bool,
     pub attempt: u32,
     pub ttl_ms: u64,
     /// When the claim was sent, on `CLOCK_BOOTTIME` (the same clock in every process).

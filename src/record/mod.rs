@@ -14,6 +14,7 @@ pub mod ledger;
 pub mod message;
 pub mod run;
 pub mod suspension;
+pub mod trigger;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;

@@ -1,5 +1,5 @@
 //! What the claims thread's answers mean beyond the claim itself: a lost claim (its line under
-//! `-v`, the job's metrics file, a look again for `--retries`) and an instant recorded missed
+//! `-v`, the job's metrics file, when to look again for `--retries`) and an instant recorded missed
 //! (its line, the job's metrics file, the page).
 
 use crate::clock::{rfc3339, unix_millis};
@@ -9,7 +9,6 @@ use crate::log::{Level, Log};
 use crate::record::ledger::MissedReason;
 
 use super::claim::ClaimVerdict;
-use super::table::Table;
 use super::watched::Shown;
 
 /// An instant recorded missed: one line, and the job's metrics file says so.
@@ -48,24 +47,23 @@ pub(super) fn missed(
 }
 
 /// A claim another replica's run (or a suspension) answered: said under `-v`, reported in the
-/// job's metrics file, and, with `--retries`, looked at again when the holder's lock would
-/// lapse; a claim sent ahead that Redis found not yet due, at the instant.
+/// job's metrics file. When to look at it again, if ever: with `--retries`, when the holder's
+/// lock would lapse; a claim sent ahead that Redis found not yet due, at the instant.
 pub(super) fn lost(
-    table: &mut Table,
     job: &CronJob,
     instant: i64,
     verdict: ClaimVerdict,
     shown: &Shown,
     log: &Log,
-) {
+) -> Option<i64> {
     let key = &job.key;
     let at = rfc3339(instant.max(0) as u64);
     let mut suspended = None;
+    let mut again = None;
     let text = match &verdict {
         ClaimVerdict::Busy { holder, expires_in } => {
             if let (true, Some(left)) = (job.retries > 0, expires_in) {
-                let at = unix_millis() as i64 + left.as_millis() as i64 + 250;
-                table.look_again(key, at);
+                again = Some(unix_millis() as i64 + left.as_millis() as i64 + 250);
             }
             let by = crate::fleet::describe::describe_holder(holder);
             format!("{key}: the {at} instant is held by {by}")
@@ -73,8 +71,7 @@ pub(super) fn lost(
         // Claimed ahead of the instant, and Redis's clock (a little behind this host's)
         // judged it not yet due: looked at again at the instant itself, once; not lost yet.
         ClaimVerdict::AlreadyRan if instant > unix_millis() as i64 => {
-            table.look_again(key, instant);
-            return;
+            return Some(instant);
         }
         ClaimVerdict::AlreadyRan => {
             format!("{key}: the {at} instant already ran or is not due")
@@ -84,7 +81,7 @@ pub(super) fn lost(
             let how = crate::fleet::describe::describe_suspension(record);
             format!("{key}: suspended {how}; the {at} instant is recorded skipped")
         }
-        ClaimVerdict::Won(_) | ClaimVerdict::Failed(_) => return,
+        ClaimVerdict::Won(_) | ClaimVerdict::Failed(_) => return None,
     };
     let fields = [("key", key.clone().into()), ("instant", instant.into())];
     log.event(Level::Debug, "claim_lost", &text, &fields);
@@ -92,6 +89,7 @@ pub(super) fn lost(
     if job.config.reports.metrics_dir.is_some() {
         report_skip(job, suspended, log);
     }
+    again
 }
 
 /// A lost claim in the job's metrics file, as a run that lost its acquire writes it (skipped, and

@@ -10,7 +10,7 @@ use crate::clock::unix_millis;
 use crate::clock::Instant;
 use crate::config::RunConfig;
 use crate::log::{Level, Log};
-use crate::store::members::FleetView;
+use crate::store::members::{FleetView, Poke};
 
 use super::claim::{Ask, Group};
 use super::claimer::Claims;
@@ -168,7 +168,7 @@ impl Heartbeats {
     }
 
     /// A heartbeat's answer: the fleet's view (and the heartbeat's period for its size), or why
-    /// there is none.
+    /// there is none. The manual instants it brought are returned.
     pub(super) fn viewed(
         &mut self,
         table: &mut Table,
@@ -176,19 +176,26 @@ impl Heartbeats {
         view: Result<FleetView, String>,
         shown: &Shown,
         log: &Log,
-    ) {
+    ) -> Vec<Poke> {
         if let Ok(view) = &view {
             self.last.every = period(view.live.len(), table.shortest_ttl());
         }
         shown.beat(view.as_ref().err().map(String::as_str), self.last.every);
         match view {
-            Ok(view) => table.set_view(group, view),
-            Err(text) => log.event(
-                Level::Debug,
-                "heartbeat_failed",
-                &format!("cannot send this replica's heartbeat: {text}"),
-                &[],
-            ),
+            Ok(mut view) => {
+                let pokes = std::mem::take(&mut view.pokes);
+                table.set_view(group, view);
+                pokes
+            }
+            Err(text) => {
+                log.event(
+                    Level::Debug,
+                    "heartbeat_failed",
+                    &format!("cannot send this replica's heartbeat: {text}"),
+                    &[],
+                );
+                Vec::new()
+            }
         }
     }
 }

@@ -45,6 +45,8 @@ pub enum Ask {
         key: String,
         config: Arc<RunConfig>,
         instant: i64,
+        /// A manual instant (`--trigger`), not the schedule's.
+        manual: bool,
     },
     /// A won claim that did not become a run: undo it (`RollBack`: the instant can be claimed
     /// again), or end its attempt `Abandoned` (its run died after starting, its lock lapsed).
@@ -128,6 +130,7 @@ pub enum Answer {
     Claim {
         key: String,
         instant: i64,
+        manual: bool,
         verdict: ClaimVerdict,
         /// The job's configuration when the claim was sent (a reload may have removed it since).
         config: Arc<RunConfig>,
@@ -165,11 +168,13 @@ pub(super) fn carry_out(links: &mut Links, ask: Ask) -> Option<Answer> {
             key,
             config,
             instant,
+            manual,
         } => {
-            let verdict = claim(masters(links, &config), &config, instant);
+            let verdict = claim(masters(links, &config), &config, instant, manual);
             Some(Answer::Claim {
                 key,
                 instant,
+                manual,
                 verdict,
                 config,
             })
@@ -262,10 +267,13 @@ pub(super) fn masters<'a>(links: &'a mut Links, config: &RunConfig) -> &'a mut M
 }
 
 /// One claim: the acquire the run would have made, for `instant`.
-fn claim(masters: &mut Masters, config: &RunConfig, instant: i64) -> ClaimVerdict {
+fn claim(masters: &mut Masters, config: &RunConfig, instant: i64, manual: bool) -> ClaimVerdict {
     let keys = Keys::new(&config.prefix, &config.key);
     let holder = Holder::new(&config.command_line());
-    let instants = config.instants(Some(instant));
+    let instants = match manual {
+        true => config.manual_instants(instant),
+        false => config.instants(Some(instant)),
+    };
     let ask = Acquire {
         keys: &keys,
         holder: &holder,

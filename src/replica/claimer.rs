@@ -155,6 +155,7 @@ struct ClaimAsk {
     key: String,
     config: Arc<RunConfig>,
     instant: i64,
+    manual: bool,
 }
 
 /// A run's release of the batch.
@@ -184,10 +185,12 @@ pub fn carry_out(
                 key,
                 config,
                 instant,
+                manual,
             } if config.limit == 1 => claims.push(ClaimAsk {
                 key,
                 config,
                 instant,
+                manual,
             }),
             Ask::ReleaseRun {
                 config,
@@ -269,7 +272,10 @@ fn claim_together(links: &mut Links, group: Vec<ClaimAsk>) -> Vec<Answer> {
         .collect();
     let instants: Vec<_> = group
         .iter()
-        .map(|c| c.config.instants(Some(c.instant)))
+        .map(|c| match c.manual {
+            true => c.config.manual_instants(c.instant),
+            false => c.config.instants(Some(c.instant)),
+        })
         .collect();
     let claims: Vec<_> = group
         .iter()
@@ -290,6 +296,7 @@ fn claim_together(links: &mut Links, group: Vec<ClaimAsk>) -> Vec<Answer> {
             verdict: verdict(outcome, &c.config),
             key: c.key,
             instant: c.instant,
+            manual: c.manual,
             config: c.config,
         })
         .collect()

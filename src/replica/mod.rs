@@ -37,6 +37,7 @@ mod claim;
 mod claimer;
 mod entry;
 mod health;
+mod manual;
 mod output;
 mod rank;
 mod replicant;

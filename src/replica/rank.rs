@@ -111,6 +111,7 @@ mod tests {
         FleetView {
             live: live.iter().map(|s| s.to_string()).collect(),
             full: full.iter().map(|s| s.to_string()).collect(),
+            pokes: Vec::new(),
         }
     }
 

@@ -19,6 +19,7 @@ use super::beat::Heartbeats;
 use super::claim::{self, Answer, Ask, ClaimVerdict};
 use super::claimer::Claims;
 use super::health::Health;
+use super::manual::Manuals;
 use super::reports::{self, Followup};
 use super::runs::Runs;
 use super::table::Table;
@@ -55,6 +56,16 @@ pub(super) struct Replicant<'a> {
     full_told: bool,
     /// A failed claim was said, and none went through since.
     trouble_told: bool,
+    /// The manual instants (`--trigger`) that wait here.
+    manuals: Manuals,
+}
+
+/// An instant a claim named: KEY's, scheduled or manual.
+#[derive(Clone, Copy)]
+struct Claimed<'k> {
+    key: &'k str,
+    instant: i64,
+    manual: bool,
 }
 
 impl<'a> Replicant<'a> {
@@ -81,6 +92,7 @@ impl<'a> Replicant<'a> {
             shown: watched::Shown::new(board),
             full_told: false,
             trouble_told: false,
+            manuals: Manuals::default(),
         })
     }
 
@@ -177,7 +189,11 @@ impl<'a> Replicant<'a> {
             // must not sleep through it (instants would wait for the next slot).
             Phase::Serving => {
                 let beat = self.beats.due(self.full()).min(self.health.probe_at());
-                let at = table.next_wake().map(|ms| {
+                let next = match (table.next_wake(), self.manuals.next_wake()) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                let at = next.map(|ms| {
                     let left = (ms - unix_millis() as i64).max(0) as u64;
                     (now + Duration::from_millis(left)).min(beat)
                 });
@@ -212,12 +228,28 @@ impl<'a> Replicant<'a> {
                 ),
             );
         }
-        for (i, instant) in table.take_due(room) {
+        let taken = table.take_due(room);
+        let room = room - taken.len();
+        for (i, instant) in taken {
             let job = &table.jobs[i].cron;
             self.claims.send(Ask::Claim {
                 key: job.key.clone(),
                 config: job.config.clone(),
                 instant,
+                manual: false,
+            });
+        }
+        for (key, instant) in self.manuals.take_due(room) {
+            let Some(job) = table.job(&key) else {
+                self.manuals.answered(&key, instant, None);
+                continue;
+            };
+            let config = job.cron.config.clone();
+            self.claims.send(Ask::Claim {
+                key,
+                config,
+                instant,
+                manual: true,
             });
         }
     }
@@ -282,9 +314,17 @@ impl<'a> Replicant<'a> {
                 Answer::Claim {
                     key,
                     instant,
+                    manual,
                     verdict,
                     config,
-                } => self.claim_answered(table, phase, &key, instant, verdict, config),
+                } => {
+                    let claimed = Claimed {
+                        key: &key,
+                        instant,
+                        manual,
+                    };
+                    self.claim_answered(table, phase, claimed, verdict, config)
+                }
                 Answer::Missed {
                     key,
                     config,
@@ -317,7 +357,8 @@ impl<'a> Replicant<'a> {
                     }
                 }
                 Answer::View { group, view } => {
-                    self.beats.viewed(table, group, view, &self.shown, self.log)
+                    let pokes = self.beats.viewed(table, group, view, &self.shown, self.log);
+                    self.manuals.poked(pokes, |key| table.serves(key));
                 }
             }
         }
@@ -329,51 +370,65 @@ impl<'a> Replicant<'a> {
         &mut self,
         table: &mut Table,
         phase: Phase,
-        key: &str,
-        instant: i64,
+        claimed: Claimed,
         verdict: ClaimVerdict,
         config: Arc<RunConfig>,
     ) {
+        let Claimed { key, instant, .. } = claimed;
         let failed = matches!(verdict, ClaimVerdict::Failed(_));
         match &verdict {
             ClaimVerdict::Won(_) => self.shown.claim(key, Some(true), None),
             ClaimVerdict::Failed(_) => self.shown.claim(key, None, None),
             _ => {}
         }
-        table.answered(key, !failed, self.log);
+        if !claimed.manual {
+            table.answered(key, !failed, self.log);
+        }
         let first_news = failed && !std::mem::replace(&mut self.trouble_told, failed);
         let Some(job) = table.job(key).map(|j| j.cron.clone()) else {
             // Removed by a reload meanwhile: a won claim is undone.
             if let ClaimVerdict::Won(held) = verdict {
                 self.unclaim(config, held);
             }
+            self.look_again(table, claimed, None);
             return;
         };
-        match verdict {
+        let now = unix_millis() as i64;
+        let again = match verdict {
             // Won while draining (or sick): undone, so another replica runs it at once.
             ClaimVerdict::Won(held) if phase != Phase::Serving || self.health.is_sick() => {
                 self.unclaim(config, held);
-                if phase == Phase::Serving {
-                    table.look_again(key, instant);
-                }
+                (phase == Phase::Serving).then_some(instant)
             }
-            ClaimVerdict::Won(held) => {
-                // A run that cannot start: its instant back in the table, recorded missed at its
-                // deadline unless another replica runs it.
-                if !self.start(&job, held) {
-                    table.look_again(key, instant);
+            // A run that cannot start: its instant back in the table, recorded missed at its
+            // deadline unless another replica runs it.
+            ClaimVerdict::Won(held) => (!self.start(&job, held)).then_some(instant),
+            ClaimVerdict::Failed(text) => {
+                if first_news {
+                    self.log.warn(
+                        "claim_failed",
+                        &format!(
+                            "{key}: cannot claim the {} instant: {text}; trying again every \
+                             second (said once until a claim goes through)",
+                            rfc3339(instant.max(0) as u64)
+                        ),
+                    );
                 }
+                // (The table waits by itself after a failed claim.)
+                claimed.manual.then_some(now + 1000)
             }
-            ClaimVerdict::Failed(text) if first_news => self.log.warn(
-                "claim_failed",
-                &format!(
-                    "{key}: cannot claim the {} instant: {text}; trying again every second (said \
-                     once until a claim goes through)",
-                    rfc3339(instant.max(0) as u64)
-                ),
-            ),
-            ClaimVerdict::Failed(_) => {}
-            lost => answers::lost(table, &job, instant, lost, &self.shown, self.log),
+            lost => answers::lost(&job, instant, lost, &self.shown, self.log),
+        };
+        self.look_again(table, claimed, again);
+    }
+
+    /// Look at a claimed instant again at `at`: a scheduled one through the table, a manual one
+    /// through [`Manuals`] (which forgets it with `None`).
+    fn look_again(&mut self, table: &mut Table, claimed: Claimed, at: Option<i64>) {
+        match (claimed.manual, at) {
+            (true, again) => self.manuals.answered(claimed.key, claimed.instant, again),
+            (false, Some(at)) => table.look_again(claimed.key, at),
+            (false, None) => {}
         }
     }
 
@@ -453,8 +508,13 @@ impl<'a> Replicant<'a> {
                 }
                 Followup::Ended { failed } => {
                     let retries = table.job(&run.key).is_some_and(|j| j.cron.retries > 0);
-                    if failed && retries {
-                        table.look_again(&run.key, unix_millis() as i64 + 1000);
+                    let at = unix_millis() as i64 + 1000;
+                    match (failed && retries, run.manual, run.instant) {
+                        (true, true, Some(instant)) => {
+                            self.manuals.look_again(&run.key, instant, at)
+                        }
+                        (true, _, _) => table.look_again(&run.key, at),
+                        _ => {}
                     }
                 }
             }
@@ -476,15 +536,22 @@ impl<'a> Replicant<'a> {
                 // Back in the table: claimed again (here or elsewhere) while it can still
                 // start, else recorded missed at its deadline.
                 if let Some(at) = run.instant {
-                    table.look_again(&run.key, at);
+                    match run.manual {
+                        true => self.manuals.look_again(&run.key, at, unix_millis() as i64),
+                        false => table.look_again(&run.key, at),
+                    }
                 }
             }
             if let Some(why) = after.sick {
                 self.health.fell_sick(why, self.log, &self.shown);
             }
             let retries = table.job(&run.key).is_some_and(|j| j.cron.retries > 0);
-            if let (Some(at), true) = (after.retry_at, retries) {
-                table.look_again(&run.key, at);
+            match (after.retry_at, retries, run.manual, run.instant) {
+                (Some(at), true, true, Some(instant)) => {
+                    self.manuals.look_again(&run.key, instant, at)
+                }
+                (Some(at), true, false, _) => table.look_again(&run.key, at),
+                _ => {}
             }
         }
     }

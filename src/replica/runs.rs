@@ -48,6 +48,8 @@ type Heard = (u32, Option<RunReport>);
 pub struct Spawned {
     pub key: String,
     pub instant: Option<i64>,
+    /// The instant is a manual one (`--trigger`).
+    pub manual: bool,
     pub attempt: u32,
     pub fence: i64,
     pub ttl: Duration,
@@ -271,6 +273,7 @@ fn spawn(
     Ok(Spawned {
         key: job.key.clone(),
         instant: held.instant,
+        manual: held.manual,
         attempt: held.attempt,
         fence: held.fence,
         ttl: held.ttl,

@@ -275,6 +275,11 @@ impl Table {
         }
     }
 
+    /// Whether KEY is one of its jobs.
+    pub fn serves(&self, key: &str) -> bool {
+        self.index.contains_key(key)
+    }
+
     pub fn job(&mut self, key: &str) -> Option<&mut Entry> {
         let i = *self.index.get(key)?;
         self.jobs.get_mut(i)

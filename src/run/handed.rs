@@ -74,6 +74,7 @@ fn mismatch(config: &RunConfig, h: &Handover) -> Option<String> {
     }
     match (h.instant, &config.schedule) {
         (None, None) => None,
+        (Some(_), Some(_)) if h.manual => None,
         (Some(at), Some(s)) if s.next_after(at - 1) == Some(at) => None,
         (Some(at), Some(_)) => Some(format!("an instant ({at}) its schedule never names")),
         (Some(_), None) => Some("an instant, and this run has no --schedule".into()),

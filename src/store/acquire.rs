@@ -158,7 +158,7 @@ fn attempt(
         holder,
         ttl,
         limit,
-        ..
+        instants,
     } = ask;
     let (fence, pttl, value, instant, ran, slot, other, attempt, suspended) = reply;
     if other != 0 {
@@ -208,6 +208,7 @@ fn attempt(
         limit,
         slot,
         attempt: attempt.clamp(1, i64::from(u32::MAX)) as u32,
+        manual: instants.is_some_and(|s| s.manual),
     })))
 }
 
@@ -280,6 +281,12 @@ fn plain_call<'a>(
         instants.map_or(0, |s| s.candidates.len()).to_string(),
         holder.quoted(),
         holder.attempt_members(),
+        if instants.is_some_and(|s| s.manual) {
+            "1"
+        } else {
+            "0"
+        }
+        .to_string(),
     ];
     if let Some(s) = instants {
         args.extend(s.candidates.iter().chain(&s.earlier).map(i64::to_string));
@@ -292,6 +299,7 @@ fn plain_call<'a>(
         &keys.limit,
         &keys.ledger,
         &keys.suspend,
+        &keys.trigger,
     ];
     (keys, args)
 }

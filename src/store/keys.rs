@@ -37,6 +37,8 @@ pub struct Keys {
     pub ledger: String,
     /// `--suspend`: the suspension record and the past ones (a hash).
     pub suspend: String,
+    /// The manual instants asked for with `--trigger` (a hash: instant -> request).
+    pub trigger: String,
 }
 
 impl Keys {
@@ -53,6 +55,7 @@ impl Keys {
             fences: format!("{lock}:fences"),
             ledger: format!("{lock}:ledger"),
             suspend: format!("{lock}:suspend"),
+            trigger: format!("{lock}:trigger"),
             lock,
         }
     }

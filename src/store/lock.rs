@@ -53,6 +53,8 @@ pub struct Held {
     pub slot: u32,
     /// With `--schedule`: which attempt at the instant this is (1, 2, ... with `--retries`).
     pub attempt: u32,
+    /// The instant is a manual one (`--trigger`), not the schedule's.
+    pub manual: bool,
 }
 
 /// With `--schedule`: what the acquire script chooses the run's instant from.
@@ -71,6 +73,8 @@ pub struct Instants {
     pub earlier: Vec<i64>,
     /// How long the ledger lives (`--history-ttl`; None: no expiry).
     pub ledger_ttl: Option<Duration>,
+    /// The one candidate is a manual instant (`--trigger`).
+    pub manual: bool,
 }
 
 /// What the release found.

@@ -6,18 +6,21 @@
 //! replicas of different crontabs sharing a Redis are different fleets and never rank each
 //! other. The key, under the prefix `cronlock:`: `cronlock:~{~replicas:FLEET}:members`. Its hash
 //! tag is its own, and a KEY's keys (which start `cronlock:{`) can never have it; `--list` does
-//! not see it.
+//! not see it. Beside it, in the same slot, `...:pokes`: the manual instants (`--trigger`) that
+//! wait for a replica of the fleet (`poke.lua`), read with every heartbeat.
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::{Script, Value};
 
-use crate::store::script::{eval, ms};
+use crate::store::script::{eval, int, ms};
 use crate::store::topology::{Failure, Link};
 
 const MEMBERS_LUA: &str = include_str!("lua/members.lua");
 static MEMBERS: LazyLock<Script> = LazyLock::new(|| Script::new(MEMBERS_LUA));
+const POKE_LUA: &str = include_str!("lua/poke.lua");
+static POKE: LazyLock<Script> = LazyLock::new(|| Script::new(POKE_LUA));
 
 /// The most replicas a view lists (a bound on the reply).
 pub const MAX_MEMBERS: usize = 256;
@@ -29,6 +32,80 @@ pub struct FleetView {
     pub live: Vec<String>,
     /// Those of them at `--max-jobs`.
     pub full: Vec<String>,
+    /// The manual instants (`--trigger`) that wait for the fleet.
+    pub pokes: Vec<Poke>,
+}
+
+/// A manual instant of KEY that waits for a replica (`--trigger`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Poke {
+    pub key: String,
+    /// Unix ms: the manual instant's label, and its field in the ledger.
+    pub instant: i64,
+}
+
+impl Poke {
+    /// As stored: `KEY\nINSTANT`.
+    fn member(&self) -> String {
+        format!("{}\n{}", self.key, self.instant)
+    }
+
+    fn read(member: &str) -> Option<Poke> {
+        let (key, instant) = member.rsplit_once('\n')?;
+        Some(Poke {
+            key: key.to_string(),
+            instant: instant.parse().ok()?,
+        })
+    }
+}
+
+/// The members hash of `fleet` under `prefix`.
+fn members_key(prefix: &str, fleet: &str) -> String {
+    format!("{prefix}~{{~replicas:{fleet}}}:members")
+}
+
+/// The pokes of `fleet` under `prefix`, in the members hash's slot.
+fn pokes_key(prefix: &str, fleet: &str) -> String {
+    format!("{prefix}~{{~replicas:{fleet}}}:pokes")
+}
+
+/// The SCAN pattern of every fleet's members hash under `prefix`.
+pub fn fleets_pattern(prefix: &str) -> String {
+    let mut out = String::new();
+    for c in prefix.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out + "~{~replicas:*}:members"
+}
+
+/// The FLEET of a members hash found with [`fleets_pattern`].
+pub fn fleet_of(prefix: &str, redis_key: &str) -> Option<String> {
+    let fleet = redis_key
+        .strip_prefix(prefix)?
+        .strip_prefix("~{~replicas:")?
+        .strip_suffix("}:members")?;
+    (!fleet.is_empty() && !fleet.contains(['{', '}'])).then(|| fleet.to_string())
+}
+
+/// Tell `fleet`'s replicas that `poke` waits, for `span` (zero: take it back): how many replicas
+/// the fleet has.
+pub fn poke(
+    link: &mut Link,
+    within: Duration,
+    prefix: &str,
+    fleet: &str,
+    poke: &Poke,
+    span: Duration,
+) -> Result<usize, Failure> {
+    let keys = [pokes_key(prefix, fleet), members_key(prefix, fleet)];
+    let keys = [keys[0].as_str(), keys[1].as_str()];
+    let args = [poke.member(), span.as_millis().to_string()];
+    eval(link, within, &POKE, POKE_LUA, &keys, &args, |v| {
+        Ok(int(v, "a poke reply that is not a count")?.max(0) as usize)
+    })
 }
 
 /// One heartbeat: replica `id` of `fleet` (its hash, in hex) under `prefix` is live for `lapse`
@@ -51,7 +128,8 @@ pub fn beat(link: &mut Link, within: Duration, beat: Heartbeat<'_>) -> Result<Fl
         lapse,
         full,
     } = beat;
-    let members = format!("{prefix}~{{~replicas:{fleet}}}:members");
+    let members = members_key(prefix, fleet);
+    let pokes = pokes_key(prefix, fleet);
     let lapse_ms = if lapse.is_zero() { 0 } else { ms(lapse) };
     let args = [
         id.to_string(),
@@ -64,15 +142,15 @@ pub fn beat(link: &mut Link, within: Duration, beat: Heartbeat<'_>) -> Result<Fl
         within,
         &MEMBERS,
         MEMBERS_LUA,
-        &[&members],
+        &[&members, &pokes],
         &args,
         read_view,
     )
 }
 
-/// `{live ids, full ids}`; anything else is a failure.
+/// `{live ids, full ids, pokes}`; anything else is a failure.
 fn read_view(reply: &Value) -> Result<FleetView, Failure> {
-    const SHAPE: &str = "a heartbeat reply that is not {live ids, full ids}";
+    const SHAPE: &str = "a heartbeat reply that is not {live ids, full ids, pokes}";
     let ids = |v: &Value| -> Result<Vec<String>, Failure> {
         let Value::Array(items) = v else {
             return Err(Failure::shape(SHAPE));
@@ -89,9 +167,13 @@ fn read_view(reply: &Value) -> Result<FleetView, Failure> {
             .collect()
     };
     match reply {
-        Value::Array(parts) if parts.len() == 2 => Ok(FleetView {
+        Value::Array(parts) if parts.len() == 3 => Ok(FleetView {
             live: ids(&parts[0])?,
             full: ids(&parts[1])?,
+            pokes: ids(&parts[2])?
+                .iter()
+                .filter_map(|m| Poke::read(m))
+                .collect(),
         }),
         _ => Err(Failure::shape(SHAPE)),
     }

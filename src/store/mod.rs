@@ -24,6 +24,7 @@ pub mod sentinel;
 pub mod tls;
 pub mod topology;
 pub mod tracking;
+pub mod trigger;
 pub mod url;
 pub mod wait;
 pub mod wire;

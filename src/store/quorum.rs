@@ -30,6 +30,7 @@ use crate::store::members;
 use crate::store::round::{confirmed, failed, refused, split, Lost, MasterAnswer, MastersNamed};
 pub use crate::store::round::{Refused, RoundOutcome};
 use crate::store::topology::{Failure, Link, Redis};
+use crate::store::trigger;
 
 /// How many rounds one acquisition takes at most when the votes split (see [`Masters::acquire`]).
 const SPLIT_ROUNDS: u32 = 3;
@@ -402,6 +403,49 @@ impl Masters {
         lasting: Duration,
     ) -> Vec<anyhow::Result<(Option<String>, String)>> {
         self.each(|_, link| inspect::suspend(link, within, keys, record, lasting))
+    }
+
+    /// Each master's answer to `--trigger`'s request for `instant`: whether it was written.
+    pub fn trigger(
+        &mut self,
+        within: Duration,
+        keys: &Keys,
+        instant: i64,
+        record: &str,
+    ) -> Vec<Result<bool, Failure>> {
+        self.each(|_, link| trigger::ask(link, within, keys, instant, record))
+    }
+
+    /// Each master's answer to taking back the request for `instant`.
+    pub fn untrigger(
+        &mut self,
+        within: Duration,
+        keys: &Keys,
+        instant: i64,
+    ) -> Vec<Result<bool, Failure>> {
+        self.each(|_, link| trigger::take_back(link, within, keys, instant))
+    }
+
+    /// Each master's view of where the manual instant `instant` stands.
+    pub fn trigger_standing(
+        &mut self,
+        within: Duration,
+        keys: &Keys,
+        instant: i64,
+    ) -> Vec<Result<trigger::Standing, Failure>> {
+        self.each(|_, link| trigger::read(link, within, keys, instant))
+    }
+
+    /// Poke `fleet` (on the master the heartbeats go to) about a manual instant, for `span`.
+    pub fn poke(
+        &mut self,
+        within: Duration,
+        prefix: &str,
+        fleet: &str,
+        poke: &members::Poke,
+        span: Duration,
+    ) -> Result<usize, Failure> {
+        members::poke(&mut self.links[0], within, prefix, fleet, poke, span)
     }
 
     /// Each master's answer to `--resume`: the record that was in force.

@@ -171,3 +171,169 @@ fn a_suspension_for_two_seconds_ends_by_itself_on_a_fleet() {
         stdout(&status)
     );
 }
+
+/// A crontab of yearly jobs (never due during a test) for `--trigger`: `ok` appends its
+/// CRONLOCK_INSTANT to `runs`; `fails` exits 3; `slow` sleeps 30 s; `twice` (`--retries 1`,
+/// TTL 2 s) sleeps the first time, after writing its command's pid, and succeeds the second.
+fn trigger_crontab(dir: &std::path::Path) -> std::path::PathBuf {
+    let d = dir.display();
+    crontab(
+        dir,
+        &format!(
+            "CRON_TZ=UTC\n\
+             0 0 1 1 * ok echo ok $CRONLOCK_INSTANT $(date +%s%N) >> {d}/runs\n\
+             0 0 1 1 * fails exit 3\n\
+             0 0 1 1 * slow sleep 30\n\
+             0 0 1 1 * --ttl 2s --catch-up 1h --retries 1 twice \
+             if [ -e {d}/first ]; then echo twice $CRONLOCK_INSTANT $(date +%s%N) >> {d}/runs; \
+             else echo $$ > {d}/first; sleep 30; fi\n"
+        ),
+    )
+}
+
+fn trigger_of(url: &str, args: &[&str]) -> std::process::Output {
+    run(cronlock_at(url).arg("--trigger").args(args))
+}
+
+/// `--trigger` on a fleet of two replicas: it runs the job once, now, as a manual instant in the
+/// ledger (who asked and why), and exits 0 once a replica took it; with `--wait`, it exits with
+/// the command's status, or 124 when the wait runs out; a suspended job is skipped (the `-E`
+/// status); a KEY no replica serves is one line and 69, with nothing left in Redis.
+#[test]
+fn trigger_runs_a_job_once_now_on_a_fleet() {
+    let r = Redis::start();
+    let url = r.url();
+    let dir = scratch("policies-trigger");
+    let file = trigger_crontab(&dir);
+    let fleet: Vec<_> = (0..2).map(|_| replica(&url, &file, &[])).collect();
+    let began = std::time::Instant::now();
+    let out = trigger_of(&url, &["--reason", "fixed the db", "ok"]);
+    assert_eq!(code(&out), 0, "{}\n{}", stderr(&out), replica_err(&file));
+    assert!(stdout(&out).contains("was taken by"), "{}", stdout(&out));
+    assert!(
+        began.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        began.elapsed()
+    );
+    assert!(wait_for(Duration::from_secs(5), || runs(&dir).0.len() == 1));
+    let status = run(cronlock_at(&url).args(["--status", "--json", "ok"]));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&status)).unwrap();
+    let entry = &v["ledger"][0];
+    assert_eq!(entry["manual"], true, "{v}");
+    assert_eq!(entry["state"], "succeeded", "{v}");
+
+    let out = trigger_of(&url, &["--wait", "10s", "fails"]);
+    assert_eq!(code(&out), 3, "{}\n{}", stderr(&out), replica_err(&file));
+    assert!(stdout(&out).contains("failed (exit 3)"), "{}", stdout(&out));
+
+    let out = trigger_of(&url, &["--wait", "1s", "slow"]);
+    assert_eq!(code(&out), 124, "{}", stderr(&out));
+    assert!(stderr(&out).contains("--wait"), "{}", stderr(&out));
+    assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+    // Busy (the slow run holds its lock): skipped for the overlap, the -E status.
+    let out = trigger_of(&url, &["-E", "75", "--wait", "10s", "slow"]);
+    assert_eq!(code(&out), 75, "{}\n{}", stdout(&out), stderr(&out));
+    assert!(
+        stdout(&out).contains("skipped (overlap)"),
+        "{}",
+        stdout(&out)
+    );
+
+    let out = run(cronlock_at(&url).args(["--suspend", "ok"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = trigger_of(&url, &["-E", "75", "ok"]);
+    assert_eq!(code(&out), 75, "{}\n{}", stdout(&out), stderr(&out));
+    assert!(
+        stdout(&out).contains("skipped (suspended)"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(runs(&dir).0.len(), 1, "a suspended job ran");
+
+    let out = trigger_of(&url, &["nobody-serves-this"]);
+    assert_eq!(code(&out), 69, "{}", stderr(&out));
+    assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+    assert!(stderr(&out).starts_with("cronlock: "), "{}", stderr(&out));
+    // Nothing left: no key of its own, no poke.
+    let after = r.keys();
+    assert!(
+        !after.iter().any(|k| k.contains("nobody-serves-this")),
+        "{after:?}"
+    );
+    for pokes in after.iter().filter(|k| k.ends_with(":pokes")) {
+        let left: Vec<String> = r.query(redis::cmd("ZRANGE").arg(pokes).arg(0).arg(-1));
+        assert!(
+            !left.iter().any(|p| p.starts_with("nobody-serves-this\n")),
+            "{left:?}"
+        );
+    }
+    for c in fleet {
+        stop(c);
+    }
+}
+
+/// A manual instant whose replica is SIGKILLed mid-run is retried like any instant (`--retries
+/// 1`): another replica runs attempt 2 once the dead one's lock lapses, and `--trigger --wait`
+/// exits with its status.
+#[test]
+fn a_triggered_run_whose_replica_dies_is_retried() {
+    let r = Redis::start();
+    let url = r.url();
+    let dir = scratch("policies-trigger-kill");
+    let file = trigger_crontab(&dir);
+    let mut fleet: Vec<_> = (0..2).map(|_| replica(&url, &file, &[])).collect();
+    let waiting = cronlock_at(&url)
+        .args(["--trigger", "--wait", "30s", "twice"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let first = dir.join("first");
+    assert!(
+        wait_for(Duration::from_secs(10), || std::fs::read_to_string(&first)
+            .is_ok_and(|p| p.trim().parse::<i32>().is_ok())),
+        "{}",
+        replica_err(&file)
+    );
+    let pid: i32 = std::fs::read_to_string(&first)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // The replica above the command (its run's parent).
+    let ids: Vec<i32> = fleet.iter().map(|c| c.id() as i32).collect();
+    let mut up = pid;
+    while !ids.contains(&up) {
+        let status = std::fs::read_to_string(format!("/proc/{up}/status")).unwrap();
+        up = status
+            .lines()
+            .find_map(|l| l.strip_prefix("PPid:"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(up > 1, "the command {pid} is not under a replica");
+    }
+    let victim = ids.iter().position(|p| *p == up).unwrap();
+    let mut dead = fleet.remove(victim);
+    signal(up, libc::SIGKILL);
+    dead.wait().unwrap();
+    let out = waiting.wait_with_output().unwrap();
+    assert_eq!(
+        code(&out),
+        0,
+        "{}{}\n{}",
+        stdout(&out),
+        stderr(&out),
+        replica_err(&file)
+    );
+    let status = run(cronlock_at(&url).args(["--status", "--json", "twice"]));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&status)).unwrap();
+    let entry = &v["ledger"][0];
+    assert_eq!(entry["attempts"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(entry["attempts"][0]["state"], "abandoned", "{v}");
+    assert_eq!(runs(&dir).0.len(), 1);
+    for c in fleet {
+        stop(c);
+    }
+}

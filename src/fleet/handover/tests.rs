@@ -9,10 +9,24 @@ fn sample() -> Handover {
         slot: 0,
         limit: 1,
         instant: Some(1_700_000_000_000),
+        manual: false,
         attempt: 2,
         ttl: Duration::from_secs(30),
         sent_at: Instant::now(),
     }
+}
+
+#[test]
+fn a_manual_instant_reads_back_as_manual() {
+    let h = Handover {
+        manual: true,
+        ..sample()
+    };
+    let back = Handover::parse(h.line().trim_end()).unwrap();
+    assert!(back.manual);
+    assert!(!Handover::parse(sample().line().trim_end()).unwrap().manual);
+    // A scheduled instant's message is as before: no `manual` field.
+    assert!(!sample().line().contains("manual"));
 }
 
 #[test]

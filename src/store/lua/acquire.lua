@@ -3,13 +3,17 @@
 -- KEYS[4] the schedule record (hash: instant, schedule), KEYS[5] the --limit record (present while
 -- holders with a --limit above 1 hold the KEY: then this --limit 1 attempt is a mismatch),
 -- KEYS[6] the ledger of instants (hash: instant -> JSON entry), KEYS[7] the suspension (hash:
--- 'current', the record while --suspend is in force; 'pauses', the past ones as [[since, until]])
+-- 'current', the record while --suspend is in force; 'pauses', the past ones as [[since, until]]),
+-- KEYS[8] the manual instants asked for (--trigger: hash, instant -> request)
 -- ARGV[1] holder value, ARGV[2] ttl in ms, ARGV[3] the --schedule ('' without one),
 -- ARGV[4] --catch-up window in ms (0: none), ARGV[5] --retries, ARGV[6] ledger expiry in ms
 -- (0: none), ARGV[7] how many candidates follow, ARGV[8] the holder value as a JSON string,
 -- ARGV[9] the attempt's host and run id as JSON members ('"host":"...","run_id":"..."'; both for
--- the ledger entry written without cjson), ARGV[10...] with a schedule: its instants around the
--- client's clock, in Unix ms, then earlier instants inside the window (for 'missed')
+-- the ledger entry written without cjson), ARGV[10] '1' for a manual instant (--trigger: the one
+-- candidate, run once as a --catch-up instant is, whatever the schedule's record says, and only
+-- while its request is there; the request is marked accepted or skipped), ARGV[11...] with a
+-- schedule: its instants around the client's clock, in Unix ms, then earlier instants inside the
+-- window (for 'missed')
 -- Returns {fencing token (a decimal string), 0, false, instant, 0} when taken, {0, ms until the holder's lock expires,
 -- holder value, instant, 0} when held (waiters use it to sleep no longer than the holder's expiry;
 -- -v names the holder), and {0, 0, false, instant, recorded instant} when the run for that
@@ -86,12 +90,32 @@ end
 local instant, attempt, entry, now, t, ran = 0, 0, nil, 0, nil, nil
 local window = tonumber(ARGV[4]) or 0
 local n = tonumber(ARGV[7]) or 0
+local manual = ARGV[10] == '1'
+-- Mark the manual instant's request `state` (a rare path: cjson).
+local function answer_request(state, by)
+  if not manual then return end
+  local field = string.format('%d', instant)
+  local raw = redis.call('HGET', KEYS[8], field)
+  local ok, r = pcall(cjson.decode, raw or '')
+  if ok and type(r) == 'table' then
+    r.state = state
+    if by then r.by = by end
+    r.retries = tonumber(ARGV[5])
+    redis.call('HSET', KEYS[8], field, cjson.encode(r))
+  end
+end
 if ARGV[3] ~= '' then
   t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  if window == 0 then
+  if manual then
+    instant = tonumber(ARGV[11]) or 0
+    if instant == 0 or not redis.call('HGET', KEYS[8], string.format('%d', instant)) then
+      -- No such request (taken back, or never asked): nothing to run.
+      return {0, 0, false, instant, instant, -1, 0, 0, false}
+    end
+  elseif window == 0 then
     -- The run belongs to the scheduled instant nearest to Redis's clock, whatever the hosts'.
-    for i = 10, 9 + n do
+    for i = 11, 10 + n do
       local c = tonumber(ARGV[i])
       if instant == 0 or math.abs(c - now) < math.abs(instant - now) then
         instant = c
@@ -100,7 +124,7 @@ if ARGV[3] ~= '' then
   else
     -- The latest instant at or before Redis's clock, unless the host fired a little early.
     local past, ahead = 0, 0
-    for i = 10, 9 + n do
+    for i = 11, 10 + n do
       local c = tonumber(ARGV[i])
       if c <= now then
         if c > past then past = c end
@@ -118,6 +142,7 @@ if ARGV[3] ~= '' then
     end
   end
   ran = tonumber(redis.call('HGET', KEYS[4], 'instant'))
+  if manual then ran = nil end
   local raw = redis.call('HGET', KEYS[6], string.format('%d', instant))
   if raw then
     local ok, e = pcall(cjson.decode, raw)
@@ -132,23 +157,30 @@ if ARGV[3] ~= '' then
   local skip = suspended or in_pause(instant)
     or (entry and entry.state == 'skipped' and entry.reason ~= 'overlap')
   if skip and instant ~= 0 and not entry then
-    redis.call('HSET', KEYS[6], string.format('%d', instant), '{"state":"skipped","attempts":{}}')
+    if manual then
+      redis.call('HSET', KEYS[6], string.format('%d', instant),
+        '{"state":"skipped","reason":"suspended","manual":true,"attempts":{}}')
+    else
+      redis.call('HSET', KEYS[6], string.format('%d', instant), '{"state":"skipped","attempts":{}}')
+    end
     keep_ledger()
   end
+  if skip then answer_request('skipped') end
   if suspended then
     return {0, 0, false, instant, 0, -1, 0, 0, suspended}
   end
   if skip then
     return {0, 0, false, instant, instant, -1, 0, 0, false}
   end
-  if window == 0 then
+  if window == 0 and not manual then
     if ran and ran >= instant then
       return {0, 0, false, instant, ran, -1, 0, 0, false}
     end
     attempt = 1
   else
-    -- Nothing due: out of the window, a later run started, or this instant is done.
-    if instant == 0 or now - instant > window then
+    -- Nothing due: out of the window, a later run started, or this instant is done. (A manual
+    -- instant is due while its request is there.)
+    if not manual and (instant == 0 or now - instant > window) then
       return {0, 0, false, instant, instant, -1, 0, 0, false}
     end
     if ran and ran > instant then
@@ -183,7 +215,12 @@ end
 -- it: its own attempt holds the lock), so every instant is accounted for. With --catch-up it is
 -- tried again later, and recorded then.
 local function overlapped()
-  if instant ~= 0 and window == 0 and not entry then
+  if instant ~= 0 and manual and not entry then
+    redis.call('HSET', KEYS[6], string.format('%d', instant),
+      '{"state":"skipped","reason":"overlap","manual":true,"attempts":{}}')
+    keep_ledger()
+    answer_request('skipped')
+  elseif instant ~= 0 and window == 0 and not entry then
     redis.call('HSET', KEYS[6], string.format('%d', instant),
       '{"state":"skipped","reason":"overlap","attempts":{}}')
     keep_ledger()
@@ -206,20 +243,29 @@ if instant ~= 0 then
   -- The last started instant's entry, still running although its lock was free (this acquire
   -- took it): its run died without ending it (its replica was killed). It is ended abandoned, so
   -- no instant reads running for good. (Rare: cjson only then.)
-  if ran and ran ~= instant then
-    local field = string.format('%d', ran)
-    local prev = redis.call('HGET', KEYS[6], field)
-    if prev and string.sub(prev, -19) == ',"state":"running"}' then
-      local ok, e = pcall(cjson.decode, prev)
-      if ok and type(e) == 'table' and type(e.attempts) == 'table' and #e.attempts > 0 then
-        local last = e.attempts[#e.attempts]
-        if type(last) == 'table' then last.state, last.ended = 'abandoned', now end
-        e.state = 'abandoned'
-        redis.call('HSET', KEYS[6], field, cjson.encode(e))
+  -- (The last manual instant started is kept apart, 'manual', and looked at the same way.)
+  local started = {tonumber(redis.call('HGET', KEYS[4], 'instant')),
+    tonumber(redis.call('HGET', KEYS[4], 'manual'))}
+  for _, last_started in pairs(started) do
+    if last_started ~= instant then
+      local field = string.format('%d', last_started)
+      local prev = redis.call('HGET', KEYS[6], field)
+      if prev and string.sub(prev, -19) == ',"state":"running"}' then
+        local ok, e = pcall(cjson.decode, prev)
+        if ok and type(e) == 'table' and type(e.attempts) == 'table' and #e.attempts > 0 then
+          local last = e.attempts[#e.attempts]
+          if type(last) == 'table' then last.state, last.ended = 'abandoned', now end
+          e.state = 'abandoned'
+          redis.call('HSET', KEYS[6], field, cjson.encode(e))
+        end
       end
     end
   end
-  redis.call('HSET', KEYS[4], 'instant', string.format('%d', instant), 'schedule', ARGV[3])
+  if manual then
+    redis.call('HSET', KEYS[4], 'manual', string.format('%d', instant), 'schedule', ARGV[3])
+  else
+    redis.call('HSET', KEYS[4], 'instant', string.format('%d', instant), 'schedule', ARGV[3])
+  end
   -- The ledger: this attempt, and the instants inside the window nobody ran. A first attempt's
   -- entry is written as text, in the shape release.lua ends without decoding it (cjson costs
   -- Redis more than the rest of a claim); a later attempt's goes through cjson.
@@ -235,10 +281,17 @@ if instant ~= 0 then
     text = '{"attempts":[{' .. ARGV[9] .. ',"fence":"' .. token .. '","started":'
       .. string.format('%d', now) .. ',"state":"running"}],"holder":' .. ARGV[8]
       .. ',"state":"running"}'
+    if manual then
+      -- (release.lua ends a first attempt's entry as text only in the shape above.)
+      entry = cjson.decode(text)
+      entry.manual = true
+      text = cjson.encode(entry)
+    end
   end
+  if manual then answer_request('accepted', cjson.decode(ARGV[1]).host) end
   redis.call('HSET', KEYS[6], string.format('%d', instant), text)
-  if window > 0 then
-    for i = 10, #ARGV do
+  if window > 0 and not manual then
+    for i = 11, #ARGV do
       local c = tonumber(ARGV[i])
       local field = string.format('%d', c)
       if c < instant and now - c <= window and redis.call('HEXISTS', KEYS[6], field) == 0 then

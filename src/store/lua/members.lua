@@ -3,9 +3,12 @@
 -- at --max-jobs. One call is one replica's heartbeat: it renews (or, leaving, removes) the
 -- caller, drops the lapsed, and returns who is live and who is full. Four calls in all (TIME,
 -- HSET or HDEL, PEXPIRE, HGETALL), and an HDEL when some replica lapsed.
--- KEYS[1] the members hash
+-- KEYS[1] the members hash, KEYS[2] the fleet's pokes (poke.lua: manual instants waiting,
+-- --trigger)
 -- ARGV[1] id, ARGV[2] lapse after (ms; 0: leave), ARGV[3] full (1) or not (0), ARGV[4] the most
 -- ids to return
+-- Returns {live ids, full ids, pokes ('KEY\nINSTANT', at most ARGV[4])}. The pokes cost nothing
+-- while there are none (ZCARD of a missing key).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
@@ -34,4 +37,9 @@ for i = 1, #all, 2 do
   end
 end
 if #gone > 0 then redis.call('HDEL', KEYS[1], unpack(gone)) end
-return {live, full}
+local pokes = {}
+if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  pokes = redis.call('ZRANGE', KEYS[2], 0, most - 1)
+end
+return {live, full, pokes}

@@ -1,0 +1,135 @@
+//! Manual instants (`cronlock --trigger KEY`): the ones the fleet's heartbeats brought (a poke
+//! per instant, `store::members::Poke`) for the jobs this replica serves, each claimed at once by
+//! every replica with room, whatever the ranking: one wins it (the acquire script takes a manual
+//! instant once, and only while its request is there), the others lose it. A lost or failed one
+//! is looked at again as a scheduled instant is (with `--retries`: when the holder's lock would
+//! lapse, or a second after a failed run), until its window ends.
+
+use std::collections::VecDeque;
+
+use crate::clock::unix_millis;
+use crate::store::members::Poke;
+
+/// How long a manual instant is looked after here (ms): a trigger's request is taken back
+/// within seconds when no replica accepts it, and a run and its retries end well within this.
+const WINDOW_MS: i64 = 600_000;
+/// The most manual instants that wait here at once, and that are remembered as seen.
+const MOST: usize = 64;
+
+/// One manual instant that waits here.
+struct Waiting {
+    key: String,
+    instant: i64,
+    /// When to claim it (Unix ms).
+    look: i64,
+    /// When to forget it.
+    until: i64,
+    claiming: bool,
+}
+
+/// The manual instants this replica looks after.
+#[derive(Default)]
+pub struct Manuals {
+    waiting: Vec<Waiting>,
+    /// The pokes taken already (a poke stays while its trigger waits, and comes with every
+    /// heartbeat).
+    seen: VecDeque<Poke>,
+}
+
+impl Manuals {
+    /// The pokes a heartbeat brought: those of jobs this replica serves (`serves`), not seen
+    /// before, wait to be claimed now.
+    pub fn poked(&mut self, pokes: Vec<Poke>, serves: impl Fn(&str) -> bool) {
+        let now = unix_millis() as i64;
+        for poke in pokes {
+            if self.seen.contains(&poke) || !serves(&poke.key) {
+                continue;
+            }
+            if self.seen.len() >= MOST {
+                self.seen.pop_front();
+            }
+            self.seen.push_back(poke.clone());
+            if self.waiting.len() < MOST {
+                self.waiting.push(Waiting {
+                    key: poke.key,
+                    instant: poke.instant,
+                    look: now,
+                    until: now + WINDOW_MS,
+                    claiming: false,
+                });
+            }
+        }
+    }
+
+    /// Up to `room` manual instants to claim now (KEY, instant), each marked in flight.
+    pub fn take_due(&mut self, room: usize) -> Vec<(String, i64)> {
+        let now = unix_millis() as i64;
+        self.waiting.retain(|w| w.until > now || w.claiming);
+        let mut out = Vec::new();
+        for w in &mut self.waiting {
+            if out.len() >= room {
+                break;
+            }
+            if !w.claiming && w.look <= now {
+                w.claiming = true;
+                out.push((w.key.clone(), w.instant));
+            }
+        }
+        out
+    }
+
+    /// A claim of the manual instant came back: `again` says when to look at it again (a
+    /// failed claim, a holder whose lock may lapse), else it is done here.
+    pub fn answered(&mut self, key: &str, instant: i64, again: Option<i64>) {
+        let at = self
+            .waiting
+            .iter()
+            .position(|w| w.key == key && w.instant == instant);
+        let Some(at) = at else {
+            return;
+        };
+        match again {
+            Some(look) => {
+                let w = &mut self.waiting[at];
+                w.claiming = false;
+                w.look = look;
+            }
+            None => {
+                self.waiting.swap_remove(at);
+            }
+        }
+    }
+
+    /// Look at the manual instant again at `look` (a run of it failed or died, with `--retries`).
+    pub fn look_again(&mut self, key: &str, instant: i64, look: i64) {
+        if let Some(w) = self
+            .waiting
+            .iter_mut()
+            .find(|w| w.key == key && w.instant == instant)
+        {
+            w.look = look;
+            w.until = w.until.max(look + 60_000);
+            return;
+        }
+        if self.waiting.len() < MOST {
+            self.waiting.push(Waiting {
+                key: key.to_string(),
+                instant,
+                look,
+                until: look + 60_000,
+                claiming: false,
+            });
+        }
+    }
+
+    /// When one next needs the loop: its look, or, when that passed (it waits for room, which a
+    /// run's end brings with a wake of its own), its end; never a time already past.
+    pub fn next_wake(&self) -> Option<i64> {
+        let now = unix_millis() as i64;
+        self.waiting
+            .iter()
+            .filter(|w| !w.claiming)
+            .map(|w| if w.look > now { w.look } else { w.until })
+            .min()
+    }
+}
