@@ -10,6 +10,7 @@ complete -c cronlock -l max-runtime -d 'Stop the command (SIGTERM, then SIGKILL 
 complete -c cronlock -l min-hold -d 'Keep the lock until at least this long after it was taken, even when the command finishes sooner' -r
 complete -c cronlock -l limit -d 'Let up to N hosts hold KEY at once (a semaphore), each with a slot of its own: the command gets CRONLOCK_SLOT (0..N-1). Every host must give the same N' -r
 complete -c cronlock -l schedule -d 'Run once per instant of this cron schedule across the fleet: a host firing for an instant that already ran skips (exit -E), even after the lock was released' -r
+complete -c cronlock -l jitter -d 'With --schedule: start each instant\'s run an offset after it, drawn from KEY within DURATION (the same on every host and after every restart), so jobs due at the same instant do not all start at once; shorter than the schedule\'s period. The instant keeps its name (CRONLOCK_INSTANT, the ledger)' -r
 complete -c cronlock -l catch-up -d 'With --schedule: run the latest instant within DURATION before now (Redis\'s clock) that has not run yet, once; older ones nobody ran are recorded as missed, never run' -r
 complete -c cronlock -l retries -d 'With --catch-up: run an instant whose attempt failed (non-zero exit) or was abandoned (its host died) up to N more times, by later firings inside the window [default: 0]' -r
 complete -c cronlock -s E -l conflict-exit-code -d 'Exit status when the lock is held elsewhere (or the instant already ran, nothing is due, KEY is suspended) and the command does not run' -r

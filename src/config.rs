@@ -92,6 +92,9 @@ pub struct RunConfig {
     pub limit: u32,
     /// `--schedule`: once per scheduled instant.
     pub schedule: Option<Schedule>,
+    /// `--jitter`: each instant's run starts KEY's offset within it after the instant (zero:
+    /// none).
+    pub jitter: Duration,
     /// Set by a replica (`--crontab`) for the runs it starts: the descriptor of the channel on
     /// which it hands over the lock it claimed ([`crate::fleet::handover`]). The run then takes
     /// nothing itself.
@@ -141,6 +144,11 @@ impl RunConfig {
             ledger_ttl: self.history_ttl,
             manual: false,
         })
+    }
+
+    /// KEY's offset after each instant (`--jitter`; zero without).
+    pub fn jitter_offset(&self) -> Duration {
+        crate::fleet::spread::offset(&self.key, self.jitter)
     }
 
     /// What the acquire script takes for the manual instant `at` (`--trigger`): that one, run
@@ -194,6 +202,8 @@ pub enum AdminMode {
         key: String,
         history: Option<Option<u32>>,
         schedule: Option<Schedule>,
+        /// `--jitter`: KEY's offset after each instant (zero: none).
+        offset: Duration,
     },
     /// `--check KEY`.
     Check {

@@ -189,10 +189,14 @@ fn admin_mode(admin: &Admin, log: &Log) -> Result<Exit> {
             key,
             history,
             schedule,
+            offset,
         } => {
             let keys = Keys::new(&admin.prefix, key);
-            let schedule = schedule.as_ref();
-            status::status(&mut masters, timeout, &keys, json, *history, schedule)?
+            let planned = status::Planned {
+                schedule: schedule.as_ref(),
+                offset: *offset,
+            };
+            status::status(&mut masters, timeout, &keys, json, *history, planned)?
         }
         AdminMode::Check { key, .. } => {
             let verdict = check_key(admin, &mut masters);

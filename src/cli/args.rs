@@ -160,6 +160,14 @@ pub struct Cli {
     #[arg(long, env = "CRONLOCK_SCHEDULE", value_name = "CRON", value_parser = schedule)]
     pub schedule: Option<crate::fleet::schedule::Schedule>,
 
+    /// With --schedule: start each instant's run an offset after it, drawn from KEY within
+    /// DURATION (the same on every host and after every restart), so jobs due at the same
+    /// instant do not all start at once; shorter than the schedule's period. The instant keeps
+    /// its name (CRONLOCK_INSTANT, the ledger)
+    #[arg(long, env = "CRONLOCK_JITTER", value_name = "DURATION",
+          value_parser = duration::positive, allow_hyphen_values = true, requires = "schedule")]
+    pub jitter: Option<Span>,
+
     /// With --schedule: run the latest instant within DURATION before now (Redis's clock) that
     /// has not run yet, once; older ones nobody ran are recorded as missed, never run
     ///

@@ -100,6 +100,7 @@ fn defaults(key: String, command: Vec<OsString>) -> Option<Cli> {
         suspend: false,
         reason: None,
         suspend_for: None,
+        jitter: None,
         resume: false,
         trigger: false,
         crontab: None,

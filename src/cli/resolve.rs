@@ -5,6 +5,8 @@
 //! `HiArgs`, uutils' `Config::from(&matches)`): nothing below `lib.rs` sees [`Cli`], and a run
 //! described some other way (a crontab line) is started the same way.
 
+use std::time::Duration;
+
 use anyhow::{anyhow, bail, Result};
 
 use crate::cli::{Cli, Mode, RunTarget};
@@ -39,6 +41,7 @@ pub(super) fn run_config(cli: &Cli, target: RunTarget) -> Result<RunConfig> {
     }
     let reports = reports(cli)?;
     let schedule = keyed(cli, &target.key)?;
+    let jitter = jitter(cli, schedule.as_ref())?;
     Ok(RunConfig {
         key: target.key,
         argv: target.argv,
@@ -49,6 +52,7 @@ pub(super) fn run_config(cli: &Cli, target: RunTarget) -> Result<RunConfig> {
         wait: cli.wait(),
         limit: cli.limit,
         schedule,
+        jitter,
         handover: handover_fd()?,
         catch_up: cli.catch_up.map(|c| c.0),
         retries: cli.retries.unwrap_or(0),
@@ -59,6 +63,34 @@ pub(super) fn run_config(cli: &Cli, target: RunTarget) -> Result<RunConfig> {
         history_ttl: cli.history_ttl.map(|t| t.0),
         reports,
     })
+}
+
+/// `--jitter`, checked shorter than the schedule's shortest period among its next instants (a
+/// run must start before its next instant).
+fn jitter(cli: &Cli, schedule: Option<&Schedule>) -> Result<Duration> {
+    let (Some(span), Some(schedule)) = (cli.jitter.map(|j| j.0), schedule) else {
+        return Ok(Duration::ZERO);
+    };
+    let mut at = crate::clock::unix_millis() as i64;
+    let mut shortest = i64::MAX;
+    let mut prev = schedule.next_after(at);
+    for _ in 0..16 {
+        let Some(p) = prev else { break };
+        at = p;
+        prev = schedule.next_after(at);
+        if let Some(n) = prev {
+            shortest = shortest.min(n - p);
+        }
+    }
+    if span.as_millis() as i64 >= shortest {
+        bail!(
+            "--jitter {} is not shorter than the schedule's period ({}): a run would start after \
+             its next instant",
+            crate::duration::Span(span),
+            crate::duration::Span(Duration::from_millis(shortest.max(0) as u64))
+        );
+    }
+    Ok(span)
 }
 
 /// `--schedule` with its `H` fields drawn for `key`.
@@ -85,6 +117,7 @@ fn admin(cli: &Cli, mode: Mode) -> Result<Admin> {
                 .history_flag
                 .then(|| cli.history.and_then(|c| c.0)),
             schedule: keyed(cli, &key)?,
+            offset: crate::fleet::spread::offset(&key, cli.jitter.map_or(Duration::ZERO, |j| j.0)),
             key,
         },
         Mode::Check(key) => AdminMode::Check {

@@ -8,6 +8,8 @@
 //! - `H/N`: every N from an offset below N (`H/15` in minutes: 7,22,37,52 for one KEY);
 //! - `H(A-B)/N`: every N from A plus an offset, up to B.
 //!
+//! `--jitter SPAN` draws KEY's offset within SPAN the same way ([`offset`]).
+//!
 //! The hash is FNV-1a (64 bits) of KEY, mixed with the field's place by SplitMix64: fixed here
 //! for good, since a change would move every such job's times on an upgrade.
 
@@ -94,6 +96,16 @@ fn part(p: &str, (lo, hi): (u32, u32), draw: u64) -> Result<String, String> {
     }
 }
 
+/// `--jitter SPAN`: KEY's offset within `span` (whole milliseconds below it), from the same hash,
+/// mixed with a place no field has.
+pub fn offset(key: &str, span: std::time::Duration) -> std::time::Duration {
+    let ms = span.as_millis() as u64;
+    if ms == 0 {
+        return std::time::Duration::ZERO;
+    }
+    std::time::Duration::from_millis(mix(fnv1a(key.as_bytes()) ^ 0x6a69_7474_6572) % ms)
+}
+
 fn number(text: &str) -> Result<u32, String> {
     text.parse()
         .map_err(|_| format!("'{text}' is not a number"))
@@ -163,6 +175,23 @@ mod tests {
         // 5 each on average; none more than 3x its share, and most minutes used.
         assert!(count.iter().all(|c| *c <= 15), "{count:?}");
         assert!(count.iter().filter(|c| **c > 0).count() >= 50, "{count:?}");
+    }
+
+    #[test]
+    fn jitter_offsets_are_within_the_span_and_spread() {
+        let span = std::time::Duration::from_secs(60);
+        let mut seconds = std::collections::BTreeSet::new();
+        for i in 0..300 {
+            let o = offset(&format!("job-{i}"), span);
+            assert!(o < span);
+            assert_eq!(o, offset(&format!("job-{i}"), span));
+            seconds.insert(o.as_secs());
+        }
+        assert!(seconds.len() >= 50, "{seconds:?}");
+        assert_eq!(
+            offset("k", std::time::Duration::ZERO),
+            std::time::Duration::ZERO
+        );
     }
 
     #[test]

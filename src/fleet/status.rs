@@ -97,6 +97,9 @@ struct ShownSchedule<'a> {
     last_instant_time: Option<String>,
     next_instant: Option<i64>,
     next_instant_time: Option<String>,
+    /// With `--jitter`: KEY's offset after each instant (ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    offset_ms: Option<u64>,
     /// With an `H` field: the expression as drawn for KEY.
     #[serde(skip_serializing_if = "Option::is_none")]
     resolved: Option<&'a str>,
@@ -161,7 +164,7 @@ pub fn status(
     keys: &Keys,
     as_json: bool,
     history: Option<Option<u32>>,
-    schedule: Option<&Schedule>,
+    planned: Planned,
 ) -> Result<String> {
     let snaps = masters.snapshots(within, keys, history.map(|n| n.unwrap_or(u32::MAX)));
     let (snap, each) = merge(snaps, masters.majority())?;
@@ -184,7 +187,7 @@ pub fn status(
         })
         .collect();
     let view = StatusView {
-        plan: plan(&snap, &keys.name, schedule),
+        plan: plan(&snap, &keys.name, planned),
         holder: snap.holder.as_deref().map(Stored::read),
         holders,
         per_master,
@@ -223,6 +226,7 @@ fn json_status(keys: &Keys, view: &StatusView) -> String {
             last_instant_time: p.last.map(|ms| rfc3339(ms as u64)),
             next_instant: p.next,
             next_instant_time: p.next.map(|ms| rfc3339(ms as u64)),
+            offset_ms: (!p.offset.is_zero()).then_some(p.offset.as_millis() as u64),
             resolved: p.schedule.resolved.as_deref(),
             schedule: &p.schedule.text,
         }),
@@ -364,6 +368,14 @@ fn schedule_lines(out: &mut String, p: &SchedulePlan, ledger: &Ledger) {
             p.schedule.label(ms),
             round_ms(left)
         );
+        if !p.offset.is_zero() {
+            w!(
+                out,
+                "  its run:       at {} (--jitter: {} after each instant for this KEY)",
+                p.schedule.label(ms + p.offset.as_millis() as i64),
+                round_ms(p.offset.as_millis() as u64)
+            );
+        }
     }
 }
 
@@ -434,15 +446,25 @@ fn last_run_lines(out: &mut String, last: Option<&Stored<RunRecord>>) {
     }
 }
 
+/// What `--status` was given of the schedule: `--schedule` (else the one recorded is shown) and
+/// KEY's `--jitter` offset.
+#[derive(Clone, Copy)]
+pub struct Planned<'a> {
+    pub schedule: Option<&'a Schedule>,
+    pub offset: Duration,
+}
+
 /// What `--status` says about the schedule: the given `--schedule`, else the one recorded.
 struct SchedulePlan {
     schedule: Schedule,
     last: Option<i64>,
     next: Option<i64>,
+    /// `--jitter`: KEY's offset after each instant.
+    offset: Duration,
 }
 
-fn plan(snap: &inspect::Snapshot, key: &str, given: Option<&Schedule>) -> Option<SchedulePlan> {
-    let schedule = match given {
+fn plan(snap: &inspect::Snapshot, key: &str, planned: Planned) -> Option<SchedulePlan> {
+    let schedule = match planned.schedule {
         Some(s) => s.clone(),
         None => Schedule::parse(snap.schedule.as_deref()?)
             .and_then(|s| s.for_key(key))
@@ -453,6 +475,7 @@ fn plan(snap: &inspect::Snapshot, key: &str, given: Option<&Schedule>) -> Option
         schedule,
         last: snap.instant,
         next,
+        offset: planned.offset,
     })
 }
 

@@ -93,10 +93,16 @@ fn row(
     here: Option<&Running>,
     now: i64,
 ) {
+    let offset = job.config.jitter_offset();
     let next = job
         .schedule
         .next_after(now)
         .map_or("never".into(), |ms| rfc3339(ms as u64));
+    // With --jitter, when its run starts: KEY's offset after the instant.
+    let next = match offset.is_zero() {
+        true => next,
+        false => format!("{next} (+{})", crate::duration::Span(offset)),
+    };
     let (runs, suspended) = match fleet {
         Some(f) => (
             now_running(f, here),

@@ -77,13 +77,20 @@ impl Due {
 
 impl Entry {
     /// Its next instant is the schedule's first after `ms`, claimed [`LEAD_MS`]
-    /// (at most a twentieth of the period) before it.
+    /// (at most a twentieth of the period) before it, or before its `--jitter` offset after it
+    /// (then `early` is negative).
     pub(super) fn schedule_after(&mut self, ms: i64) {
         self.next = self.cron.schedule.next_after(ms);
+        let offset = self.offset();
         self.early = self.next.map_or(0, |at| {
             let period = self.cron.schedule.next_after(at).map_or(0, |f| f - at);
-            (period / 20).min(LEAD_MS)
+            (period / 20).min(LEAD_MS) - offset
         });
+    }
+
+    /// Its `--jitter` offset after each instant (ms; 0 without).
+    pub(super) fn offset(&self) -> i64 {
+        self.cron.config.jitter_offset().as_millis() as i64
     }
 
     /// Look at it at `at` (Unix ms) at the latest, not ahead of time: Redis picks the instant due.

@@ -194,7 +194,7 @@ impl Table {
             Some(view) if !unsettled => checker(view, &self.me, d.at, job.shares).is_some(),
             _ => true,
         };
-        checks.then_some(d.at + FALLBACK_MS)
+        checks.then_some(d.at + job.offset() + FALLBACK_MS)
     }
 
     /// The group's view, if it is recent enough to trust.

@@ -45,9 +45,15 @@ const MAX_EARLY_MS: i64 = 1000;
 
 /// Sleep until the held instant, if it is ahead (by at most [`MAX_EARLY_MS`]): called as late as
 /// possible, right before the command is started.
-pub(super) fn wait_for_instant(held: &Held) {
+pub(super) fn wait_for_instant(held: &Held, offset: std::time::Duration) {
     let Some(at) = held.instant else {
         return;
+    };
+    // A manual instant runs now; a scheduled one, `--jitter`'s offset after it.
+    let at = if held.manual {
+        at
+    } else {
+        at + offset.as_millis() as i64
     };
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

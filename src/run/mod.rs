@@ -92,7 +92,7 @@ fn run_locked(
     );
     let (mut run, shared) = Run::new(config, log, held, masters, channel)?;
     if run.channel.is_some() {
-        handed::wait_for_instant(&run.held);
+        handed::wait_for_instant(&run.held, config.jitter_offset());
     }
     let end = run.command(shared, on_start, &mut outcome.body);
     outcome.run = run.finish(end);

@@ -35,7 +35,21 @@ pub(super) fn take(config: &RunConfig, log: &Log, suspended: &mut Option<u64>) -
     let keys = Keys::new(&config.prefix, &config.key);
     let command = config.command_line();
     let asked = Instant::now();
-    let instants = config.instants(None);
+    let instants = match jittered(config) {
+        Jittered::Now => config.instants(None),
+        Jittered::For(at) => config.instants(Some(at)),
+        Jittered::Signalled(sig) => {
+            log.info(
+                "signal",
+                &format!(
+                    "received {} while waiting for --jitter's offset; not running the command",
+                    signals::name(sig)
+                ),
+                &[("signal", sig.into())],
+            );
+            return Ok(Taken::NotRun(Exit::Signal(sig)));
+        }
+    };
     let ask = wait::AcquireRequest {
         ttl: config.timing.ttl,
         wait: config.wait,
@@ -71,6 +85,52 @@ pub(super) fn take(config: &RunConfig, log: &Log, suspended: &mut Option<u64>) -
         }
     };
     Ok(Taken::NotRun(exit))
+}
+
+/// What `--jitter` made of a firing.
+enum Jittered {
+    /// No offset (or `--catch-up`, whose instant Redis picks): ask now, as without it.
+    Now,
+    /// Waited until KEY's offset after the instant the host fired for: ask for that one.
+    For(i64),
+    /// A signal ended the wait.
+    Signalled(libc::c_int),
+}
+
+/// With `--jitter`, wait until KEY's offset after the instant this host fired for (the one
+/// nearest its clock), answering signals. With `--catch-up` the wait is the same, and Redis then
+/// picks the instant due, as it does without a jitter.
+fn jittered(config: &RunConfig) -> Jittered {
+    let offset = config.jitter_offset();
+    let Some(schedule) = config.schedule.as_ref().filter(|_| !offset.is_zero()) else {
+        return Jittered::Now;
+    };
+    let now = crate::clock::unix_millis() as i64;
+    let nearest = [schedule.at_or_before(now), schedule.next_after(now)]
+        .into_iter()
+        .flatten()
+        .min_by_key(|at| (at - now).abs());
+    let Some(at) = nearest else {
+        return Jittered::Now;
+    };
+    let start = at + offset.as_millis() as i64;
+    let set = signals::SigSet::of(signals::forwarded());
+    loop {
+        let left = start - crate::clock::unix_millis() as i64;
+        if left <= 0 {
+            break;
+        }
+        let got = signals::wait(&set, Duration::from_millis(left as u64));
+        if let Some(sig) =
+            got.filter(|s| !signals::is_stop(*s) && *s != libc::SIGCONT && *s != libc::SIGWINCH)
+        {
+            return Jittered::Signalled(sig);
+        }
+    }
+    match config.catch_up {
+        Some(_) => Jittered::Now,
+        None => Jittered::For(at),
+    }
 }
 
 /// The lock (or every slot) is held elsewhere: say by whom, and how long we waited.

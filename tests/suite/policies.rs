@@ -337,3 +337,114 @@ fn a_triggered_run_whose_replica_dies_is_retried() {
         stop(c);
     }
 }
+
+/// KEY's `--jitter` offset, as `--status --json` shows it (ms).
+fn offset_ms(url: &str, expr: &str, jitter: &str, key: &str) -> i64 {
+    let out = run(cronlock_at(url)
+        .args(["--status", "--json", "--schedule", expr])
+        .args(["--jitter", jitter, key]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    v["schedule"]["offset_ms"].as_i64().unwrap_or(0)
+}
+
+/// `--jitter 1500ms` on `*/2 * * * * *`: a replica of a fleet starts each instant's run KEY's
+/// offset after the instant (never before it; within 700 ms after it, a bound many times what
+/// a start takes), each instant once; the instant keeps its name. A plain firing waits for the
+/// same offset. A jitter not shorter than the period is one line, and nothing runs.
+#[test]
+fn jitter_starts_each_run_keys_offset_after_its_instant() {
+    let r = Redis::start();
+    let url = r.url();
+    let dir = scratch("policies-jitter");
+    let out = dir.join("runs");
+    let line = |key: &str| {
+        format!(
+            "*/2 * * * * * --jitter 1500ms {key} echo {key} $CRONLOCK_INSTANT $(date +%s%N) >> {}\n",
+            out.display()
+        )
+    };
+    let file = crontab(
+        &dir,
+        &format!("CRON_TZ=UTC\n{}{}", line("jit-a"), line("jit-b")),
+    );
+    let want: Vec<(String, i64)> = ["jit-a", "jit-b"]
+        .iter()
+        .map(|k| (k.to_string(), offset_ms(&url, "*/2 * * * * *", "1500ms", k)))
+        .collect();
+    assert!(want.iter().all(|(_, o)| (0..1500).contains(o)), "{want:?}");
+    let fleet: Vec<_> = (0..2).map(|_| replica(&url, &file, &[])).collect();
+    assert!(wait_for(Duration::from_secs(15), || runs(&dir).0.len() >= 8));
+    for c in fleet {
+        stop(c);
+    }
+    let text = std::fs::read_to_string(&out).unwrap();
+    let (count, _) = runs(&dir);
+    assert!(count.values().all(|n| *n == 1), "{count:?}");
+    for l in text.lines() {
+        let parts: Vec<&str> = l.split_whitespace().collect();
+        let at = crate::accounted::secs(parts[1]) * 1000;
+        let started = parts[2].parse::<i64>().unwrap() / 1_000_000;
+        let offset = want.iter().find(|(k, _)| k == parts[0]).unwrap().1;
+        let late = started - at - offset;
+        assert!(
+            (-60..=700).contains(&late),
+            "{l}: started {late} ms from instant + offset {offset}\n{}",
+            replica_err(&file)
+        );
+    }
+
+    // A plain firing, right at an even second.
+    let offset = offset_ms(&url, "*/2 * * * * *", "1500ms", "jit-plain");
+    assert!(wait_for(Duration::from_secs(3), || {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        t.as_secs() % 2 == 0 && t.subsec_millis() < 100
+    }));
+    let fired = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let instant = fired / 2000 * 2000;
+    let started = dir.join("plain");
+    let plain = run(cronlock_at(&url)
+        .args([
+            "--schedule",
+            "*/2 * * * * *",
+            "--jitter",
+            "1500ms",
+            "jit-plain",
+            "-c",
+        ])
+        .arg(format!("date +%s%N > {}", started.display())));
+    assert_eq!(code(&plain), 0, "{}", stderr(&plain));
+    let at = std::fs::read_to_string(&started)
+        .unwrap()
+        .trim()
+        .parse::<i64>()
+        .unwrap()
+        / 1_000_000;
+    let late = at - instant - offset;
+    assert!(
+        (-60..=700).contains(&late),
+        "started {late} ms from instant + offset {offset}"
+    );
+
+    let bad = run(cronlock_at(&url).args([
+        "--schedule",
+        "* * * * * *",
+        "--jitter",
+        "2s",
+        "k",
+        "--",
+        "true",
+    ]));
+    assert_eq!(code(&bad), 125, "{}", stderr(&bad));
+    assert!(
+        stderr(&bad).contains("--jitter") && stderr(&bad).contains("period"),
+        "{}",
+        stderr(&bad)
+    );
+    assert_eq!(stderr(&bad).lines().count(), 1, "{}", stderr(&bad));
+}
