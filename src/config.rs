@@ -13,7 +13,7 @@ use std::time::Duration;
 pub use crate::fleet::report::Reports;
 use crate::fleet::schedule::Schedule;
 use crate::lease::Timing;
-use crate::store::lock::Instants;
+use crate::store::lock::{InstantKind, Instants, Overlap};
 use crate::store::topology::Redis;
 
 /// How many instants before the candidates a `--catch-up` firing sends for the ledger's
@@ -95,6 +95,8 @@ pub struct RunConfig {
     /// `--jitter`: each instant's run starts KEY's offset within it after the instant (zero:
     /// none).
     pub jitter: Duration,
+    /// `--overlap`: what an instant does that finds the lock held by an earlier one.
+    pub overlap: Overlap,
     /// Set by a replica (`--crontab`) for the runs it starts: the descriptor of the channel on
     /// which it hands over the lock it claimed ([`crate::fleet::handover`]). The run then takes
     /// nothing itself.
@@ -142,8 +144,27 @@ impl RunConfig {
             retries: self.retries,
             earlier,
             ledger_ttl: self.history_ttl,
-            manual: false,
+            kind: InstantKind::Scheduled,
+            overlap: self.overlap,
         })
+    }
+
+    /// What the acquire script takes for an instant of `kind` (`at`: the schedule's instant the
+    /// replica fired for, or the manual one; unused for the one that waits).
+    pub fn instants_of(&self, kind: InstantKind, at: i64) -> Option<Instants> {
+        match kind {
+            InstantKind::Scheduled => self.instants(Some(at)),
+            InstantKind::Manual => self.manual_instants(at),
+            InstantKind::Queued => self.queued_instants(),
+        }
+    }
+
+    /// What the acquire script takes for the instant that waits under `--overlap queue`.
+    pub fn queued_instants(&self) -> Option<Instants> {
+        let mut instants = self.manual_instants(0)?;
+        instants.candidates.clear();
+        instants.kind = InstantKind::Queued;
+        Some(instants)
     }
 
     /// KEY's offset after each instant (`--jitter`; zero without).
@@ -162,7 +183,8 @@ impl RunConfig {
             retries: self.retries,
             earlier: Vec::new(),
             ledger_ttl: self.history_ttl,
-            manual: true,
+            kind: InstantKind::Manual,
+            overlap: self.overlap,
         })
     }
 

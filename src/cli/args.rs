@@ -168,6 +168,13 @@ pub struct Cli {
           value_parser = duration::positive, allow_hyphen_values = true, requires = "schedule")]
     pub jitter: Option<Span>,
 
+    /// With --schedule: what an instant does that finds the lock still held by an earlier
+    /// instant's run: skip (recorded skipped) or queue (the first waits and starts as soon as
+    /// that run ends; a further one is skipped)
+    #[arg(long, env = "CRONLOCK_OVERLAP", value_name = "POLICY", value_parser = overlap,
+          default_value = "skip", requires = "schedule")]
+    pub overlap: crate::store::lock::Overlap,
+
     /// With --schedule: run the latest instant within DURATION before now (Redis's clock) that
     /// has not run yet, once; older ones nobody ran are recorded as missed, never run
     ///
@@ -472,6 +479,16 @@ pub(super) fn retries(s: &str) -> Result<u32, String> {
 }
 
 pub use crate::log::LogFormat;
+
+/// `--overlap`: `skip` or `queue`.
+fn overlap(text: &str) -> Result<crate::store::lock::Overlap, String> {
+    use crate::store::lock::Overlap;
+    match text.trim() {
+        "skip" => Ok(Overlap::Skip),
+        "queue" => Ok(Overlap::Queue),
+        _ => Err("expected skip or queue".into()),
+    }
+}
 
 /// `--schedule`: a cron expression, checked now so a bad one is one line naming the field.
 pub(super) fn schedule(text: &str) -> Result<crate::fleet::schedule::Schedule, String> {

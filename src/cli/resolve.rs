@@ -42,6 +42,12 @@ pub(super) fn run_config(cli: &Cli, target: RunTarget) -> Result<RunConfig> {
     let reports = reports(cli)?;
     let schedule = keyed(cli, &target.key)?;
     let jitter = jitter(cli, schedule.as_ref())?;
+    if cli.overlap == crate::store::lock::Overlap::Queue && cli.catch_up.is_some() {
+        bail!(
+            "--overlap queue cannot go with --catch-up: a catch-up window already runs a busy \
+             instant later, once the lock is free"
+        );
+    }
     Ok(RunConfig {
         key: target.key,
         argv: target.argv,
@@ -53,6 +59,7 @@ pub(super) fn run_config(cli: &Cli, target: RunTarget) -> Result<RunConfig> {
         limit: cli.limit,
         schedule,
         jitter,
+        overlap: cli.overlap,
         handover: handover_fd()?,
         catch_up: cli.catch_up.map(|c| c.0),
         retries: cli.retries.unwrap_or(0),

@@ -14,7 +14,7 @@ use crate::host::hostname;
 use crate::record::ledger::STATES;
 
 use super::answer::Response;
-use super::board::{Board, BoardState, RTT_BOUNDS};
+use super::board::{Board, BoardState, Fleetwide, RTT_BOUNDS};
 use super::fleet::Reader;
 
 /// Families in order of first appearance, each with its help, type and samples.
@@ -150,65 +150,8 @@ pub fn answer(board: &Board, fleet: &mut Reader) -> Response {
         }
     }
     for job in &jobs {
-        let Some(state) = read.get(&job.key) else {
-            continue;
-        };
-        let key = format!("key=\"{}\"", escape(&job.key));
-        f.add(
-            "cronlock_fleet_suspended",
-            "gauge",
-            "1 while the job is suspended (cronlock --suspend), read from Redis, else 0.",
-            &key,
-            u8::from(state.suspended.is_some()),
-        );
-        if let Some(until) = state.suspended.as_ref().and_then(|s| s.ours()?.until) {
-            f.add(
-                "cronlock_fleet_suspended_until_timestamp_seconds",
-                "gauge",
-                "With cronlock --suspend --for: when the suspension ends by itself (Unix time).",
-                &key,
-                until / 1000,
-            );
-        }
-        f.add(
-            "cronlock_fleet_last_success_timestamp_seconds",
-            "gauge",
-            "When a run of the job last succeeded on any host (Unix time), read from Redis; 0 \
-             when none is recorded.",
-            &key,
-            state.last_success.unwrap_or(0) / 1000,
-        );
-        let states: Vec<String> = state
-            .ledger
-            .iter()
-            .map(|(_, e)| e.ours().and_then(|e| e.state.clone()).unwrap_or_default())
-            .collect();
-        let manual: Vec<bool> = state
-            .ledger
-            .iter()
-            .map(|(_, e)| e.ours().is_some_and(|e| e.manual))
-            .collect();
-        for st in STATES {
-            let n = states.iter().filter(|s| *s == st).count();
-            f.add(
-                "cronlock_ledger_instants",
-                "gauge",
-                "The job's newest instants in the ledger (up to 64), by state, read from Redis.",
-                &format!("{key},state=\"{st}\""),
-                n,
-            );
-            let m = states
-                .iter()
-                .zip(&manual)
-                .filter(|(s, m)| *s == st && **m)
-                .count();
-            f.add(
-                "cronlock_ledger_manual_instants",
-                "gauge",
-                "Of those, the manual ones (cronlock --trigger), by state.",
-                &format!("{key},state=\"{st}\""),
-                m,
-            );
+        if let Some(state) = read.get(&job.key) {
+            fleet_series(&mut f, &job.key, state);
         }
     }
     replica_series(board, &mut f, jobs.len());
@@ -216,6 +159,67 @@ pub fn answer(board: &Board, fleet: &mut Reader) -> Response {
         status: 200,
         kind: "text/plain; version=0.0.4; charset=utf-8",
         body: f.text(),
+    }
+}
+
+/// The job's fleet-wide series, from what was read of Redis for this scrape.
+fn fleet_series(f: &mut Families, job: &str, state: &Fleetwide) {
+    let key = format!("key=\"{}\"", escape(job));
+    f.add(
+        "cronlock_fleet_suspended",
+        "gauge",
+        "1 while the job is suspended (cronlock --suspend), read from Redis, else 0.",
+        &key,
+        u8::from(state.suspended.is_some()),
+    );
+    if let Some(until) = state.suspended.as_ref().and_then(|s| s.ours()?.until) {
+        f.add(
+            "cronlock_fleet_suspended_until_timestamp_seconds",
+            "gauge",
+            "With cronlock --suspend --for: when the suspension ends by itself (Unix time).",
+            &key,
+            until / 1000,
+        );
+    }
+    f.add(
+        "cronlock_fleet_last_success_timestamp_seconds",
+        "gauge",
+        "When a run of the job last succeeded on any host (Unix time), read from Redis; 0 \
+         when none is recorded.",
+        &key,
+        state.last_success.unwrap_or(0) / 1000,
+    );
+    let states: Vec<String> = state
+        .ledger
+        .iter()
+        .map(|(_, e)| e.ours().and_then(|e| e.state.clone()).unwrap_or_default())
+        .collect();
+    let manual: Vec<bool> = state
+        .ledger
+        .iter()
+        .map(|(_, e)| e.ours().is_some_and(|e| e.manual))
+        .collect();
+    for st in STATES {
+        let n = states.iter().filter(|s| *s == st).count();
+        f.add(
+            "cronlock_ledger_instants",
+            "gauge",
+            "The job's newest instants in the ledger (up to 64), by state, read from Redis.",
+            &format!("{key},state=\"{st}\""),
+            n,
+        );
+        let m = states
+            .iter()
+            .zip(&manual)
+            .filter(|(s, m)| *s == st && **m)
+            .count();
+        f.add(
+            "cronlock_ledger_manual_instants",
+            "gauge",
+            "Of those, the manual ones (cronlock --trigger), by state.",
+            &format!("{key},state=\"{st}\""),
+            m,
+        );
     }
 }
 

@@ -6,7 +6,8 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
 /// The states an instant can be in, as the scripts write them.
-pub const STATES: [&str; 7] = [
+pub const STATES: [&str; 8] = [
+    "queued",
     "running",
     "succeeded",
     "failed",

@@ -33,7 +33,7 @@ use crate::store::acquire::Acquire;
 use crate::store::acquire::AcquireOutcome;
 use crate::store::holder::Holder;
 use crate::store::keys::Keys;
-use crate::store::lock::{Held, ReleaseOptions, Released, Undo};
+use crate::store::lock::{Held, InstantKind, ReleaseOptions, Released, Undo};
 use crate::store::members::{FleetView, Heartbeat};
 use crate::store::quorum::{Masters, Refused, RoundOutcome};
 use crate::store::topology::Failure;
@@ -45,8 +45,9 @@ pub enum Ask {
         key: String,
         config: Arc<RunConfig>,
         instant: i64,
-        /// A manual instant (`--trigger`), not the schedule's.
-        manual: bool,
+        /// The schedule's, a manual one (`--trigger`), or the one that waits (`--overlap queue`:
+        /// `instant` is then 0).
+        kind: InstantKind,
     },
     /// A won claim that did not become a run: undo it (`RollBack`: the instant can be claimed
     /// again), or end its attempt `Abandoned` (its run died after starting, its lock lapsed).
@@ -130,7 +131,7 @@ pub enum Answer {
     Claim {
         key: String,
         instant: i64,
-        manual: bool,
+        kind: InstantKind,
         verdict: ClaimVerdict,
         /// The job's configuration when the claim was sent (a reload may have removed it since).
         config: Arc<RunConfig>,
@@ -168,13 +169,13 @@ pub(super) fn carry_out(links: &mut Links, ask: Ask) -> Option<Answer> {
             key,
             config,
             instant,
-            manual,
+            kind,
         } => {
-            let verdict = claim(masters(links, &config), &config, instant, manual);
+            let verdict = claim(masters(links, &config), &config, instant, kind);
             Some(Answer::Claim {
                 key,
                 instant,
-                manual,
+                kind,
                 verdict,
                 config,
             })
@@ -267,13 +268,15 @@ pub(super) fn masters<'a>(links: &'a mut Links, config: &RunConfig) -> &'a mut M
 }
 
 /// One claim: the acquire the run would have made, for `instant`.
-fn claim(masters: &mut Masters, config: &RunConfig, instant: i64, manual: bool) -> ClaimVerdict {
+fn claim(
+    masters: &mut Masters,
+    config: &RunConfig,
+    instant: i64,
+    kind: InstantKind,
+) -> ClaimVerdict {
     let keys = Keys::new(&config.prefix, &config.key);
     let holder = Holder::new(&config.command_line());
-    let instants = match manual {
-        true => config.manual_instants(instant),
-        false => config.instants(Some(instant)),
-    };
+    let instants = config.instants_of(kind, instant);
     let ask = Acquire {
         keys: &keys,
         holder: &holder,

@@ -19,7 +19,7 @@ use crate::signals;
 use crate::store::acquire::Acquire;
 use crate::store::holder::Holder;
 use crate::store::keys::Keys;
-use crate::store::lock::{Held, ReleaseOptions};
+use crate::store::lock::{Held, InstantKind, ReleaseOptions};
 
 use super::claim::{self, answer_run, masters, verdict, Answer, Ask, Links};
 
@@ -155,7 +155,7 @@ struct ClaimAsk {
     key: String,
     config: Arc<RunConfig>,
     instant: i64,
-    manual: bool,
+    kind: InstantKind,
 }
 
 /// A run's release of the batch.
@@ -185,12 +185,12 @@ pub fn carry_out(
                 key,
                 config,
                 instant,
-                manual,
+                kind,
             } if config.limit == 1 => claims.push(ClaimAsk {
                 key,
                 config,
                 instant,
-                manual,
+                kind,
             }),
             Ask::ReleaseRun {
                 config,
@@ -272,10 +272,7 @@ fn claim_together(links: &mut Links, group: Vec<ClaimAsk>) -> Vec<Answer> {
         .collect();
     let instants: Vec<_> = group
         .iter()
-        .map(|c| match c.manual {
-            true => c.config.manual_instants(c.instant),
-            false => c.config.instants(Some(c.instant)),
-        })
+        .map(|c| c.config.instants_of(c.kind, c.instant))
         .collect();
     let claims: Vec<_> = group
         .iter()
@@ -296,7 +293,7 @@ fn claim_together(links: &mut Links, group: Vec<ClaimAsk>) -> Vec<Answer> {
             verdict: verdict(outcome, &c.config),
             key: c.key,
             instant: c.instant,
-            manual: c.manual,
+            kind: c.kind,
             config: c.config,
         })
         .collect()

@@ -1,13 +1,17 @@
-//! Manual instants (`cronlock --trigger KEY`): the ones the fleet's heartbeats brought (a poke
-//! per instant, `store::members::Poke`) for the jobs this replica serves, each claimed at once by
-//! every replica with room, whatever the ranking: one wins it (the acquire script takes a manual
-//! instant once, and only while its request is there), the others lose it. A lost or failed one
-//! is looked at again as a scheduled instant is (with `--retries`: when the holder's lock would
-//! lapse, or a second after a failed run), until its window ends.
+//! The instants claimed apart from the table's schedule: manual instants (`cronlock --trigger
+//! KEY`), the ones the fleet's heartbeats brought (a poke per instant, `store::members::Poke`) for
+//! the jobs this replica serves, each claimed at once by every replica with room, whatever the
+//! ranking: one wins it (the acquire script takes a manual instant once, and only while its
+//! request is there), the others lose it; and the instant that waits under `--overlap queue`,
+//! claimed as soon as the run before it ended here, or when that run's lock would lapse (its
+//! replica died). A lost or failed one is looked at again as a scheduled instant is (with
+//! `--retries`: when the holder's lock would lapse, or a second after a failed run), until its
+//! window ends.
 
 use std::collections::VecDeque;
 
 use crate::clock::unix_millis;
+use crate::store::lock::InstantKind;
 use crate::store::members::Poke;
 
 /// How long a manual instant is looked after here (ms): a trigger's request is taken back
@@ -16,10 +20,11 @@ const WINDOW_MS: i64 = 600_000;
 /// The most manual instants that wait here at once, and that are remembered as seen.
 const MOST: usize = 64;
 
-/// One manual instant that waits here.
+/// One instant that waits here: a manual one, or KEY's queued one (`instant` 0: Redis names it).
 struct Waiting {
     key: String,
     instant: i64,
+    kind: InstantKind,
     /// When to claim it (Unix ms).
     look: i64,
     /// When to forget it.
@@ -53,6 +58,7 @@ impl Manuals {
                 self.waiting.push(Waiting {
                     key: poke.key,
                     instant: poke.instant,
+                    kind: InstantKind::Manual,
                     look: now,
                     until: now + WINDOW_MS,
                     claiming: false,
@@ -61,8 +67,8 @@ impl Manuals {
         }
     }
 
-    /// Up to `room` manual instants to claim now (KEY, instant), each marked in flight.
-    pub fn take_due(&mut self, room: usize) -> Vec<(String, i64)> {
+    /// Up to `room` instants to claim now (KEY, instant, kind), each marked in flight.
+    pub fn take_due(&mut self, room: usize) -> Vec<(String, i64, InstantKind)> {
         let now = unix_millis() as i64;
         self.waiting.retain(|w| w.until > now || w.claiming);
         let mut out = Vec::new();
@@ -72,19 +78,24 @@ impl Manuals {
             }
             if !w.claiming && w.look <= now {
                 w.claiming = true;
-                out.push((w.key.clone(), w.instant));
+                out.push((w.key.clone(), w.instant, w.kind));
             }
         }
         out
     }
 
-    /// A claim of the manual instant came back: `again` says when to look at it again (a
-    /// failed claim, a holder whose lock may lapse), else it is done here.
+    /// A claim of the instant came back: `again` says when to look at it again (a failed claim,
+    /// a holder whose lock may lapse), else it is done here.
     pub fn answered(&mut self, key: &str, instant: i64, again: Option<i64>) {
         let at = self
             .waiting
             .iter()
-            .position(|w| w.key == key && w.instant == instant);
+            .position(|w| w.key == key && w.instant == instant && w.claiming)
+            .or_else(|| {
+                self.waiting
+                    .iter()
+                    .position(|w| w.key == key && w.instant == instant)
+            });
         let Some(at) = at else {
             return;
         };
@@ -102,12 +113,22 @@ impl Manuals {
 
     /// Look at the manual instant again at `look` (a run of it failed or died, with `--retries`).
     pub fn look_again(&mut self, key: &str, instant: i64, look: i64) {
+        self.pin(key, instant, InstantKind::Manual, look);
+    }
+
+    /// Claim KEY's queued instant (`--overlap queue`) at `look` at the latest: the run before it
+    /// ended, or its lock would lapse then.
+    pub fn queued(&mut self, key: &str, look: i64) {
+        self.pin(key, 0, InstantKind::Queued, look);
+    }
+
+    fn pin(&mut self, key: &str, instant: i64, kind: InstantKind, look: i64) {
         if let Some(w) = self
             .waiting
             .iter_mut()
-            .find(|w| w.key == key && w.instant == instant)
+            .find(|w| w.key == key && w.instant == instant && w.kind == kind && !w.claiming)
         {
-            w.look = look;
+            w.look = w.look.min(look);
             w.until = w.until.max(look + 60_000);
             return;
         }
@@ -115,6 +136,7 @@ impl Manuals {
             self.waiting.push(Waiting {
                 key: key.to_string(),
                 instant,
+                kind,
                 look,
                 until: look + 60_000,
                 claiming: false,

@@ -12,7 +12,7 @@ use crate::clock::Instant;
 use crate::clock::{rfc3339, unix_millis};
 use crate::config::{CronJob, Replica, RunConfig};
 use crate::log::Log;
-use crate::store::lock::{Held, Undo};
+use crate::store::lock::{Held, InstantKind, Overlap, Undo};
 
 use super::answers;
 use super::beat::Heartbeats;
@@ -60,12 +60,12 @@ pub(super) struct Replicant<'a> {
     manuals: Manuals,
 }
 
-/// An instant a claim named: KEY's, scheduled or manual.
+/// An instant a claim named: KEY's, scheduled, manual or the one that waits (`instant` 0).
 #[derive(Clone, Copy)]
 struct Claimed<'k> {
     key: &'k str,
     instant: i64,
-    manual: bool,
+    kind: InstantKind,
 }
 
 impl<'a> Replicant<'a> {
@@ -236,10 +236,10 @@ impl<'a> Replicant<'a> {
                 key: job.key.clone(),
                 config: job.config.clone(),
                 instant,
-                manual: false,
+                kind: InstantKind::Scheduled,
             });
         }
-        for (key, instant) in self.manuals.take_due(room) {
+        for (key, instant, kind) in self.manuals.take_due(room) {
             let Some(job) = table.job(&key) else {
                 self.manuals.answered(&key, instant, None);
                 continue;
@@ -249,7 +249,7 @@ impl<'a> Replicant<'a> {
                 key,
                 config,
                 instant,
-                manual: true,
+                kind,
             });
         }
     }
@@ -314,14 +314,14 @@ impl<'a> Replicant<'a> {
                 Answer::Claim {
                     key,
                     instant,
-                    manual,
+                    kind,
                     verdict,
                     config,
                 } => {
                     let claimed = Claimed {
                         key: &key,
                         instant,
-                        manual,
+                        kind,
                     };
                     self.claim_answered(table, phase, claimed, verdict, config)
                 }
@@ -381,7 +381,7 @@ impl<'a> Replicant<'a> {
             ClaimVerdict::Failed(_) => self.shown.claim(key, None, None),
             _ => {}
         }
-        if !claimed.manual {
+        if claimed.kind == InstantKind::Scheduled {
             table.answered(key, !failed, self.log);
         }
         let first_news = failed && !std::mem::replace(&mut self.trouble_told, failed);
@@ -394,6 +394,15 @@ impl<'a> Replicant<'a> {
             return;
         };
         let now = unix_millis() as i64;
+        // --overlap queue: a claim that found the lock held is followed by a claim of the
+        // instant that waits when the holder's lock would lapse (its replica died), unless that
+        // run ends here first.
+        if let (Overlap::Queue, ClaimVerdict::Busy { expires_in, .. }) =
+            (job.config.overlap, &verdict)
+        {
+            let lapse = expires_in.map_or(1000, |d| d.as_millis() as i64);
+            self.manuals.queued(key, now + lapse + 250);
+        }
         let again = match verdict {
             // Won while draining (or sick): undone, so another replica runs it at once.
             ClaimVerdict::Won(held) if phase != Phase::Serving || self.health.is_sick() => {
@@ -415,8 +424,12 @@ impl<'a> Replicant<'a> {
                     );
                 }
                 // (The table waits by itself after a failed claim.)
-                claimed.manual.then_some(now + 1000)
+                (claimed.kind != InstantKind::Scheduled).then_some(now + 1000)
             }
+            // Nothing waits (any more): nothing to say.
+            ClaimVerdict::AlreadyRan if claimed.kind == InstantKind::Queued => None,
+            // The one that waits is taken care of above.
+            ClaimVerdict::Busy { .. } if claimed.kind == InstantKind::Queued => None,
             lost => answers::lost(&job, instant, lost, &self.shown, self.log),
         };
         self.look_again(table, claimed, again);
@@ -425,10 +438,10 @@ impl<'a> Replicant<'a> {
     /// Look at a claimed instant again at `at`: a scheduled one through the table, a manual one
     /// through [`Manuals`] (which forgets it with `None`).
     fn look_again(&mut self, table: &mut Table, claimed: Claimed, at: Option<i64>) {
-        match (claimed.manual, at) {
-            (true, again) => self.manuals.answered(claimed.key, claimed.instant, again),
-            (false, Some(at)) => table.look_again(claimed.key, at),
-            (false, None) => {}
+        match (claimed.kind, at) {
+            (InstantKind::Scheduled, Some(at)) => table.look_again(claimed.key, at),
+            (InstantKind::Scheduled, None) => {}
+            (_, again) => self.manuals.answered(claimed.key, claimed.instant, again),
         }
     }
 
@@ -507,6 +520,10 @@ impl<'a> Replicant<'a> {
                     self.claims.send(ask);
                 }
                 Followup::Ended { failed } => {
+                    // --overlap queue: the instant that waits starts now.
+                    if run.config.overlap == Overlap::Queue {
+                        self.manuals.queued(&run.key, unix_millis() as i64);
+                    }
                     let retries = table.job(&run.key).is_some_and(|j| j.cron.retries > 0);
                     let at = unix_millis() as i64 + 1000;
                     match (failed && retries, run.manual, run.instant) {
@@ -544,6 +561,9 @@ impl<'a> Replicant<'a> {
             }
             if let Some(why) = after.sick {
                 self.health.fell_sick(why, self.log, &self.shown);
+            }
+            if let (Overlap::Queue, Some(at)) = (run.config.overlap, after.retry_at) {
+                self.manuals.queued(&run.key, at);
             }
             let retries = table.job(&run.key).is_some_and(|j| j.cron.retries > 0);
             match (after.retry_at, retries, run.manual, run.instant) {

@@ -52,7 +52,7 @@ pub(super) fn take(config: &RunConfig, log: &Log, suspended: &mut Option<u64>) -
     };
     let ask = wait::AcquireRequest {
         ttl: config.timing.ttl,
-        wait: config.wait,
+        wait: queue_wait(config),
         instants,
         limit: config.limit,
     };
@@ -85,6 +85,25 @@ pub(super) fn take(config: &RunConfig, log: &Log, suspended: &mut Option<u64>) -
         }
     };
     Ok(Taken::NotRun(exit))
+}
+
+/// How long a firing waits for the lock: `--wait`; under `--overlap queue` at least a period of
+/// the schedule, so the instant that waits starts when the run before it ends (one that waits
+/// longer is started by the first firing that finds the lock free: `acquire.lua`).
+fn queue_wait(config: &RunConfig) -> Duration {
+    let Some(schedule) = config
+        .schedule
+        .as_ref()
+        .filter(|_| config.overlap == crate::store::lock::Overlap::Queue)
+    else {
+        return config.wait;
+    };
+    let now = crate::clock::unix_millis() as i64;
+    let period = schedule
+        .next_after(now)
+        .and_then(|a| Some(schedule.next_after(a)? - a))
+        .unwrap_or(60_000);
+    config.wait.max(Duration::from_millis(period.max(0) as u64))
 }
 
 /// What `--jitter` made of a firing.

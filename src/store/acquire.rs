@@ -11,7 +11,7 @@ use crate::clock::Instant;
 use crate::record::suspension::Suspension;
 use crate::record::Stored;
 use crate::store::keys::Keys;
-use crate::store::lock::{Held, Holder, Instants};
+use crate::store::lock::{Held, Holder, InstantKind, Instants, Overlap};
 use crate::store::script::{eval, eval_many, int, ms, text_or_nil, ScriptCall};
 use crate::store::topology::{Failure, Link};
 
@@ -208,7 +208,7 @@ fn attempt(
         limit,
         slot,
         attempt: attempt.clamp(1, i64::from(u32::MAX)) as u32,
-        manual: instants.is_some_and(|s| s.manual),
+        manual: instants.is_some_and(|s| s.kind == InstantKind::Manual),
     })))
 }
 
@@ -281,12 +281,14 @@ fn plain_call<'a>(
         instants.map_or(0, |s| s.candidates.len()).to_string(),
         holder.quoted(),
         holder.attempt_members(),
-        if instants.is_some_and(|s| s.manual) {
-            "1"
-        } else {
-            "0"
-        }
-        .to_string(),
+        instants
+            .map_or(InstantKind::Scheduled, |s| s.kind)
+            .word()
+            .to_string(),
+        instants
+            .map_or(Overlap::Skip, |s| s.overlap)
+            .word()
+            .to_string(),
     ];
     if let Some(s) = instants {
         args.extend(s.candidates.iter().chain(&s.earlier).map(i64::to_string));

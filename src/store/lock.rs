@@ -73,8 +73,52 @@ pub struct Instants {
     pub earlier: Vec<i64>,
     /// How long the ledger lives (`--history-ttl`; None: no expiry).
     pub ledger_ttl: Option<Duration>,
-    /// The one candidate is a manual instant (`--trigger`).
-    pub manual: bool,
+    /// Which instant is asked for: the schedule's, a manual one (`--trigger`: the one
+    /// candidate), or the one that waits (`--overlap queue`: no candidate).
+    pub kind: InstantKind,
+    /// `--overlap`: what an instant that finds the lock held does.
+    pub overlap: Overlap,
+}
+
+/// Which instant an acquire asks for (`acquire.lua`'s ARGV[10]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstantKind {
+    /// One of the schedule's, chosen from the candidates.
+    Scheduled,
+    /// A manual instant (`--trigger`): the one candidate.
+    Manual,
+    /// The instant that waits under `--overlap queue`, if any.
+    Queued,
+}
+
+impl InstantKind {
+    pub fn word(self) -> &'static str {
+        match self {
+            InstantKind::Scheduled => "0",
+            InstantKind::Manual => "1",
+            InstantKind::Queued => "2",
+        }
+    }
+}
+
+/// `--overlap`: what an instant does that finds the lock still held by an earlier one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Overlap {
+    /// It is recorded `skipped` (reason `overlap`).
+    #[default]
+    Skip,
+    /// The first waits (`queued`) and runs as soon as the lock is free; a further one is skipped.
+    Queue,
+}
+
+impl Overlap {
+    /// As `--overlap` and `acquire.lua` name it.
+    pub fn word(self) -> &'static str {
+        match self {
+            Overlap::Skip => "skip",
+            Overlap::Queue => "queue",
+        }
+    }
 }
 
 /// What the release found.

@@ -198,7 +198,7 @@ fn trigger_of(url: &str, args: &[&str]) -> std::process::Output {
 /// `--trigger` on a fleet of two replicas: it runs the job once, now, as a manual instant in the
 /// ledger (who asked and why), and exits 0 once a replica took it; with `--wait`, it exits with
 /// the command's status, or 124 when the wait runs out; a suspended job is skipped (the `-E`
-/// status); a KEY no replica serves is one line and 69, with nothing left in Redis.
+/// status).
 #[test]
 fn trigger_runs_a_job_once_now_on_a_fleet() {
     let r = Redis::start();
@@ -250,23 +250,6 @@ fn trigger_runs_a_job_once_now_on_a_fleet() {
     );
     assert_eq!(runs(&dir).0.len(), 1, "a suspended job ran");
 
-    let out = trigger_of(&url, &["nobody-serves-this"]);
-    assert_eq!(code(&out), 69, "{}", stderr(&out));
-    assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
-    assert!(stderr(&out).starts_with("cronlock: "), "{}", stderr(&out));
-    // Nothing left: no key of its own, no poke.
-    let after = r.keys();
-    assert!(
-        !after.iter().any(|k| k.contains("nobody-serves-this")),
-        "{after:?}"
-    );
-    for pokes in after.iter().filter(|k| k.ends_with(":pokes")) {
-        let left: Vec<String> = r.query(redis::cmd("ZRANGE").arg(pokes).arg(0).arg(-1));
-        assert!(
-            !left.iter().any(|p| p.starts_with("nobody-serves-this\n")),
-            "{left:?}"
-        );
-    }
     for c in fleet {
         stop(c);
     }
@@ -400,7 +383,7 @@ fn jitter_starts_each_run_keys_offset_after_its_instant() {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap();
-        t.as_secs() % 2 == 0 && t.subsec_millis() < 100
+        t.as_secs().is_multiple_of(2) && t.subsec_millis() < 100
     }));
     let fired = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -447,4 +430,162 @@ fn jitter_starts_each_run_keys_offset_after_its_instant() {
         stderr(&bad)
     );
     assert_eq!(stderr(&bad).lines().count(), 1, "{}", stderr(&bad));
+}
+
+/// `--overlap queue` on a fleet of three replicas, a job every 2 s that takes 3 s: no two runs
+/// ever overlap; an instant that finds the lock held waits (one at most) and starts right after
+/// the run before it ends; every instant ran or is recorded skipped (overlap). A bad policy is
+/// one line.
+#[test]
+fn overlap_queue_runs_the_waiting_instant_when_the_run_before_ends() {
+    let r = Redis::start();
+    let url = r.url();
+    let dir = scratch("policies-queue");
+    let out = dir.join("runs");
+    let file = crontab(
+        &dir,
+        &format!(
+            "CRON_TZ=UTC\n*/2 * * * * * --overlap queue --ttl 5s slowq \
+             echo start $CRONLOCK_INSTANT $(date +%s%N) >> {o}; sleep 3; \
+             echo end $CRONLOCK_INSTANT $(date +%s%N) >> {o}\n",
+            o = out.display()
+        ),
+    );
+    let fleet: Vec<_> = (0..3).map(|_| replica(&url, &file, &[])).collect();
+    let began = now_secs();
+    assert!(wait_for(Duration::from_secs(30), || {
+        crate::common::replicas::instants(&out)
+            .iter()
+            .filter(|l| l.starts_with("end "))
+            .count()
+            >= 5
+    }));
+    let to = now_secs() - 4;
+    for c in fleet {
+        stop(c);
+    }
+    // start/end lines: (instant in s, kind, ms).
+    let lines: Vec<(i64, String, i64)> = crate::common::replicas::instants(&out)
+        .iter()
+        .map(|l| {
+            let p: Vec<&str> = l.split_whitespace().collect();
+            (
+                crate::accounted::secs(p[1]),
+                p[0].to_string(),
+                p[2].parse::<i64>().unwrap() / 1_000_000,
+            )
+        })
+        .collect();
+    let mut runs: Vec<(i64, i64, Option<i64>)> = Vec::new();
+    for (at, kind, ms) in &lines {
+        match kind.as_str() {
+            "start" => runs.push((*at, *ms, None)),
+            _ => {
+                if let Some(r) = runs.iter_mut().find(|r| r.0 == *at) {
+                    r.2 = Some(*ms);
+                }
+            }
+        }
+    }
+    runs.sort_by_key(|r| r.1);
+    let mut waited = 0;
+    for pair in runs.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        let Some(end) = a.2 else { continue };
+        assert!(
+            b.1 >= end,
+            "{} started at {} before {} ended at {end}: {lines:?}",
+            b.0,
+            b.1,
+            a.0
+        );
+        // A run that starts after its own instant's second began waited for the one before.
+        if b.1 - b.0 * 1000 > 500 {
+            waited += 1;
+            assert!(
+                b.1 - end <= 400,
+                "{} waited and started {} ms after {} ended\n{}",
+                b.0,
+                b.1 - end,
+                a.0,
+                replica_err(&file)
+            );
+        }
+    }
+    assert!(waited >= 1, "no instant waited: {runs:?}");
+    let book = ledger(&url, "slowq");
+    for at in (began + 2..=to).filter(|t| t % 2 == 0) {
+        let ran = runs.iter().any(|r| r.0 == at);
+        let skipped = book.iter().any(|(t, st, reason)| {
+            *t == at && st == "skipped" && reason.as_deref() == Some("overlap")
+        });
+        assert!(
+            ran ^ skipped,
+            "{at}: ran {ran}, skipped {skipped}: {book:?}\n{runs:?}"
+        );
+    }
+    // (An instant that waited when the fleet stopped stays queued: the first replica to find the
+    // lock free runs it first.)
+    assert!(
+        !book
+            .iter()
+            .any(|(t, st, _)| *t <= to && (st == "queued" || st == "running")),
+        "{book:?}"
+    );
+
+    let bad = run(cronlock_at(&url).args([
+        "--schedule",
+        "* * * * *",
+        "--overlap",
+        "later",
+        "k",
+        "--",
+        "true",
+    ]));
+    assert_eq!(code(&bad), 125, "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("--overlap"), "{}", stderr(&bad));
+    let bad = run(cronlock_at(&url).args([
+        "--schedule",
+        "* * * * *",
+        "--overlap",
+        "queue",
+        "--catch-up",
+        "1h",
+        "k",
+        "--",
+        "true",
+    ]));
+    assert_eq!(code(&bad), 125, "{}", stderr(&bad));
+    assert_eq!(stderr(&bad).lines().count(), 1, "{}", stderr(&bad));
+}
+
+/// `--trigger` of a KEY no replica of the fleet serves: one line and 69 once the fleet had its
+/// time to take it, with nothing left in Redis (no key of its own, no poke).
+#[test]
+fn trigger_of_a_key_nobody_serves_leaves_nothing() {
+    let r = Redis::start();
+    let url = r.url();
+    let dir = scratch("policies-trigger-nobody");
+    let file = trigger_crontab(&dir);
+    let fleet: Vec<_> = (0..2).map(|_| replica(&url, &file, &[])).collect();
+    let out = trigger_of(&url, &["nobody-serves-this"]);
+    assert_eq!(code(&out), 69, "{}", stderr(&out));
+    assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+    assert!(stderr(&out).starts_with("cronlock: "), "{}", stderr(&out));
+    // Nothing left: no key of its own, no poke.
+    let after = r.keys();
+    assert!(
+        !after.iter().any(|k| k.contains("nobody-serves-this")),
+        "{after:?}"
+    );
+    for pokes in after.iter().filter(|k| k.ends_with(":pokes")) {
+        let left: Vec<String> = r.query(redis::cmd("ZRANGE").arg(pokes).arg(0).arg(-1));
+        assert!(
+            !left.iter().any(|p| p.starts_with("nobody-serves-this\n")),
+            "{left:?}"
+        );
+    }
+    for c in fleet {
+        stop(c);
+    }
 }

@@ -9,11 +9,15 @@
 -- ARGV[4] --catch-up window in ms (0: none), ARGV[5] --retries, ARGV[6] ledger expiry in ms
 -- (0: none), ARGV[7] how many candidates follow, ARGV[8] the holder value as a JSON string,
 -- ARGV[9] the attempt's host and run id as JSON members ('"host":"...","run_id":"..."'; both for
--- the ledger entry written without cjson), ARGV[10] '1' for a manual instant (--trigger: the one
--- candidate, run once as a --catch-up instant is, whatever the schedule's record says, and only
--- while its request is there; the request is marked accepted or skipped), ARGV[11...] with a
--- schedule: its instants around the client's clock, in Unix ms, then earlier instants inside the
--- window (for 'missed')
+-- the ledger entry written without cjson), ARGV[10] the kind of instant: '0' the schedule's, '1'
+-- a manual instant (--trigger: the one candidate, run once as a --catch-up instant is, whatever
+-- the schedule's record says, and only while its request is there; the request is marked
+-- accepted or skipped), '2' the instant that waits under --overlap queue (none: nothing due),
+-- ARGV[11] --overlap: 'skip' (an instant that finds the lock held is recorded skipped) or 'queue'
+-- (the first such instant waits, recorded 'queued' and named by the schedule record's 'queued',
+-- and runs as soon as the lock is free, before any later instant; a further one is skipped),
+-- ARGV[12...] with a schedule: its instants around the client's clock, in Unix ms, then earlier
+-- instants inside the window (for 'missed')
 -- Returns {fencing token (a decimal string), 0, false, instant, 0} when taken, {0, ms until the holder's lock expires,
 -- holder value, instant, 0} when held (waiters use it to sleep no longer than the holder's expiry;
 -- -v names the holder), and {0, 0, false, instant, recorded instant} when the run for that
@@ -91,6 +95,8 @@ local instant, attempt, entry, now, t, ran = 0, 0, nil, 0, nil, nil
 local window = tonumber(ARGV[4]) or 0
 local n = tonumber(ARGV[7]) or 0
 local manual = ARGV[10] == '1'
+local take_queued = ARGV[10] == '2'
+local queue = ARGV[11] == 'queue'
 -- Mark the manual instant's request `state` (a rare path: cjson).
 local function answer_request(state, by)
   if not manual then return end
@@ -108,14 +114,20 @@ if ARGV[3] ~= '' then
   t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   if manual then
-    instant = tonumber(ARGV[11]) or 0
+    instant = tonumber(ARGV[12]) or 0
     if instant == 0 or not redis.call('HGET', KEYS[8], string.format('%d', instant)) then
       -- No such request (taken back, or never asked): nothing to run.
       return {0, 0, false, instant, instant, -1, 0, 0, false}
     end
+  elseif take_queued then
+    instant = tonumber(redis.call('HGET', KEYS[4], 'queued')) or 0
+    if instant == 0 then
+      -- Nothing waits: nothing due.
+      return {0, 0, false, 0, 1, -1, 0, 0, false}
+    end
   elseif window == 0 then
     -- The run belongs to the scheduled instant nearest to Redis's clock, whatever the hosts'.
-    for i = 11, 10 + n do
+    for i = 12, 11 + n do
       local c = tonumber(ARGV[i])
       if instant == 0 or math.abs(c - now) < math.abs(instant - now) then
         instant = c
@@ -124,7 +136,7 @@ if ARGV[3] ~= '' then
   else
     -- The latest instant at or before Redis's clock, unless the host fired a little early.
     local past, ahead = 0, 0
-    for i = 11, 10 + n do
+    for i = 12, 11 + n do
       local c = tonumber(ARGV[i])
       if c <= now then
         if c > past then past = c end
@@ -153,9 +165,10 @@ if ARGV[3] ~= '' then
     entry = e
   end
   -- Suspended now, or the instant passed while it was: recorded skipped, never run.
-  -- (An instant skipped for an overlap may still start late, if the lock frees in time.)
+  -- (An instant skipped for an overlap may still start late, if the lock frees in time; not
+  -- under --overlap queue, where the one that waits is 'queued'.)
   local skip = suspended or in_pause(instant)
-    or (entry and entry.state == 'skipped' and entry.reason ~= 'overlap')
+    or (entry and entry.state == 'skipped' and (entry.reason ~= 'overlap' or queue))
   if skip and instant ~= 0 and not entry then
     if manual then
       redis.call('HSET', KEYS[6], string.format('%d', instant),
@@ -228,6 +241,14 @@ local function overlapped()
 end
 local holder = redis.call('GET', KEYS[1])
 if holder then
+  -- --overlap queue: the first instant that finds the lock held waits (one at most).
+  if queue and instant ~= 0 and window == 0 and not manual and not take_queued and not entry
+    and not redis.call('HGET', KEYS[4], 'queued') then
+    redis.call('HSET', KEYS[4], 'queued', string.format('%d', instant))
+    redis.call('HSET', KEYS[6], string.format('%d', instant), '{"state":"queued","attempts":{}}')
+    keep_ledger()
+    return {0, redis.call('PTTL', KEYS[1]), holder, instant, 0, -1, 0, 0, false}
+  end
   overlapped()
   return {0, redis.call('PTTL', KEYS[1]), holder, instant, 0, -1, 0, 0, false}
 end
@@ -235,6 +256,29 @@ end
 local token, refused = fence_token(KEYS[2], t)
 if not token then
   return refused
+end
+-- --overlap queue, the lock free: the instant that waits runs first (this one waits in its
+-- place, unless the ledger has it already); a stale name (its entry no longer waits) is dropped.
+if queue and not manual and instant ~= 0 and window == 0 then
+  local q = tonumber(redis.call('HGET', KEYS[4], 'queued'))
+  local qe = nil
+  if q and q ~= instant then
+    local ok, e = pcall(cjson.decode, redis.call('HGET', KEYS[6], string.format('%d', q)) or '')
+    if ok and type(e) == 'table' and e.state == 'queued' and type(e.attempts) == 'table' then
+      qe = e
+    end
+  end
+  if qe then
+    if not entry then
+      redis.call('HSET', KEYS[4], 'queued', string.format('%d', instant))
+      redis.call('HSET', KEYS[6], string.format('%d', instant), '{"state":"queued","attempts":{}}')
+    else
+      redis.call('HDEL', KEYS[4], 'queued')
+    end
+    instant, entry, attempt = q, qe, 1
+  elseif q then
+    redis.call('HDEL', KEYS[4], 'queued')
+  end
 end
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {0, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[1]), instant, 0, -1, 0, 0, false}
@@ -291,7 +335,7 @@ if instant ~= 0 then
   if manual then answer_request('accepted', cjson.decode(ARGV[1]).host) end
   redis.call('HSET', KEYS[6], string.format('%d', instant), text)
   if window > 0 and not manual then
-    for i = 11, #ARGV do
+    for i = 12, #ARGV do
       local c = tonumber(ARGV[i])
       local field = string.format('%d', c)
       if c < instant and now - c <= window and redis.call('HEXISTS', KEYS[6], field) == 0 then
