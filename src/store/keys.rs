@@ -78,14 +78,7 @@ impl Keys {
     /// The SCAN pattern that finds every lock key under `prefix` (and some others, which
     /// [`Keys::name_of`] tells apart).
     pub fn pattern(prefix: &str) -> String {
-        let mut out = String::with_capacity(prefix.len() + 4);
-        for c in prefix.chars() {
-            if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-                out.push('\\');
-            }
-            out.push(c);
-        }
-        out + "{*}*"
+        glob_escaped(prefix) + "{*}*"
     }
 
     /// The KEY of a lock key found by SCAN, if `redis_key` is one (not a `:fence` or other key).
@@ -101,6 +94,18 @@ impl Keys {
         let name = decode(encoded)?;
         Some(name).filter(|n| n.contains(['{', '}']))
     }
+}
+
+/// `text` with SCAN's glob characters escaped, for a pattern that starts with it.
+pub fn glob_escaped(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 4);
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// The hash tag of KEY: `{KEY}`, or `{ENCODED}~` for a KEY with a brace (see the module comment).

@@ -71,14 +71,7 @@ fn pokes_key(prefix: &str, fleet: &str) -> String {
 
 /// The SCAN pattern of every fleet's members hash under `prefix`.
 pub fn fleets_pattern(prefix: &str) -> String {
-    let mut out = String::new();
-    for c in prefix.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out + "~{~replicas:*}:members"
+    crate::store::keys::glob_escaped(prefix) + "~{~replicas:*}:members"
 }
 
 /// The FLEET of a members hash found with [`fleets_pattern`].

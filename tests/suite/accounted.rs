@@ -583,7 +583,7 @@ mod alone {
             let from = now_secs() + 2;
             let began = Instant::now();
             fleet = (0..size).map(|_| replica(&url, &file, &[])).collect();
-            serve_for(began, 5);
+            serve_for(began, 4);
             windows.push((from, now_secs() - 1));
         }
         all_out(fleet, &file);
@@ -636,12 +636,12 @@ mod alone {
         let from = now_secs() + 1;
         let sick_pid = fleet[2].id();
         let ticks = own_ticks(sick_pid);
-        serve_for(Instant::now(), 6);
+        serve_for(Instant::now(), 4);
         let to = now_secs() - 1;
         // Sick, it waits for its probes and its instants' deadlines: it never spins (a tick is 10 ms;
-        // a spinning loop would take most of the 6 s).
+        // a spinning loop would take most of the 4 s).
         let spent = own_ticks(sick_pid) - ticks;
-        assert!(spent < 100, "the sick replica used {spent} ticks in 6 s");
+        assert!(spent < 100, "the sick replica used {spent} ticks in 4 s");
         std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
         assert_readyz(port, 200, Duration::from_secs(5), &file);
         all_out(fleet, &file);

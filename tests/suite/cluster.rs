@@ -269,6 +269,13 @@ fn crontab_replicas_run_each_instant_once_on_a_cluster() {
     replicas::each_instant_once(&cluster().url(), "cl-rep", 20);
 }
 
+/// `--trigger` on a Cluster: the request in KEY's slot, the pokes in each fleet's, the fleets
+/// found with SCAN on every primary.
+#[test]
+fn trigger_runs_a_job_once_now_on_a_cluster() {
+    crate::policies::trigger_once(&cluster().url(), "cl-trig");
+}
+
 mod alone {
     //! The cluster tests that measure time: each takes the cores for itself while it measures
     //! (`common::alone`), and `scripts/test.sh` runs them after the others.

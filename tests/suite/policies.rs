@@ -7,6 +7,20 @@ use crate::accounted::{ledger, now_secs, runs};
 use crate::common::replicas::{crontab, replica, replica_err, stop};
 use crate::common::*;
 
+/// A crontab (UTC) of one line per KEY, `SCHEDULE KEY` then a command that appends `KEY INSTANT
+/// NANOS` to `runs` (read by `accounted::runs`).
+fn runs_crontab(dir: &std::path::Path, schedule: &str, keys: &[&str]) -> String {
+    let runs = dir.join("runs");
+    let mut text = String::from("CRON_TZ=UTC\n");
+    for key in keys {
+        text += &format!(
+            "{schedule} {key} echo {key} $CRONLOCK_INSTANT $(date +%s%N) >> {}\n",
+            runs.display()
+        );
+    }
+    text
+}
+
 /// The `resolved` expression `--status --json --schedule EXPR KEY` shows.
 fn resolved(url: &str, expr: &str, key: &str) -> String {
     let out = run(cronlock_at(url).args(["--status", "--json", "--schedule", expr, key]));
@@ -56,17 +70,7 @@ fn a_fleet_runs_h_fields_at_the_drawn_times() {
     let r = Redis::start();
     let url = r.url();
     let dir = scratch("policies-h");
-    let out = dir.join("runs");
-    let line = |key: &str| {
-        format!(
-            "H/3 * * * * * {key} echo {key} $CRONLOCK_INSTANT $(date +%s%N) >> {}\n",
-            out.display()
-        )
-    };
-    let file = crontab(
-        &dir,
-        &format!("CRON_TZ=UTC\n{}{}", line("h-a"), line("h-b")),
-    );
+    let file = crontab(&dir, &runs_crontab(&dir, "H/3 * * * * *", &["h-a", "h-b"]));
     let offset = |key: &str| -> i64 {
         let r = resolved(&url, "H/3 * * * * *", key);
         r.split('-').next().unwrap().parse().unwrap()
@@ -119,14 +123,7 @@ fn a_suspension_for_two_seconds_ends_by_itself_on_a_fleet() {
     let r = Redis::start();
     let url = r.url();
     let dir = scratch("policies-for");
-    let out = dir.join("runs");
-    let file = crontab(
-        &dir,
-        &format!(
-            "CRON_TZ=UTC\n* * * * * * pause-0 echo pause-0 $CRONLOCK_INSTANT $(date +%s%N) >> {}\n",
-            out.display()
-        ),
-    );
+    let file = crontab(&dir, &runs_crontab(&dir, "* * * * * *", &["pause-0"]));
     let fleet: Vec<_> = (0..3).map(|_| replica(&url, &file, &[])).collect();
     assert!(wait_for(Duration::from_secs(10), || runs(&dir).0.len() >= 2));
     let said = run(cronlock_at(&url).args(["--suspend", "--for", "2s", "--json", "pause-0"]));
@@ -341,16 +338,8 @@ fn jitter_starts_each_run_keys_offset_after_its_instant() {
     let url = r.url();
     let dir = scratch("policies-jitter");
     let out = dir.join("runs");
-    let line = |key: &str| {
-        format!(
-            "*/2 * * * * * --jitter 1500ms {key} echo {key} $CRONLOCK_INSTANT $(date +%s%N) >> {}\n",
-            out.display()
-        )
-    };
-    let file = crontab(
-        &dir,
-        &format!("CRON_TZ=UTC\n{}{}", line("jit-a"), line("jit-b")),
-    );
+    let schedule = "*/2 * * * * * --jitter 1500ms";
+    let file = crontab(&dir, &runs_crontab(&dir, schedule, &["jit-a", "jit-b"]));
     let want: Vec<(String, i64)> = ["jit-a", "jit-b"]
         .iter()
         .map(|k| (k.to_string(), offset_ms(&url, "*/2 * * * * *", "1500ms", k)))
@@ -588,4 +577,28 @@ fn trigger_of_a_key_nobody_serves_leaves_nothing() {
     for c in fleet {
         stop(c);
     }
+}
+
+/// `--trigger --wait` of a job `name` of a fleet of two replicas at `url` (any topology): exit 0,
+/// one run, a manual instant in the ledger.
+pub fn trigger_once(url: &str, name: &str) {
+    let dir = scratch(name);
+    let file = crontab(&dir, &runs_crontab(&dir, "0 0 1 1 *", &[name]));
+    let fleet: Vec<_> = (0..2).map(|_| replica(url, &file, &[])).collect();
+    let out = trigger_of(url, &["--wait", "20s", name]);
+    for c in fleet {
+        stop(c);
+    }
+    assert_eq!(
+        code(&out),
+        0,
+        "{}{}\n{}",
+        stdout(&out),
+        stderr(&out),
+        replica_err(&file)
+    );
+    assert_eq!(runs(&dir).0.len(), 1);
+    let status = run(cronlock_at(url).args(["--status", "--json", name]));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&status)).unwrap();
+    assert_eq!(v["ledger"][0]["manual"], true, "{v}");
 }

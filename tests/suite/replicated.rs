@@ -413,6 +413,12 @@ fn catch_up_retries_and_suspend_through_the_sentinels() {
     story::suspend(&url, "sn-paused");
 }
 
+/// `--trigger` through the sentinels.
+#[test]
+fn trigger_runs_a_job_once_now_through_the_sentinels() {
+    crate::policies::trigger_once(&topology().url(SERVICE), "sn-trig");
+}
+
 /// `--crontab` through the sentinels: three replicas, three jobs every second for 20 s, each instant once.
 #[test]
 fn crontab_replicas_run_each_instant_once_through_the_sentinels() {
