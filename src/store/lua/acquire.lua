@@ -54,8 +54,10 @@ local EARLY = 5000
 local KEEP = 64
 -- The suspension, read before anything is written (as every read here).
 -- (A suspension whose --for has run out ends here: suspension.lua, prepended.)
-local suspended = suspension_in_force(KEYS[7], true)
-local paused = redis.call('HGET', KEYS[7], 'pauses')
+local suspension = redis.call('HMGET', KEYS[7], 'current', 'pauses')
+local suspended, ended = suspension_in_force(KEYS[7], true, suspension[1])
+local paused = suspension[2]
+if ended then paused = redis.call('HGET', KEYS[7], 'pauses') end
 local pauses = {}
 if paused then
   local ok, p = pcall(cjson.decode, paused)
@@ -92,6 +94,9 @@ local function keep_ledger()
   if ttl > 0 then redis.call('PEXPIRE', KEYS[6], ttl) else redis.call('PERSIST', KEYS[6]) end
 end
 local instant, attempt, entry, now, t, ran = 0, 0, nil, 0, nil, nil
+-- The last instants started, the schedule's and a manual one (the schedule record's 'instant'
+-- and 'manual').
+local scheduled_ran, manual_ran = nil, nil
 local window = tonumber(ARGV[4]) or 0
 local n = tonumber(ARGV[7]) or 0
 local manual = ARGV[10] == '1'
@@ -153,7 +158,9 @@ if ARGV[3] ~= '' then
       instant = ahead
     end
   end
-  ran = tonumber(redis.call('HGET', KEYS[4], 'instant'))
+  local record = redis.call('HMGET', KEYS[4], 'instant', 'manual')
+  ran, manual_ran = tonumber(record[1]), tonumber(record[2])
+  scheduled_ran = ran
   if manual then ran = nil end
   local raw = redis.call('HGET', KEYS[6], string.format('%d', instant))
   if raw then
@@ -288,8 +295,7 @@ if instant ~= 0 then
   -- took it): its run died without ending it (its replica was killed). It is ended abandoned, so
   -- no instant reads running for good. (Rare: cjson only then.)
   -- (The last manual instant started is kept apart, 'manual', and looked at the same way.)
-  local started = {tonumber(redis.call('HGET', KEYS[4], 'instant')),
-    tonumber(redis.call('HGET', KEYS[4], 'manual'))}
+  local started = {scheduled_ran, manual_ran}
   for _, last_started in pairs(started) do
     if last_started ~= instant then
       local field = string.format('%d', last_started)

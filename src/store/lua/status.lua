@@ -32,5 +32,5 @@ return {
   slots,
   redis.call('HGETALL', KEYS[8]),
   -- (Not one whose --for ran out: suspension.lua, prepended; nothing is written here.)
-  suspension_in_force(KEYS[9], false),
+  (suspension_in_force(KEYS[9], false)),
 }

@@ -5,22 +5,25 @@
 -- resume it and whichever host fires first.
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 
--- The record in force at `key` (a JSON string), or false. A record cronlock did not write, or
--- one with no 'until', is in force until --resume.
-local function suspension_in_force(key, lapse)
-  local current = redis.call('HGET', key, 'current')
+-- The record in force at `key` (a JSON string), or false, and whether one ended here. A record
+-- cronlock did not write, or one with no 'until', is in force until --resume. `current`: the
+-- record as the caller read it already (nil: read here).
+local function suspension_in_force(key, lapse, current)
+  if current == nil then
+    current = redis.call('HGET', key, 'current')
+  end
   if not current then
-    return false
+    return false, false
   end
   local ok, record = pcall(cjson.decode, current)
   if not ok or type(record) ~= 'table' or not tonumber(record['until']) then
-    return current
+    return current, false
   end
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local ends = tonumber(record['until'])
   if now < ends then
-    return current
+    return current, false
   end
   if lapse then
     local raw = redis.call('HGET', key, 'pauses')
@@ -29,7 +32,7 @@ local function suspension_in_force(key, lapse)
       local ok2, p = pcall(cjson.decode, raw)
       if not ok2 or type(p) ~= 'table' then
         -- Left as they are; the script reading them says so.
-        return false
+        return false, false
       end
       pauses = p
     end
@@ -38,5 +41,5 @@ local function suspension_in_force(key, lapse)
     redis.call('HSET', key, 'pauses', cjson.encode(pauses))
     redis.call('HDEL', key, 'current')
   end
-  return false
+  return false, lapse
 end
