@@ -104,7 +104,8 @@ pub fn trigger(
         if back {
             repoke(masters, Duration::ZERO);
             let why = format!(
-                "no replica of the {} live fleet(s) on this Redis took it within {} s",
+                "none of the {} live fleet(s) on this Redis took it within {} s: none serves \
+                 KEY, or all are at --max-jobs",
                 fleets.len(),
                 accept.as_secs()
             );
