@@ -3,7 +3,8 @@
 //! recorded in its ledger like any instant (with `manual`).
 //!
 //! The request goes in KEY's slot (`store::trigger`), and a poke to every fleet serving from this
-//! Redis (`store::members`: the fleets are found with SCAN); each replica reads its fleet's pokes
+//! Redis (`store::members`: the fleets are found with SCAN, again every half second while the
+//! request waits, so a fleet that just started is told too); each replica reads its fleet's pokes
 //! with its heartbeat, and one serving KEY claims the instant. So a KEY no replica serves is
 //! known within [`ACCEPT_WITHIN`]: the request and the pokes are taken back, and nothing is left.
 //! Once one took it, the pokes stay while the replicas look after it, so the others retry it
@@ -72,24 +73,19 @@ pub fn trigger(
         return Ok(unserved(name, "no --crontab replica is live on this Redis"));
     }
     let instant = ask(masters, within, keys, asked.reason)?;
-    let poke = Poke {
-        key: name.clone(),
-        instant,
+    let mut pokes = Pokes {
+        within,
+        prefix,
+        poke: Poke {
+            key: name.clone(),
+            instant,
+        },
+        fleets: Vec::new(),
+        largest: 0,
     };
-    let mut largest = 0;
-    for fleet in &fleets {
-        // A fleet that cannot be poked is one less that may take it; the wait says the rest.
-        if let Ok(n) = masters.poke(within, prefix, fleet, &poke, FOLLOWED) {
-            largest = largest.max(n);
-        }
-    }
-    let accept = accept_within(largest);
-    let accepted = wait_for_answer(masters, within, keys, instant, accept);
-    let repoke = |masters: &mut Masters, span: Duration| {
-        for fleet in &fleets {
-            let _ = masters.poke(within, prefix, fleet, &poke, span);
-        }
-    };
+    pokes.reach(masters, fleets);
+    let accepted = wait_for_answer(masters, keys, &mut pokes);
+    let accept = accept_within(pokes.largest);
     let Some(request) = accepted else {
         let answers = masters
             .untrigger(within, keys, instant)
@@ -102,11 +98,11 @@ pub fn trigger(
             &format!("take back the trigger of '{name}'"),
         )?;
         if back {
-            repoke(masters, Duration::ZERO);
+            pokes.take_back(masters);
             let why = format!(
                 "none of the {} live fleet(s) on this Redis took it within {} s: none serves \
                  KEY, or all are at --max-jobs",
-                fleets.len(),
+                pokes.fleets.len(),
                 accept.as_secs()
             );
             return Ok(unserved(name, &why));
@@ -115,7 +111,7 @@ pub fn trigger(
         return follow(masters, within, keys, instant, asked, began);
     };
     if request.state.as_deref() == Some("skipped") {
-        repoke(masters, Duration::ZERO);
+        pokes.take_back(masters);
         return follow(masters, within, keys, instant, asked, began);
     }
     // Taken: the pokes stay, so every replica of the fleets learns of it (one that lost the
@@ -214,6 +210,52 @@ fn standing(
     majority(masters, answers, "read the trigger").ok()
 }
 
+/// The fleets told of a manual instant, and the largest's size.
+struct Pokes<'a> {
+    within: Duration,
+    prefix: &'a str,
+    poke: Poke,
+    fleets: Vec<String>,
+    largest: usize,
+}
+
+impl Pokes<'_> {
+    /// Poke those of `fleets` not poked yet (for as long as replicas look after a manual
+    /// instant). A fleet that cannot be poked is one less that may take it; the wait says the
+    /// rest.
+    fn reach(&mut self, masters: &mut Masters, fleets: Vec<String>) {
+        for fleet in fleets {
+            if self.fleets.contains(&fleet) {
+                continue;
+            }
+            if let Ok(n) = masters.poke(self.within, self.prefix, &fleet, &self.poke, FOLLOWED) {
+                self.largest = self.largest.max(n);
+            }
+            self.fleets.push(fleet);
+        }
+    }
+
+    /// Look for fleets that came since (a replica that just started), and poke them.
+    fn reach_new(&mut self, masters: &mut Masters) {
+        let found = masters.scan(&fleets_pattern(self.prefix), self.within);
+        let fleets = found
+            .map(|keys| {
+                keys.iter()
+                    .filter_map(|k| fleet_of(self.prefix, k))
+                    .collect()
+            })
+            .unwrap_or_default();
+        self.reach(masters, fleets);
+    }
+
+    /// Take every poke back.
+    fn take_back(&self, masters: &mut Masters) {
+        for fleet in &self.fleets {
+            let _ = masters.poke(self.within, self.prefix, fleet, &self.poke, Duration::ZERO);
+        }
+    }
+}
+
 /// How long a fleet of `replicas` has to take a manual instant: two of its heartbeats' periods
 /// and a claim (a heartbeat every second up to 5 replicas, 200 ms more per replica above), at
 /// least [`ACCEPT_WITHIN`].
@@ -222,15 +264,16 @@ fn accept_within(replicas: usize) -> Duration {
     ACCEPT_WITHIN.max(period * 2 + Duration::from_secs(2))
 }
 
-/// Wait up to `accept` for a replica to take the instant (accepted or skipped).
+/// Wait for a replica to take the instant (accepted or skipped), as long as the largest fleet
+/// poked needs ([`accept_within`]); fleets that come meanwhile are poked too (every [`RESCAN`]).
 fn wait_for_answer(
     masters: &mut Masters,
-    within: Duration,
     keys: &Keys,
-    instant: i64,
-    accept: Duration,
+    pokes: &mut Pokes,
 ) -> Option<TriggerRequest> {
-    let until = Instant::now() + accept;
+    let (within, instant) = (pokes.within, pokes.poke.instant);
+    let began = Instant::now();
+    let mut rescan = began + RESCAN;
     loop {
         let request = standing(masters, within, keys, instant)
             .and_then(|s| s.request)
@@ -238,8 +281,13 @@ fn wait_for_answer(
         if let Some(r) = request.filter(|r| r.state.as_deref() != Some("asked")) {
             return Some(r);
         }
-        if Instant::now() >= until {
+        let now = Instant::now();
+        if now >= began + accept_within(pokes.largest) {
             return None;
+        }
+        if now >= rescan {
+            rescan = now + RESCAN;
+            pokes.reach_new(masters);
         }
         sleep(POLL);
     }
