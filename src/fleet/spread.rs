@@ -13,8 +13,26 @@
 //! The hash is FNV-1a (64 bits) of KEY, mixed with the field's place by SplitMix64: fixed here
 //! for good, since a change would move every such job's times on an upgrade.
 
+/// The values a field can hold, from `lo` to `hi`.
+#[derive(Clone, Copy)]
+struct FieldRange {
+    lo: u32,
+    hi: u32,
+}
+
+const fn range(lo: u32, hi: u32) -> FieldRange {
+    FieldRange { lo, hi }
+}
+
 /// The fields' ranges for `H`, seconds first when there are six fields.
-const RANGES_6: [(u32, u32); 6] = [(0, 59), (0, 59), (0, 23), (1, 28), (1, 12), (0, 6)];
+const RANGES_6: [FieldRange; 6] = [
+    range(0, 59),
+    range(0, 59),
+    range(0, 23),
+    range(1, 28),
+    range(1, 12),
+    range(0, 6),
+];
 
 /// Whether `expr` has an `H` field (a nickname such as `@daily` never has).
 pub fn is_hashed(expr: &str) -> bool {
@@ -28,7 +46,7 @@ pub fn is_hashed(expr: &str) -> bool {
 /// the field.
 pub fn resolve(expr: &str, key: &str) -> Result<String, String> {
     let fields: Vec<&str> = expr.split_whitespace().collect();
-    let ranges: &[(u32, u32)] = match fields.len() {
+    let ranges: &[FieldRange] = match fields.len() {
         6 => &RANGES_6,
         5 => &RANGES_6[1..],
         _ => return Ok(expr.to_string()),
@@ -60,7 +78,8 @@ pub fn resolve(expr: &str, key: &str) -> Result<String, String> {
 }
 
 /// One comma-separated part of a field: itself unless it starts with `H`.
-fn part(p: &str, (lo, hi): (u32, u32), draw: u64) -> Result<String, String> {
+fn part(p: &str, field: FieldRange, draw: u64) -> Result<String, String> {
+    let FieldRange { lo, hi } = field;
     let Some(rest) = p.strip_prefix('H') else {
         return Ok(p.to_string());
     };

@@ -329,16 +329,23 @@ fn no_parameters_are_packed_into_tuples() {
     for (module, code) in modules() {
         for (n, line) in code.lines().enumerate() {
             let t = line.trim_start();
-            let Some(inner) = t.strip_prefix('(') else {
-                continue;
-            };
-            let Some((names, rest)) = inner.split_once("): (") else {
-                continue;
-            };
-            let names_only = names
-                .split(", ")
-                .all(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_lowercase() || c == '_'));
-            if names_only && names.contains(", ") && rest.ends_with("),") {
+            // `(a, b): (A, B)` as a parameter: on a line of its own, or inside a `fn` line.
+            let parts: Vec<&str> = t.split("): (").collect();
+            let packed = parts[..parts.len() - 1].iter().any(|left| {
+                let Some(open) = left.rfind('(') else {
+                    return false;
+                };
+                let names = &left[open + 1..];
+                let before = left[..open].chars().last();
+                let at_start = open == 0 && t.starts_with('(');
+                let in_fn = t.contains("fn ") && matches!(before, Some('(') | Some(' '));
+                names.contains(", ")
+                    && (at_start || in_fn)
+                    && names.split(", ").all(|n| {
+                        !n.is_empty() && n.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+                    })
+            });
+            if packed {
                 wrong.push(format!("{module}:{}: {t}", n + 1));
             }
         }

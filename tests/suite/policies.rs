@@ -21,6 +21,17 @@ fn runs_crontab(dir: &std::path::Path, schedule: &str, keys: &[&str]) -> String 
     text
 }
 
+/// `cronlock ARGS k -- true` is refused: status 125 and one line, naming each of `names`;
+/// nothing runs.
+fn refused(url: &str, args: &[&str], names: &[&str]) {
+    let out = run(cronlock_at(url).args(args).args(["k", "--", "true"]));
+    assert_eq!(code(&out), 125, "{}", stderr(&out));
+    assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+    for name in names {
+        assert!(stderr(&out).contains(name), "no {name}: {}", stderr(&out));
+    }
+}
+
 /// The `resolved` expression `--status --json --schedule EXPR KEY` shows.
 fn resolved(url: &str, expr: &str, key: &str) -> String {
     let out = run(cronlock_at(url).args(["--status", "--json", "--schedule", expr, key]));
@@ -57,10 +68,7 @@ fn h_fields_are_the_same_everywhere_and_spread_over_the_range() {
         "{first}"
     );
     // A bad H field is one line naming the option and the field; nothing runs.
-    let out = run(cronlock_at(&url).args(["--schedule", "H(70-80) * * * *", "k", "--", "true"]));
-    assert_eq!(code(&out), 125, "{}", stderr(&out));
-    assert!(stderr(&out).contains("minute"), "{}", stderr(&out));
-    assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+    refused(&url, &["--schedule", "H(70-80) * * * *"], &["minute"]);
 }
 
 /// A fleet of two replicas runs `H/3 * * * * *` (seconds) at the seconds KEY draws, each once,
@@ -403,22 +411,11 @@ fn jitter_starts_each_run_keys_offset_after_its_instant() {
         "started {late} ms from instant + offset {offset}"
     );
 
-    let bad = run(cronlock_at(&url).args([
-        "--schedule",
-        "* * * * * *",
-        "--jitter",
-        "2s",
-        "k",
-        "--",
-        "true",
-    ]));
-    assert_eq!(code(&bad), 125, "{}", stderr(&bad));
-    assert!(
-        stderr(&bad).contains("--jitter") && stderr(&bad).contains("period"),
-        "{}",
-        stderr(&bad)
+    refused(
+        &url,
+        &["--schedule", "* * * * * *", "--jitter", "2s"],
+        &["--jitter", "period"],
     );
-    assert_eq!(stderr(&bad).lines().count(), 1, "{}", stderr(&bad));
 }
 
 /// `--overlap queue` on a fleet of three replicas, a job every 2 s that takes 3 s: no two runs
@@ -522,30 +519,14 @@ fn overlap_queue_runs_the_waiting_instant_when_the_run_before_ends() {
         "{book:?}"
     );
 
-    let bad = run(cronlock_at(&url).args([
-        "--schedule",
-        "* * * * *",
-        "--overlap",
-        "later",
-        "k",
-        "--",
-        "true",
-    ]));
-    assert_eq!(code(&bad), 125, "{}", stderr(&bad));
-    assert!(stderr(&bad).contains("--overlap"), "{}", stderr(&bad));
-    let bad = run(cronlock_at(&url).args([
-        "--schedule",
-        "* * * * *",
-        "--overlap",
-        "queue",
-        "--catch-up",
-        "1h",
-        "k",
-        "--",
-        "true",
-    ]));
-    assert_eq!(code(&bad), 125, "{}", stderr(&bad));
-    assert_eq!(stderr(&bad).lines().count(), 1, "{}", stderr(&bad));
+    let every_minute = ["--schedule", "* * * * *", "--overlap"];
+    refused(
+        &url,
+        &[&every_minute[..], &["later"]].concat(),
+        &["--overlap"],
+    );
+    let with_catch_up = [&every_minute[..], &["queue", "--catch-up", "1h"]].concat();
+    refused(&url, &with_catch_up, &["--overlap queue", "--catch-up"]);
 }
 
 /// `--trigger` of a KEY no replica of the fleet serves: one line and 69 once the fleet had its
