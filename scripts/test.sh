@@ -58,8 +58,27 @@ command -v promtool >/dev/null || { echo "test.sh: promtool (prometheus) is requ
 command -v chromium >/dev/null || { echo "test.sh: chromium is required" >&2; exit 1; }
 
 TARGET=x86_64-unknown-linux-gnu # build.target in .cargo/config.toml, as in scripts/dist.sh
-echo "test.sh: building the release binary (cargo build --release --locked)" >&2
+# The tests' build (the test profile, in its own target directory so that neither cargo waits for
+# the other's lock) runs beside the release build: the release's last step, one codegen unit
+# under LTO, keeps one core busy for half a minute and leaves the other to it.
+tests_target="$PWD/target/suite"
+echo "test.sh: building the release binary (cargo build --release --locked) and the tests" >&2
+built=$(mktemp)
+CARGO_TARGET_DIR="$tests_target" cargo test --locked --no-run \
+  --message-format=json-render-diagnostics |
+  python3 -c '
+import json, sys
+for line in sys.stdin:
+    j = json.loads(line)
+    if j.get("reason") == "compiler-artifact" and j.get("executable") and j["target"]["name"] == "suite":
+        print(j["executable"])' >"$built" &
+tests_build=$!
 cargo build --release --locked
+wait "$tests_build" || { echo "test.sh: the tests' build failed (see above)" >&2; exit 1; }
+suite=$(cat "$built")
+rm -f "$built"
+[ -x "$suite" ] || { echo "test.sh: the tests' build made no suite binary" >&2; exit 1; }
+export CARGO_TARGET_DIR="$tests_target"
 export CRONLOCK_TEST_BIN="$PWD/target/$TARGET/release/cronlock"
 # Says to the tests (tests/suite/ship.rs) that this is the run that must test the release binary.
 export CRONLOCK_TEST_RELEASE=1
@@ -185,15 +204,6 @@ with zipfile.ZipFile(wheel) as z:
 PY
   rm -rf "$work"
 }
-# The passes run the test binary directly, built once here (two cargo processes would wait for
-# each other's lock on the target directory).
-suite=$(cargo test --locked --no-run --message-format=json --test suite |
-  python3 -c '
-import json, sys
-for line in sys.stdin:
-    j = json.loads(line)
-    if j.get("reason") == "compiler-artifact" and j.get("executable") and j["target"]["name"] == "suite":
-        print(j["executable"])')
 servers=()
 if fetch_redis62 && "$REDIS62/redis-server" --version | grep -q 'v=6\.2\.'; then
   servers+=(6.2)
