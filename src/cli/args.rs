@@ -169,8 +169,11 @@ pub struct Cli {
     pub jitter: Option<Span>,
 
     /// With --schedule: what an instant does that finds the lock still held by an earlier
-    /// instant's run: skip (recorded skipped) or queue (the first waits and starts as soon as
-    /// that run ends; a further one is skipped)
+    /// instant's run: skip (recorded skipped), queue (the first waits and starts as soon as
+    /// that run ends; a further one is skipped), replace (the earlier run is stopped, SIGTERM
+    /// then SIGKILL after --grace, and recorded replaced; this one starts once it is gone) or
+    /// allow (each instant runs under a lock of its own, at most --limit at once, 64 without
+    /// one)
     #[arg(long, env = "CRONLOCK_OVERLAP", value_name = "POLICY", value_parser = overlap,
           default_value = "skip", requires = "schedule")]
     pub overlap: crate::store::lock::Overlap,
@@ -480,13 +483,15 @@ pub(super) fn retries(s: &str) -> Result<u32, String> {
 
 pub use crate::log::LogFormat;
 
-/// `--overlap`: `skip` or `queue`.
+/// `--overlap`: `skip`, `queue`, `replace` or `allow` (its cap is `--limit`'s, resolved later).
 fn overlap(text: &str) -> Result<crate::store::lock::Overlap, String> {
-    use crate::store::lock::Overlap;
+    use crate::store::lock::{Overlap, MAX_LIMIT};
     match text.trim() {
         "skip" => Ok(Overlap::Skip),
         "queue" => Ok(Overlap::Queue),
-        _ => Err("expected skip or queue".into()),
+        "replace" => Ok(Overlap::Replace),
+        "allow" => Ok(Overlap::Allow { at_once: MAX_LIMIT }),
+        _ => Err("expected skip, queue, replace or allow".into()),
     }
 }
 

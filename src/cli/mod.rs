@@ -255,10 +255,11 @@ impl Cli {
             ),
             _ => {}
         }
-        if self.limit > 1 && self.schedule.is_some() {
+        let allow = matches!(self.overlap, crate::store::lock::Overlap::Allow { .. });
+        if self.limit > 1 && self.schedule.is_some() && !allow {
             bail!(
                 "--schedule runs the job once per instant, so it takes no --limit above 1 (got \
-                 --limit {})",
+                 --limit {}) but with --overlap allow, where it caps the instants running at once",
                 self.limit
             );
         }

@@ -13,6 +13,7 @@ use crate::cli::{Cli, Mode, RunTarget};
 use crate::config::{Admin, AdminMode, Reports, Request, RunConfig};
 use crate::fleet::schedule::Schedule;
 use crate::lease::Timing;
+use crate::store::lock::Overlap;
 use crate::store::topology::Redis;
 
 /// A run or an admin mode (a replica's crontab is `crontab.rs`'s), checked in the order the
@@ -42,12 +43,13 @@ pub(super) fn run_config(cli: &Cli, target: RunTarget) -> Result<RunConfig> {
     let reports = reports(cli)?;
     let schedule = keyed(cli, &target.key)?;
     let jitter = jitter(cli, schedule.as_ref())?;
-    if cli.overlap == crate::store::lock::Overlap::Queue && cli.catch_up.is_some() {
+    if cli.overlap == Overlap::Queue && cli.catch_up.is_some() {
         bail!(
             "--overlap queue cannot go with --catch-up: a catch-up window already runs a busy \
              instant later, once the lock is free"
         );
     }
+    let (overlap, limit) = overlap_and_limit(cli);
     Ok(RunConfig {
         key: target.key,
         argv: target.argv,
@@ -56,10 +58,10 @@ pub(super) fn run_config(cli: &Cli, target: RunTarget) -> Result<RunConfig> {
         connect_timeout: cli.connect_timeout.0,
         timing,
         wait: cli.wait(),
-        limit: cli.limit,
+        limit,
         schedule,
         jitter,
-        overlap: cli.overlap,
+        overlap,
         handover: handover_fd()?,
         catch_up: cli.catch_up.map(|c| c.0),
         retries: cli.retries.unwrap_or(0),
@@ -70,6 +72,16 @@ pub(super) fn run_config(cli: &Cli, target: RunTarget) -> Result<RunConfig> {
         history_ttl: cli.history_ttl.map(|t| t.0),
         reports,
     })
+}
+
+/// `--overlap`, with `--limit` folded into `allow`'s cap: under `allow` each instant holds a lock
+/// of its own, so `--limit` counts the instants at once and each run holds a plain lock.
+fn overlap_and_limit(cli: &Cli) -> (Overlap, u32) {
+    match cli.overlap {
+        Overlap::Allow { .. } if cli.limit > 1 => (Overlap::Allow { at_once: cli.limit }, 1),
+        Overlap::Allow { at_once } => (Overlap::Allow { at_once }, 1),
+        other => (other, cli.limit),
+    }
 }
 
 /// `--jitter`, checked shorter than the schedule's shortest period among its next instants (a

@@ -52,6 +52,10 @@ pub struct Handover {
     /// When the claim was sent, on `CLOCK_BOOTTIME` (the same clock in every process): the lock
     /// is valid until this + ttl at the least.
     pub sent_at: Instant,
+    /// `--overlap allow`: the lock is the instant's own.
+    pub own_lock: bool,
+    /// `--overlap replace`: a run replaced may still be stopping until then (`CLOCK_BOOTTIME`).
+    pub after: Option<Instant>,
 }
 
 impl Handover {
@@ -68,6 +72,8 @@ impl Handover {
             attempt: held.attempt,
             ttl: held.ttl,
             sent_at: held.sent_at,
+            own_lock: held.own_lock,
+            after: held.after,
         }
     }
 
@@ -75,6 +81,8 @@ impl Handover {
     pub fn into_held(self, mut keys: Keys) -> Held {
         if self.limit > 1 {
             keys.lock = keys.slot(self.slot);
+        } else if let (true, Some(at)) = (self.own_lock, self.instant) {
+            keys.lock = keys.at(at);
         }
         Held {
             keys,
@@ -87,6 +95,8 @@ impl Handover {
             slot: self.slot,
             attempt: self.attempt,
             manual: self.manual,
+            own_lock: self.own_lock,
+            after: self.after,
         }
     }
 
@@ -109,6 +119,8 @@ impl Handover {
             attempt: self.attempt,
             ttl_ms: self.ttl.as_millis() as u64,
             sent_boot_ns: self.sent_at.as_duration().as_nanos() as u64,
+            own_lock: self.own_lock,
+            after_boot_ns: self.after.map(|a| a.as_duration().as_nanos() as u64),
         })
         .line()
     }
@@ -139,6 +151,10 @@ impl Handover {
             attempt: m.attempt.max(1),
             ttl: Duration::from_millis(m.ttl_ms),
             sent_at: Instant::from_duration(Duration::from_nanos(m.sent_boot_ns)),
+            own_lock: m.own_lock,
+            after: m
+                .after_boot_ns
+                .map(|ns| Instant::from_duration(Duration::from_nanos(ns))),
         })
     }
 }

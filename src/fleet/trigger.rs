@@ -379,6 +379,11 @@ fn ended(
             ))
         }
         "abandoned" if spent => Some(("was abandoned: its host died".into(), Exit::LockLost)),
+        // --overlap replace: a later instant took its lock and stopped it.
+        "replaced" => Some((
+            "was replaced by a later instant (--overlap replace)".into(),
+            Exit::LockLost,
+        )),
         "interrupted" if spent => Some((
             "was interrupted (its replica was stopped)".into(),
             Exit::Signal(libc::SIGTERM),

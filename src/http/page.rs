@@ -27,7 +27,7 @@ vertical-align:top}th{background:#f4f4f4}.cells{white-space:nowrap}\
 .c{display:inline-block;width:.8em;height:1.2em;margin-right:2px;border-radius:2px;background:#ccc}\
 .succeeded{background:#2e9e44}.failed{background:#d23c3c}.missed{background:#8a5cc2}\
 .abandoned{background:#e08a00}.interrupted{background:#c76b98}.skipped{background:#9aa5b1}\
-.running{background:#2f7bd9}.queued{background:#8fc3f0}.manual{outline:2px solid #222;outline-offset:-2px}.warn{color:#b00}.muted{color:#777}\
+.running{background:#2f7bd9}.queued{background:#8fc3f0}.replaced{background:#b5651d}.manual{outline:2px solid #222;outline-offset:-2px}.warn{color:#b00}.muted{color:#777}\
 @media (max-width:640px){thead{display:none}tr.job{display:block;border-bottom:1px solid #ddd;\
 padding:.4em 0}tr.job td{display:block;border:0;padding:.1em .5em}\
 tr.job td::before{content:attr(data-label);font-weight:600;margin-right:.5em}}";

@@ -6,9 +6,10 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
 /// The states an instant can be in, as the scripts write them.
-pub const STATES: [&str; 8] = [
+pub const STATES: [&str; 9] = [
     "queued",
     "running",
+    "replaced",
     "succeeded",
     "failed",
     "missed",
@@ -92,6 +93,9 @@ pub struct LedgerAttempt {
     pub fence: Option<Fence>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// When a later instant replaced it (`--overlap replace`), wall-clock ms (Redis's clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replaced: Option<u64>,
     /// The holder's token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_id: Option<String>,

@@ -53,6 +53,12 @@ pub struct LockMessage {
     pub ttl_ms: u64,
     /// When the claim was sent, on `CLOCK_BOOTTIME` (the same clock in every process).
     pub sent_boot_ns: u64,
+    /// `--overlap allow`: the lock is the instant's own (`KEY:at:INSTANT`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub own_lock: bool,
+    /// `--overlap replace`: until when (`CLOCK_BOOTTIME`) a run replaced may still be stopping.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_boot_ns: Option<u64>,
 }
 
 /// What a run asks its replica to record at release.

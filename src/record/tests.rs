@@ -22,6 +22,8 @@ fn ledger_entries_of_every_shape_read_whole() {
         r#"{"attempts":[{"ended":2,"exit":0,"fence":17,"host":"h","run_id":"r","started":1,"state":"succeeded"}],"state":"succeeded"}"#,
         r#"{"attempts":[{"host":"h","new_field":[1],"state":"abandoned"}],"state":"abandoned","later":true}"#,
         r#"{"state":"missed","reason":"no_room","attempts":[]}"#,
+        // --overlap replace: replaced, then ended by its run's release.
+        r#"{"attempts":[{"ended":9,"exit":122,"fence":"17","host":"h","replaced":5,"run_id":"r","started":1,"state":"replaced"}],"holder":"{\"token\":\"r\"}","state":"replaced"}"#,
     ] {
         round_trip::<LedgerEntry>(raw, raw);
     }

@@ -36,6 +36,7 @@ type OnStart<'a> = &'a mut dyn FnMut(&str, u32);
 
 mod handed;
 mod release;
+mod replacing;
 mod take;
 
 use release::{release, said_released};
@@ -91,6 +92,7 @@ fn run_locked(
         ],
     );
     let (mut run, shared) = Run::new(config, log, held, masters, channel)?;
+    replacing::wait_for_replaced(config, &run.held, &run.watchdog.validity, log);
     if run.channel.is_some() {
         handed::wait_for_instant(&run.held, config.jitter_offset());
     }

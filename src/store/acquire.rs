@@ -160,80 +160,98 @@ fn attempt(
         limit,
         instants,
     } = ask;
-    let (fence, pttl, value, instant, ran, slot, other, attempt, suspended) = reply;
-    if other != 0 {
+    if reply.other_limit != 0 {
         return Ok(AcquireOutcome::Mismatch(
-            other.clamp(0, i64::from(u32::MAX)) as u32,
+            reply.other_limit.clamp(0, i64::from(u32::MAX)) as u32,
         ));
     }
-    let instant = (instant != 0).then_some(instant);
-    if let Some(record) = suspended {
+    let instant = (reply.instant != 0).then_some(reply.instant);
+    if let Some(record) = reply.suspension {
         return Ok(AcquireOutcome::Suspended {
             record: Stored::read(&record),
             instant,
         });
     }
-    if ran != 0 {
+    if reply.ran != 0 {
         return Ok(AcquireOutcome::AlreadyRan {
-            instant: instant.unwrap_or(ran),
-            ran,
+            instant: instant.unwrap_or(reply.ran),
+            ran: reply.ran,
         });
     }
-    if fence <= 0 {
-        let left = u64::try_from(pttl).ok().map(Duration::from_millis);
+    if reply.fence <= 0 {
+        let left = u64::try_from(reply.pttl).ok().map(Duration::from_millis);
         return Ok(AcquireOutcome::Busy(
             left,
-            value.unwrap_or_default(),
+            reply.holder.unwrap_or_default(),
             instant,
         ));
     }
     // A grant names its slot (0 for the plain lock): a broken server, never a lock, otherwise.
-    let Ok(slot) = u32::try_from(slot) else {
+    let Ok(slot) = u32::try_from(reply.slot) else {
         link.distrust();
         return Err(Failure::shape(
             "an acquire reply that is not {fence, pttl, holder, instant, ran, slot, limit}",
         ));
     };
+    let overlap = instants.map_or(Overlap::Skip, |s| s.overlap);
+    let own_lock = matches!(overlap, Overlap::Allow { .. }) && instant.is_some();
     let mut keys = keys.clone();
     if limit > 1 {
         keys.lock = keys.slot(slot);
+    } else if let (true, Some(at)) = (own_lock, instant) {
+        keys.lock = keys.at(at);
     }
+    // Measured from the reply, which came after the script ran: never shorter than Redis's.
+    let after = u64::try_from(reply.after_ms)
+        .ok()
+        .filter(|ms| *ms > 0)
+        .map(|ms| Instant::now() + Duration::from_millis(ms));
     Ok(AcquireOutcome::Held(Box::new(Held {
         keys,
         holder: holder.clone(),
-        fence,
+        fence: reply.fence,
         ttl,
         sent_at,
         instant,
         limit,
         slot,
-        attempt: attempt.clamp(1, i64::from(u32::MAX)) as u32,
+        attempt: reply.attempt.clamp(1, i64::from(u32::MAX)) as u32,
         manual: instants.is_some_and(|s| s.kind == InstantKind::Manual),
+        own_lock,
+        after,
     })))
 }
 
-/// An acquire's reply, read:
-/// `{fence, pttl, holder, instant, ran, slot, limit, attempt, suspension}`.
-type AcquireReply = (
-    i64,
-    i64,
-    Option<String>,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    Option<String>,
-);
+/// An acquire's reply, read (`acquire.lua` and `semaphore.lua` say what each element means).
+struct AcquireReply {
+    /// The fencing token when taken, else 0.
+    fence: i64,
+    /// Busy: ms until the holder's lock expires.
+    pttl: i64,
+    /// Busy: the holder's value.
+    holder: Option<String>,
+    instant: i64,
+    /// The instant recorded as run already (0: none).
+    ran: i64,
+    slot: i64,
+    /// The current holders' other `--limit` (0: none).
+    other_limit: i64,
+    attempt: i64,
+    /// The suspension record, while KEY is suspended.
+    suspension: Option<String>,
+    /// `--overlap replace`: how long a run replaced may still be stopping, in ms.
+    after_ms: i64,
+}
 
 /// Read an acquire's reply; anything but its exact shape is a failure, never an answer.
 fn acquire_reply(reply: &Value) -> Result<AcquireReply, Failure> {
     const SHAPE: &str = "an acquire reply that is not {fence, pttl, holder, instant, ran, slot, \
-                         limit, attempt, suspension}";
+                         limit, attempt, suspension, after}";
     let Value::Array(parts) = reply else {
         return Err(Failure::shape(SHAPE));
     };
-    let [fence, pttl, value, instant, ran, got, other, attempt, suspended] = parts.as_slice()
+    let [fence, pttl, value, instant, ran, got, other, attempt, suspended, after] =
+        parts.as_slice()
     else {
         return Err(Failure::shape(SHAPE));
     };
@@ -246,17 +264,18 @@ fn acquire_reply(reply: &Value) -> Result<AcquireReply, Failure> {
             .ok_or_else(|| Failure::shape(SHAPE))?,
         other => int(other, SHAPE)?,
     };
-    Ok((
+    Ok(AcquireReply {
         fence,
-        int(pttl, SHAPE)?,
-        text_or_nil(value, SHAPE)?,
-        int(instant, SHAPE)?,
-        int(ran, SHAPE)?,
-        int(got, SHAPE)?,
-        int(other, SHAPE)?,
-        int(attempt, SHAPE)?,
-        text_or_nil(suspended, SHAPE)?,
-    ))
+        pttl: int(pttl, SHAPE)?,
+        holder: text_or_nil(value, SHAPE)?,
+        instant: int(instant, SHAPE)?,
+        ran: int(ran, SHAPE)?,
+        slot: int(got, SHAPE)?,
+        other_limit: int(other, SHAPE)?,
+        attempt: int(attempt, SHAPE)?,
+        suspension: text_or_nil(suspended, SHAPE)?,
+        after_ms: int(after, SHAPE)?,
+    })
 }
 
 /// The plain lock's acquire (`acquire.lua`): its keys and arguments.
@@ -289,6 +308,11 @@ fn plain_call<'a>(
             .map_or(Overlap::Skip, |s| s.overlap)
             .word()
             .to_string(),
+        match instants.map(|s| s.overlap) {
+            Some(Overlap::Allow { at_once }) => at_once,
+            _ => 1,
+        }
+        .to_string(),
     ];
     if let Some(s) = instants {
         args.extend(s.candidates.iter().chain(&s.earlier).map(i64::to_string));
@@ -302,6 +326,8 @@ fn plain_call<'a>(
         &keys.ledger,
         &keys.suspend,
         &keys.trigger,
+        &keys.replaced,
+        &keys.running,
     ];
     (keys, args)
 }

@@ -16,6 +16,10 @@
 //!   0..N, held like the plain lock), `cronlock:{KEY}:limit` (N, while holders exist) and
 //!   `cronlock:{KEY}:fences` (each slot's fencing token)
 //! - `cronlock:{KEY}:ledger` with `--schedule`: the recent instants and their attempts (a hash)
+//! - `cronlock:{KEY}:trigger` the manual instants asked for with `--trigger`
+//! - `cronlock:{KEY}:replaced` with `--overlap replace`: the runs replaced and maybe still stopping
+//! - `cronlock:{KEY}:at:INSTANT` with `--overlap allow`: the lock of one instant's run, and
+//!   `cronlock:{KEY}:running` the instants running so
 //! - `cronlock:{KEY}:suspend` after `--suspend`: the record while suspended, and the 16 newest
 //!   past suspensions (a hash, no expiry: it is the operator's switch)
 
@@ -39,6 +43,12 @@ pub struct Keys {
     pub suspend: String,
     /// The manual instants asked for with `--trigger` (a hash: instant -> request).
     pub trigger: String,
+    /// `--overlap replace`: the runs replaced and maybe still stopping (a hash: holder value ->
+    /// when its lock would have lapsed, Redis ms).
+    pub replaced: String,
+    /// `--overlap allow`: the instants running, each under its own lock (a hash: instant ->
+    /// holder value).
+    pub running: String,
 }
 
 impl Keys {
@@ -56,8 +66,15 @@ impl Keys {
             ledger: format!("{lock}:ledger"),
             suspend: format!("{lock}:suspend"),
             trigger: format!("{lock}:trigger"),
+            replaced: format!("{lock}:replaced"),
+            running: format!("{lock}:running"),
             lock,
         }
+    }
+
+    /// The lock of one instant under `--overlap allow` (`acquire.lua` names it so).
+    pub fn at(&self, instant: i64) -> String {
+        format!("{}:at:{instant}", self.lock)
     }
 
     /// Slot `i` of a `--limit` above 1: a lock of its own, held like the plain one.

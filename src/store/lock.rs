@@ -55,6 +55,11 @@ pub struct Held {
     pub attempt: u32,
     /// The instant is a manual one (`--trigger`), not the schedule's.
     pub manual: bool,
+    /// `--overlap allow`: `keys.lock` is the instant's own lock ([`Keys::at`]).
+    pub own_lock: bool,
+    /// `--overlap replace`: a run this one replaced may still be stopping until then (unless
+    /// `keys.replaced` names none first); the command must not start before.
+    pub after: Option<Instant>,
 }
 
 /// With `--schedule`: what the acquire script chooses the run's instant from.
@@ -109,6 +114,12 @@ pub enum Overlap {
     Skip,
     /// The first waits (`queued`) and runs as soon as the lock is free; a further one is skipped.
     Queue,
+    /// It replaces the earlier run: that run's lock becomes this one's, that run stops (its
+    /// entry reads `replaced`), and this one's command starts once it is gone.
+    Replace,
+    /// Each instant holds a lock of its own ([`Keys::at`]): instants run side by side, at most
+    /// `at_once` of them (`--limit`; [`MAX_LIMIT`] without one), a further one is skipped.
+    Allow { at_once: u32 },
 }
 
 impl Overlap {
@@ -117,6 +128,8 @@ impl Overlap {
         match self {
             Overlap::Skip => "skip",
             Overlap::Queue => "queue",
+            Overlap::Replace => "replace",
+            Overlap::Allow { .. } => "allow",
         }
     }
 }
@@ -284,6 +297,26 @@ pub fn renew(link: &mut Link, within: Duration, held: &Held) -> Result<bool, Fai
     }
 }
 
+const REPLACED_LUA: &str = include_str!("lua/replaced.lua");
+static REPLACED: LazyLock<Script> = LazyLock::new(|| Script::new(REPLACED_LUA));
+
+/// `--overlap replace`: how many runs replaced may still be stopping (`replaced.lua`).
+pub fn replaced_left(link: &mut Link, within: Duration, keys: &Keys) -> Result<u64, Failure> {
+    let read = |v: &Value| {
+        u64::try_from(int(v, "a count that is not a number")?)
+            .map_err(|_| Failure::shape("a count below 0"))
+    };
+    eval(
+        link,
+        within,
+        &REPLACED,
+        REPLACED_LUA,
+        &[&keys.replaced],
+        &[],
+        read,
+    )
+}
+
 const MISSED_LUA: &str = concat!(
     include_str!("lua/suspension.lua"),
     include_str!("lua/missed.lua")
@@ -391,6 +424,7 @@ fn release_call(held: &Held, opts: &ReleaseOptions) -> (Vec<String>, Vec<String>
         keys.history.clone(),
         keys.notify.clone(),
         keys.ledger.clone(),
+        keys.replaced.clone(),
     ];
     if held.limit > 1 {
         all.push(keys.limit.clone());

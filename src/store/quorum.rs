@@ -374,6 +374,14 @@ impl Masters {
         }
     }
 
+    /// `--overlap replace`: whether the runs replaced are gone (a majority answered, none of
+    /// them names one still stopping).
+    pub fn replaced_gone(&mut self, within: Duration, keys: &Keys) -> bool {
+        let answers = self.each(|_, link| lock::replaced_left(link, within, keys));
+        let answered = answers.iter().filter(|a| a.is_ok()).count();
+        answered >= self.majority() && answers.iter().all(|a| !matches!(a, Ok(n) if *n > 0))
+    }
+
     /// Each master's snapshot of a lock.
     pub fn snapshots(
         &mut self,

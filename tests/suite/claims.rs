@@ -408,10 +408,13 @@ fn runs_open_no_connection_and_start_on_their_instant() {
     let after = (r.connections_received(), watches(&r));
     assert_eq!(stop(c), Some(0), "{}", replica_err(&file));
     let watched = after.1 - before.1;
-    assert_eq!(
-        after.0 - before.0,
-        2 * watched,
-        "runs opened connections of their own besides {watched} lock watches"
+    // A watch counted on one side of a snapshot may have its connections counted on the other
+    // (opened just before it, CLIENT TRACKING just after): one watch's worth either way. Runs
+    // that opened connections of their own would be five or more over.
+    let opened = after.0 - before.0;
+    assert!(
+        opened <= 2 * watched + 2,
+        "runs opened {opened} connections, besides {watched} lock watches (two each)"
     );
     for line in instants(&log) {
         let (instant, start) = line.split_once(' ').unwrap();

@@ -1,5 +1,7 @@
 //! What schedulers' users ask for: `H` fields drawn from KEY (the same on every host and after a
-//! restart, spread over the range), and a suspension that ends by itself (`--suspend --for`).
+//! restart, spread over the range), a suspension that ends by itself (`--suspend --for`), the
+//! overlap policies (on fleets, and across hosts whose clocks differ), `--jitter` and
+//! `--trigger`.
 
 use std::time::Duration;
 
@@ -221,8 +223,15 @@ fn trigger_runs_a_job_once_now_on_a_fleet() {
         began.elapsed()
     );
     assert!(wait_for(Duration::from_secs(5), || runs(&dir).0.len() == 1));
-    let status = run(cronlock_at(&url).args(["--status", "--json", "ok"]));
-    let v: serde_json::Value = serde_json::from_str(&stdout(&status)).unwrap();
+    // (The command wrote its line; its run records the end a moment later.)
+    let status = || {
+        let out = run(cronlock_at(&url).args(["--status", "--json", "ok"]));
+        serde_json::from_str::<serde_json::Value>(&stdout(&out)).unwrap()
+    };
+    wait_for(Duration::from_secs(5), || {
+        status()["ledger"][0]["state"] != "running"
+    });
+    let v = status();
     let entry = &v["ledger"][0];
     assert_eq!(entry["manual"], true, "{v}");
     assert_eq!(entry["state"], "succeeded", "{v}");
@@ -527,6 +536,288 @@ fn overlap_queue_runs_the_waiting_instant_when_the_run_before_ends() {
     );
     let with_catch_up = [&every_minute[..], &["queue", "--catch-up", "1h"]].concat();
     refused(&url, &with_catch_up, &["--overlap queue", "--catch-up"]);
+}
+
+/// The start lines (`start INSTANT NANOS`) and the last sign of life (`alive INSTANT NANOS`,
+/// written every 100 ms) of each instant's command in `out`, as `(instant s, start ms, last ms)`,
+/// in the order they started.
+fn lives(out: &std::path::Path) -> Vec<(i64, i64, i64)> {
+    let mut all: Vec<(i64, i64, i64)> = Vec::new();
+    for line in crate::common::replicas::instants(out) {
+        let p: Vec<&str> = line.split_whitespace().collect();
+        let (Some(kind), Some(at), Some(ns)) = (p.first(), p.get(1), p.get(2)) else {
+            continue;
+        };
+        let (at, ms) = (
+            crate::accounted::secs(at),
+            ns.parse::<i64>().unwrap() / 1_000_000,
+        );
+        match (*kind, all.iter_mut().find(|r| r.0 == at)) {
+            ("start", None) => all.push((at, ms, ms)),
+            ("start", Some(_)) => panic!("{at} started twice"),
+            (_, Some(r)) => r.2 = r.2.max(ms),
+            _ => {}
+        }
+    }
+    all.sort_by_key(|r| r.1);
+    all
+}
+
+/// A command for `lives`: its start, then a sign of life every 100 ms until it is killed
+/// (SIGTERM ignored unless `term` says otherwise).
+fn lively(out: &std::path::Path, term: &str) -> String {
+    format!(
+        "trap '{term}' TERM; echo start $CRONLOCK_INSTANT $(date +%s%N) >> {o}; \
+         while :; do echo alive $CRONLOCK_INSTANT $(date +%s%N) >> {o}; sleep 0.1; done",
+        o = out.display()
+    )
+}
+
+/// `--overlap replace` on a fleet of three replicas, a job every 2 s that never ends by itself
+/// and ignores SIGTERM: each instant's run stops the one before it (SIGKILL after `--grace 1s`:
+/// its process gone within the grace and half a second of the new instant), the new command
+/// starts only once the old one is gone, the replaced instants read `replaced` with their end,
+/// and the fencing token still rises.
+#[test]
+fn overlap_replace_stops_the_run_before_and_never_overlaps() {
+    let r = Redis::start();
+    let url = r.url();
+    let dir = scratch("policies-replace");
+    let out = dir.join("runs");
+    let file = crontab(
+        &dir,
+        &format!(
+            "CRON_TZ=UTC\n*/2 * * * * * --overlap replace --grace 1s --ttl 5s slowr {}\n",
+            lively(&out, "")
+        ),
+    );
+    let fleet: Vec<_> = (0..3).map(|_| replica(&url, &file, &[])).collect();
+    assert!(wait_for(Duration::from_secs(30), || lives(&out).len() >= 5));
+    for c in fleet {
+        stop(c);
+    }
+    let runs = lives(&out);
+    for pair in runs.windows(2) {
+        let ((a, _, a_last), (b, b_start, _)) = (pair[0], pair[1]);
+        assert!(
+            a_last < b_start,
+            "{b} started at {b_start} while {a} still ran ({a_last}): {runs:?}"
+        );
+        assert!(
+            a_last <= b * 1000 + 1500,
+            "{a} lived until {a_last}, over 1.5 s after {b}: {runs:?}\n{}",
+            replica_err(&file)
+        );
+    }
+    let v: serde_json::Value = serde_json::from_str(&stdout(&run(
+        cronlock_at(&url).args(["--status", "--json", "slowr"])
+    )))
+    .unwrap();
+    let entries = v["ledger"].as_array().unwrap();
+    let mut fences = Vec::new();
+    for (at, ..) in &runs[..runs.len() - 1] {
+        let e = entries
+            .iter()
+            .find(|e| e["instant"].as_i64().unwrap() / 1000 == *at)
+            .unwrap_or_else(|| panic!("no entry for {at}: {v}"));
+        assert_eq!(e["state"], "replaced", "{at}: {v}");
+        let last = &e["attempts"][0];
+        assert!(last["ended"].as_i64().is_some(), "{at} never ended: {v}");
+        assert!(last["replaced"].as_i64().is_some(), "{at}: {v}");
+        fences.push(last["fence"].as_str().unwrap().parse::<i64>().unwrap());
+    }
+    assert!(fences.windows(2).all(|f| f[0] < f[1]), "{fences:?}");
+}
+
+/// `--overlap replace` whose run before is frozen (its cronlock SIGSTOPped, so it never hears of
+/// the takeover and never reports its end): the new command still waits until that run's command
+/// is gone (its guard stops it before its lock would have lapsed), and starts after it.
+#[test]
+fn replace_waits_for_a_frozen_runs_command_to_be_gone() {
+    let r = Redis::start();
+    let url = r.url();
+    let dir = scratch("policies-replace-frozen");
+    let out = dir.join("runs");
+    let fire = || {
+        cronlock_at(&url)
+            .args(["--schedule", "*/4 * * * * *", "--overlap", "replace"])
+            .args(["--ttl", "5s", "--grace", "1s", "frozen-before"])
+            .args(["--", "sh", "-c", &lively(&out, "")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    // Fire right after an instant (so the next firing, 4 s later, is the next instant's).
+    let wall = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+    };
+    std::thread::sleep(Duration::from_millis(4000 - wall() % 4000 + 100));
+    let mut before = fire();
+    assert!(wait_for(Duration::from_secs(3), || !lives(&out).is_empty()));
+    signal(before.id() as i32, libc::SIGSTOP);
+    std::thread::sleep(Duration::from_millis(4000 - wall() % 4000 + 100));
+    let after = fire();
+    assert!(
+        wait_for(Duration::from_secs(12), || lives(&out).len() == 2),
+        "{:?}",
+        lives(&out)
+    );
+    let runs = lives(&out);
+    let ((a, _, a_last), (b, b_start, _)) = (runs[0], runs[1]);
+    assert!(a < b, "{runs:?}");
+    assert!(
+        a_last < b_start,
+        "{b} started at {b_start} while the frozen run's command still ran ({a_last})"
+    );
+    signal(before.id() as i32, libc::SIGCONT);
+    let ended = wait_for(Duration::from_secs(10), || {
+        before.try_wait().unwrap().is_some()
+    });
+    assert!(ended, "the frozen run never ended after SIGCONT");
+    let mut after = after;
+    signal(after.id() as i32, libc::SIGKILL);
+    assert!(wait_for(Duration::from_secs(10), || {
+        after.try_wait().unwrap().is_some()
+    }));
+}
+
+/// `--overlap allow --limit 2` on a fleet of three replicas, a job every 2 s that takes 5 s:
+/// instants run side by side, each once, never more than two at once; an instant that finds two
+/// running is recorded skipped (overlap). Every instant ran or is recorded.
+#[test]
+fn overlap_allow_runs_instants_side_by_side_up_to_the_limit() {
+    let r = Redis::start();
+    let url = r.url();
+    let dir = scratch("policies-allow");
+    let out = dir.join("runs");
+    let file = crontab(
+        &dir,
+        &format!(
+            "CRON_TZ=UTC\n*/2 * * * * * --overlap allow --limit 2 --ttl 3s slowa \
+             echo start $CRONLOCK_INSTANT $(date +%s%N) >> {o}; sleep 5; \
+             echo alive $CRONLOCK_INSTANT $(date +%s%N) >> {o}\n",
+            o = out.display()
+        ),
+    );
+    let fleet: Vec<_> = (0..3).map(|_| replica(&url, &file, &[])).collect();
+    let began = now_secs();
+    assert!(wait_for(Duration::from_secs(40), || {
+        lives(&out).iter().filter(|r| r.2 > r.1).count() >= 4
+    }));
+    let to = now_secs() - 6;
+    for c in fleet {
+        stop(c);
+    }
+    let runs: Vec<_> = lives(&out).into_iter().filter(|r| r.2 > r.1).collect();
+    let mut side_by_side = 0;
+    for (i, (at, start, _)) in runs.iter().enumerate() {
+        let running = runs[..i].iter().filter(|r| r.2 > *start).count();
+        assert!(running < 2, "{at} started with {running} running: {runs:?}");
+        side_by_side += usize::from(running == 1);
+    }
+    assert!(
+        side_by_side >= 1,
+        "no two instants ran side by side: {runs:?}"
+    );
+    let book = ledger(&url, "slowa");
+    for at in (began + 2..=to).filter(|t| t % 2 == 0) {
+        let ran = runs.iter().any(|r| r.0 == at);
+        let skipped = book.iter().any(|(t, st, reason)| {
+            *t == at && st == "skipped" && reason.as_deref() == Some("overlap")
+        });
+        assert!(
+            ran ^ skipped,
+            "{at}: ran {ran}, skipped {skipped}: {book:?}\n{runs:?}"
+        );
+    }
+    assert!(
+        book.iter().any(|(_, st, _)| st == "skipped"),
+        "nothing beyond the limit: {book:?}"
+    );
+}
+
+/// Each policy with three hosts whose clocks differ by 2 s: the test fires `cronlock --schedule`
+/// for each instant as their crons would, 2 s early, on time and 2 s late, for a job every 6 s
+/// that takes 8 s. Every instant runs at most once (Redis's clock names the instant, whichever
+/// host fired); it ran or is recorded skipped; under skip, queue and replace no two runs
+/// overlap, under allow some do; under replace each instant but the last was replaced.
+#[test]
+fn each_policy_holds_across_hosts_whose_clocks_differ_by_2s() {
+    const POLICIES: [&str; 4] = ["skip", "queue", "replace", "allow"];
+    let r = Redis::start();
+    let url = r.url();
+    let dir = scratch("policies-skew");
+    let wall = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+    };
+    // Three instants of */6, the first at least 3 s ahead.
+    let first = (wall() + 3000) / 6000 * 6000 + 6000;
+    let instants = [first, first + 6000, first + 12000];
+    let mut firings: Vec<(i64, &str)> = Vec::new();
+    for at in instants {
+        for skew in [-2000, 0, 2000] {
+            firings.extend(POLICIES.iter().map(|p| (at + skew, *p)));
+        }
+    }
+    firings.sort();
+    let mut hosts = Vec::new();
+    for (at, policy) in firings {
+        // The hosts' crons: each firing at its own clock's time (a bounded wait, not an event).
+        let ahead = (at - wall()).clamp(0, 20_000) as u64;
+        std::thread::sleep(Duration::from_millis(ahead));
+        let out = dir.join(policy);
+        let job = format!(
+            "echo start $CRONLOCK_INSTANT $(date +%s%N) >> {o}; i=0; while [ $i -lt 80 ]; do \
+             echo alive $CRONLOCK_INSTANT $(date +%s%N) >> {o}; sleep 0.1; i=$((i+1)); done",
+            o = out.display()
+        );
+        hosts.push(
+            cronlock_at(&url)
+                .args(["--schedule", "*/6 * * * * *", "--overlap", policy])
+                .args(["--ttl", "3s", "--grace", "1s", &format!("skew-{policy}")])
+                .args(["--", "sh", "-c", &job])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+    }
+    for mut h in hosts {
+        assert!(
+            wait_for(Duration::from_secs(30), || h.try_wait().unwrap().is_some()),
+            "a host's run never ended"
+        );
+    }
+    for policy in POLICIES {
+        let runs = lives(&dir.join(policy));
+        let book = ledger(&url, &format!("skew-{policy}"));
+        for at in instants.map(|ms| ms / 1000) {
+            let ran = runs.iter().any(|r| r.0 == at);
+            let skipped = book.iter().any(|(t, st, _)| *t == at && st == "skipped");
+            assert!(
+                ran ^ skipped,
+                "{policy} {at}: ran {ran}: {book:?}\n{runs:?}"
+            );
+        }
+        let overlaps = runs.windows(2).filter(|p| p[0].2 >= p[1].1).count();
+        if policy == "allow" {
+            assert!(overlaps > 0, "allow: no overlap: {runs:?}");
+            assert_eq!(runs.len(), 3, "allow: {runs:?}");
+        } else {
+            assert_eq!(overlaps, 0, "{policy}: runs overlap: {runs:?}");
+        }
+        if policy == "replace" {
+            let replaced = book.iter().filter(|(_, st, _)| st == "replaced").count();
+            assert_eq!(replaced, 2, "replace: {book:?}\n{runs:?}");
+        }
+    }
 }
 
 /// `--trigger` of a KEY no replica of the fleet serves: one line and 69 once the fleet had its

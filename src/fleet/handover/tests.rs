@@ -13,7 +13,30 @@ fn sample() -> Handover {
         attempt: 2,
         ttl: Duration::from_secs(30),
         sent_at: Instant::now(),
+        own_lock: false,
+        after: None,
     }
+}
+
+#[test]
+fn an_instants_own_lock_and_a_replaced_runs_deadline_read_back() {
+    let at = Instant::now() + Duration::from_millis(1500);
+    let h = Handover {
+        own_lock: true,
+        after: Some(at),
+        ..sample()
+    };
+    let back = Handover::parse(h.line().trim_end()).unwrap();
+    assert!(back.own_lock);
+    assert_eq!(back.after, Some(at));
+    let held = back.into_held(crate::store::keys::Keys::new("cronlock:", "k"));
+    assert_eq!(held.keys.lock, "cronlock:{k}:at:1700000000000");
+    // A plain handover's message is as before: neither field.
+    let plain = sample().line();
+    assert!(
+        !plain.contains("own_lock") && !plain.contains("after"),
+        "{plain}"
+    );
 }
 
 #[test]

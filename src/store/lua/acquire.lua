@@ -4,7 +4,10 @@
 -- holders with a --limit above 1 hold the KEY: then this --limit 1 attempt is a mismatch),
 -- KEYS[6] the ledger of instants (hash: instant -> JSON entry), KEYS[7] the suspension (hash:
 -- 'current', the record while --suspend is in force; 'pauses', the past ones as [[since, until]]),
--- KEYS[8] the manual instants asked for (--trigger: hash, instant -> request)
+-- KEYS[8] the manual instants asked for (--trigger: hash, instant -> request), KEYS[9] the runs
+-- that were replaced and may still be stopping (--overlap replace: hash, holder value -> the Redis
+-- time in ms by which its lock would have lapsed), KEYS[10] the instants running under --overlap
+-- allow (hash, instant -> holder value)
 -- ARGV[1] holder value, ARGV[2] ttl in ms, ARGV[3] the --schedule ('' without one),
 -- ARGV[4] --catch-up window in ms (0: none), ARGV[5] --retries, ARGV[6] ledger expiry in ms
 -- (0: none), ARGV[7] how many candidates follow, ARGV[8] the holder value as a JSON string,
@@ -16,8 +19,14 @@
 -- ARGV[11] --overlap: 'skip' (an instant that finds the lock held is recorded skipped) or 'queue'
 -- (the first such instant waits, recorded 'queued' and named by the schedule record's 'queued',
 -- and runs as soon as the lock is free, before any later instant; a further one is skipped),
--- ARGV[12...] with a schedule: its instants around the client's clock, in Unix ms, then earlier
--- instants inside the window (for 'missed')
+-- 'replace' (an earlier instant's run that holds the lock is replaced: its lock goes to this
+-- attempt, its entry reads 'replaced', and it is named in KEYS[9] until it ends; this attempt's
+-- command waits for it, see the tenth element below) or 'allow' (each instant holds a lock of its
+-- own, KEYS[1] .. ':at:' .. instant, in KEYS[1]'s hash slot, so instants run side by side, at
+-- most ARGV[13] at once: an instant beyond that is busy, as under 'skip'),
+-- ARGV[12] under 'allow', how many instants may run at once, ARGV[13...] with a schedule: its
+-- instants around the client's clock, in Unix ms, then earlier instants inside the window (for
+-- 'missed')
 -- Returns {fencing token (a decimal string), 0, false, instant, 0} when taken, {0, ms until the holder's lock expires,
 -- holder value, instant, 0} when held (waiters use it to sleep no longer than the holder's expiry;
 -- -v names the holder), and {0, 0, false, instant, recorded instant} when the run for that
@@ -28,7 +37,9 @@
 -- Every reply has three more elements, as semaphore.lua's: the slot (0 when taken, else -1), the
 -- current holders' --limit when it is not 1 (then nothing was touched), else 0, and the attempt
 -- at the instant (1, 2, ...; 0 when nothing was taken); and a ninth: the suspension record when
--- KEY is suspended (then nothing was taken, and the instant is recorded 'skipped'), else false.
+-- KEY is suspended (then nothing was taken, and the instant is recorded 'skipped'), else false;
+-- and a tenth: under 'replace', when taken, how long (ms) a run it replaced (now or before) may
+-- still be stopping: its command must not start before that, unless KEYS[9] is empty first.
 -- An instant that passed while KEY was suspended is recorded 'skipped' and never run, also
 -- after --resume.
 -- The GETs come first so a key of the wrong type fails before anything is written
@@ -42,11 +53,11 @@
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 if redis.call('EXISTS', KEYS[3]) == 1 then
   -- The client gave up on this attempt (its reply was lost) and asked for it to be undone.
-  return {0, 0, false, 0, 0, -1, 0, 0, false}
+  return {0, 0, false, 0, 0, -1, 0, 0, false, 0}
 end
 local limit = tonumber(redis.call('GET', KEYS[5]) or '0')
 if limit and limit > 1 then
-  return {0, 0, false, 0, 0, -1, limit, 0, false}
+  return {0, 0, false, 0, 0, -1, limit, 0, false, 0}
 end
 -- An early host still runs the instant it fired for, when it is at most this far ahead.
 local EARLY = 5000
@@ -102,6 +113,11 @@ local n = tonumber(ARGV[7]) or 0
 local manual = ARGV[10] == '1'
 local take_queued = ARGV[10] == '2'
 local queue = ARGV[11] == 'queue'
+local replace = ARGV[11] == 'replace'
+local allow = ARGV[11] == 'allow'
+-- The lock this attempt takes: KEY's, or under 'allow' its instant's own (set once the instant
+-- is known).
+local lock = KEYS[1]
 -- Mark the manual instant's request `state` (a rare path: cjson).
 local function answer_request(state, by)
   if not manual then return end
@@ -119,20 +135,20 @@ if ARGV[3] ~= '' then
   t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   if manual then
-    instant = tonumber(ARGV[12]) or 0
+    instant = tonumber(ARGV[13]) or 0
     if instant == 0 or not redis.call('HGET', KEYS[8], string.format('%d', instant)) then
       -- No such request (taken back, or never asked): nothing to run.
-      return {0, 0, false, instant, instant, -1, 0, 0, false}
+      return {0, 0, false, instant, instant, -1, 0, 0, false, 0}
     end
   elseif take_queued then
     instant = tonumber(redis.call('HGET', KEYS[4], 'queued')) or 0
     if instant == 0 then
       -- Nothing waits: nothing due.
-      return {0, 0, false, 0, 1, -1, 0, 0, false}
+      return {0, 0, false, 0, 1, -1, 0, 0, false, 0}
     end
   elseif window == 0 then
     -- The run belongs to the scheduled instant nearest to Redis's clock, whatever the hosts'.
-    for i = 12, 11 + n do
+    for i = 13, 12 + n do
       local c = tonumber(ARGV[i])
       if instant == 0 or math.abs(c - now) < math.abs(instant - now) then
         instant = c
@@ -141,7 +157,7 @@ if ARGV[3] ~= '' then
   else
     -- The latest instant at or before Redis's clock, unless the host fired a little early.
     local past, ahead = 0, 0
-    for i = 12, 11 + n do
+    for i = 13, 12 + n do
       local c = tonumber(ARGV[i])
       if c <= now then
         if c > past then past = c end
@@ -158,6 +174,7 @@ if ARGV[3] ~= '' then
       instant = ahead
     end
   end
+  if allow and instant ~= 0 then lock = KEYS[1] .. ':at:' .. string.format('%d', instant) end
   local record = redis.call('HMGET', KEYS[4], 'instant', 'manual')
   ran, manual_ran = tonumber(record[1]), tonumber(record[2])
   scheduled_ran = ran
@@ -187,28 +204,28 @@ if ARGV[3] ~= '' then
   end
   if skip then answer_request('skipped') end
   if suspended then
-    return {0, 0, false, instant, 0, -1, 0, 0, suspended}
+    return {0, 0, false, instant, 0, -1, 0, 0, suspended, 0}
   end
   if skip then
-    return {0, 0, false, instant, instant, -1, 0, 0, false}
+    return {0, 0, false, instant, instant, -1, 0, 0, false, 0}
   end
   if window == 0 and not manual then
     if ran and ran >= instant then
-      return {0, 0, false, instant, ran, -1, 0, 0, false}
+      return {0, 0, false, instant, ran, -1, 0, 0, false, 0}
     end
     attempt = 1
   else
     -- Nothing due: out of the window, a later run started, or this instant is done. (A manual
     -- instant is due while its request is there.)
     if not manual and (instant == 0 or now - instant > window) then
-      return {0, 0, false, instant, instant, -1, 0, 0, false}
+      return {0, 0, false, instant, instant, -1, 0, 0, false, 0}
     end
     if ran and ran > instant then
-      return {0, 0, false, instant, ran, -1, 0, 0, false}
+      return {0, 0, false, instant, ran, -1, 0, 0, false, 0}
     end
     attempt = 1
     if entry then
-      if entry.state == 'running' and redis.call('GET', KEYS[1]) ~= entry.holder then
+      if entry.state == 'running' and redis.call('GET', lock) ~= entry.holder then
         -- Claimed, never released, and its lock is gone: its host died mid-run.
         entry.state = 'abandoned'
         entry.attempts[#entry.attempts].ended = now
@@ -218,18 +235,18 @@ if ARGV[3] ~= '' then
       if entry.state == 'running' then
         -- Its attempt runs now, under its lock: held elsewhere. A --wait waits for its end, and
         -- a replica (--crontab) looks again when that lock would lapse if its host died.
-        return {0, redis.call('PTTL', KEYS[1]), entry.holder, instant, 0, -1, 0, 0, false}
+        return {0, redis.call('PTTL', lock), entry.holder, instant, 0, -1, 0, 0, false, 0}
       end
       if (entry.state ~= 'failed' and entry.state ~= 'abandoned' and entry.state ~= 'interrupted')
         or #entry.attempts > tonumber(ARGV[5]) then
-        return {0, 0, false, instant, instant, -1, 0, 0, false}
+        return {0, 0, false, instant, instant, -1, 0, 0, false, 0}
       end
       attempt = #entry.attempts + 1
     end
   end
 end
 if suspended then
-  return {0, 0, false, 0, 0, -1, 0, 0, suspended}
+  return {0, 0, false, 0, 0, -1, 0, 0, suspended, 0}
 end
 -- Busy without --catch-up: the instant is recorded skipped for an overlap (unless the ledger has
 -- it: its own attempt holds the lock), so every instant is accounted for. With --catch-up it is
@@ -246,7 +263,52 @@ local function overlapped()
     keep_ledger()
   end
 end
-local holder = redis.call('GET', KEYS[1])
+local holder = redis.call('GET', lock)
+-- --overlap allow: at most ARGV[12] instants at once (the running ones are counted by their
+-- locks; an entry whose lock is gone is dropped). Busy beyond that, as when the lock is held.
+if allow and not holder and instant ~= 0 then
+  local running = redis.call('HGETALL', KEYS[10])
+  local live, soonest, by = 0, nil, false
+  for i = 1, #running, 2 do
+    local left = redis.call('PTTL', KEYS[1] .. ':at:' .. running[i])
+    if left == -2 then
+      redis.call('HDEL', KEYS[10], running[i])
+    else
+      live = live + 1
+      if not soonest or left < soonest then soonest, by = left, running[i + 1] end
+    end
+  end
+  if live >= (tonumber(ARGV[12]) or 1) then
+    overlapped()
+    return {0, soonest, by, instant, 0, -1, 0, 0, false, 0}
+  end
+end
+-- --overlap replace: an earlier instant's run (the last one started, the schedule's or a manual
+-- one, whose entry names this holder) is replaced: its entry reads 'replaced' (release.lua ends
+-- it when its run stops), it is named in KEYS[9] until its lock would have lapsed, and its lock
+-- is taken below. Another holder (a run without --schedule, this instant's own attempt) is not.
+if replace and holder and instant ~= 0 and not take_queued then
+  for _, last_started in pairs({scheduled_ran, manual_ran}) do
+    if holder and last_started ~= instant then
+      local field = string.format('%d', last_started)
+      local ok, e = pcall(cjson.decode, redis.call('HGET', KEYS[6], field) or '')
+      if ok and type(e) == 'table' and e.state == 'running' and e.holder == holder
+        and type(e.attempts) == 'table' and #e.attempts > 0 then
+        local left = redis.call('PTTL', lock)
+        if left > 0 then
+          redis.call('HSET', KEYS[9], holder, string.format('%d', now + left))
+          if redis.call('PTTL', KEYS[9]) < left then redis.call('PEXPIRE', KEYS[9], left) end
+        end
+        local last = e.attempts[#e.attempts]
+        if type(last) == 'table' then last.state, last.replaced = 'replaced', now end
+        e.state = 'replaced'
+        redis.call('HSET', KEYS[6], field, cjson.encode(e))
+        redis.call('DEL', lock)
+        holder = false
+      end
+    end
+  end
+end
 if holder then
   -- --overlap queue: the first instant that finds the lock held waits (one at most).
   if queue and instant ~= 0 and window == 0 and not manual and not take_queued and not entry
@@ -254,10 +316,10 @@ if holder then
     redis.call('HSET', KEYS[4], 'queued', string.format('%d', instant))
     redis.call('HSET', KEYS[6], string.format('%d', instant), '{"state":"queued","attempts":{}}')
     keep_ledger()
-    return {0, redis.call('PTTL', KEYS[1]), holder, instant, 0, -1, 0, 0, false}
+    return {0, redis.call('PTTL', lock), holder, instant, 0, -1, 0, 0, false, 0}
   end
   overlapped()
-  return {0, redis.call('PTTL', KEYS[1]), holder, instant, 0, -1, 0, 0, false}
+  return {0, redis.call('PTTL', lock), holder, instant, 0, -1, 0, 0, false, 0}
 end
 -- The token first: a counter that cannot give one refuses before anything is written.
 local token, refused = fence_token(KEYS[2], t)
@@ -287,9 +349,10 @@ if queue and not manual and instant ~= 0 and window == 0 then
     redis.call('HDEL', KEYS[4], 'queued')
   end
 end
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {0, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[1]), instant, 0, -1, 0, 0, false}
+if not redis.call('SET', lock, ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {0, redis.call('PTTL', lock), redis.call('GET', lock), instant, 0, -1, 0, 0, false, 0}
 end
+if allow and instant ~= 0 then redis.call('HSET', KEYS[10], string.format('%d', instant), ARGV[1]) end
 if instant ~= 0 then
   -- The last started instant's entry, still running although its lock was free (this acquire
   -- took it): its run died without ending it (its replica was killed). It is ended abandoned, so
@@ -300,7 +363,9 @@ if instant ~= 0 then
     if last_started ~= instant then
       local field = string.format('%d', last_started)
       local prev = redis.call('HGET', KEYS[6], field)
-      if prev and string.sub(prev, -19) == ',"state":"running"}' then
+      -- (Under 'allow' an earlier instant holds a lock of its own: abandoned only once it is gone.)
+      if prev and string.sub(prev, -19) == ',"state":"running"}'
+        and (not allow or redis.call('EXISTS', KEYS[1] .. ':at:' .. field) == 0) then
         local ok, e = pcall(cjson.decode, prev)
         if ok and type(e) == 'table' and type(e.attempts) == 'table' and #e.attempts > 0 then
           local last = e.attempts[#e.attempts]
@@ -341,7 +406,7 @@ if instant ~= 0 then
   if manual then answer_request('accepted', cjson.decode(ARGV[1]).host) end
   redis.call('HSET', KEYS[6], string.format('%d', instant), text)
   if window > 0 and not manual then
-    for i = 12, #ARGV do
+    for i = 13, #ARGV do
       local c = tonumber(ARGV[i])
       local field = string.format('%d', c)
       if c < instant and now - c <= window and redis.call('HEXISTS', KEYS[6], field) == 0 then
@@ -353,5 +418,19 @@ if instant ~= 0 then
   keep_ledger()
 end
 redis.call('SET', KEYS[2], token)
+-- --overlap replace: how long the runs replaced may still be stopping (those gone by then are
+-- forgotten).
+local after = 0
+if replace then
+  local replaced = redis.call('HGETALL', KEYS[9])
+  for i = 1, #replaced, 2 do
+    local left = (tonumber(replaced[i + 1]) or 0) - now
+    if left <= 0 then
+      redis.call('HDEL', KEYS[9], replaced[i])
+    elseif left > after then
+      after = left
+    end
+  end
+end
 -- The token as a decimal string: a Lua number would round it above 2^53.
-return {token, 0, false, instant, 0, 0, 0, attempt, false}
+return {token, 0, false, instant, 0, 0, 0, attempt, false, after}

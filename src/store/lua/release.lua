@@ -14,7 +14,9 @@
 -- ARGV[10] our holder value as a JSON string: an entry in the shape acquire.lua writes for a
 -- first attempt (ending in that attempt, the holder and the state) is ended as text, any other
 -- through cjson
--- With --limit above 1 (KEYS[1] is then our slot): KEYS[6] the limit record, KEYS[7...] every
+-- KEYS[6] the runs replaced and still stopping (--overlap replace, see acquire.lua): a run whose
+-- lock is no longer ours takes its name out of it, and its entry, 'replaced', gets its end.
+-- With --limit above 1 (KEYS[1] is then our slot): KEYS[7] the limit record, KEYS[8...] every
 -- slot; the record goes with the last slot, and lives at least as long as a slot kept for min-hold.
 -- Returns 1 deleted, 2 kept for min-hold, 0 not ours (touched nothing of the lock).
 -- The lock is dealt with first: if a record key has a wrong type, the release has still happened.
@@ -24,18 +26,18 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   local hold = tonumber(ARGV[2])
   if hold > 0 then
     redis.call('PEXPIRE', KEYS[1], hold)
-    if KEYS[6] and redis.call('PTTL', KEYS[6]) < hold then
-      redis.call('PEXPIRE', KEYS[6], hold)
+    if KEYS[7] and redis.call('PTTL', KEYS[7]) < hold then
+      redis.call('PEXPIRE', KEYS[7], hold)
     end
     result = 2
   else
     redis.call('DEL', KEYS[1])
-    if KEYS[6] then
+    if KEYS[7] then
       local any = false
-      for i = 7, #KEYS do
+      for i = 8, #KEYS do
         if redis.call('EXISTS', KEYS[i]) == 1 then any = true end
       end
-      if not any then redis.call('DEL', KEYS[6]) end
+      if not any then redis.call('DEL', KEYS[7]) end
     end
     -- Wake one waiter (BLPOP); the list never holds more than one element.
     redis.call('DEL', KEYS[4])
@@ -43,6 +45,8 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
     redis.call('PEXPIRE', KEYS[4], ARGV[6])
     result = 1
   end
+else
+  redis.call('HDEL', KEYS[6], ARGV[1])
 end
 -- The run's record, once: a release asked again (the replica's answer was lost, the run then
 -- released by itself) finds its record already there and writes nothing.
@@ -82,13 +86,15 @@ if ARGV[7] ~= '' then
     return result
   end
   local ok, e = pcall(cjson.decode, raw)
-  -- Only an entry still running under our attempt: an ended one is never written again.
-  if ok and type(e) == 'table' and e.state == 'running' and e.holder == ARGV[1]
-    and type(e.attempts) == 'table' and #e.attempts > 0 then
+  -- Only an entry still running under our attempt: an ended one is never written again. (One
+  -- replaced, 'replaced', gets its end and keeps its state.)
+  if ok and type(e) == 'table' and (e.state == 'running' or e.state == 'replaced')
+    and e.holder == ARGV[1] and type(e.attempts) == 'table' and #e.attempts > 0
+    and type(e.attempts[#e.attempts]) == 'table' and not e.attempts[#e.attempts].ended then
     local t = redis.call('TIME')
     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     local last = e.attempts[#e.attempts]
-    e.state = state
+    if e.state == 'running' then e.state = state end
     last.state, last.ended, last.exit = e.state, now, code
     redis.call('HSET', KEYS[5], ARGV[7], cjson.encode(e))
   end
