@@ -116,6 +116,17 @@ pub fn trigger(
     }
     // Taken: the pokes stay, so every replica of the fleets learns of it (one that lost the
     // claim looks again when the winner's lock would lapse, with --retries).
+    if asked.wait.is_none() && request.state.as_deref() == Some("queued") {
+        return Ok(Triggered {
+            out: format!(
+                "lock '{name}': the manual instant {} waits for the run before it to end \
+                 (--overlap queue)\n",
+                rfc3339(instant.max(0) as u64)
+            ),
+            said: None,
+            exit: Exit::Success,
+        });
+    }
     if asked.wait.is_none() {
         let by = request.by.as_deref().unwrap_or("a replica");
         return Ok(Triggered {

@@ -116,6 +116,16 @@ impl Manuals {
         self.pin(key, instant, InstantKind::Manual, look);
     }
 
+    /// KEY's run ended here: its manual instants that wait (`--overlap queue`) are claimed at
+    /// `look`.
+    pub fn run_ended(&mut self, key: &str, look: i64) {
+        for w in &mut self.waiting {
+            if w.key == key && w.kind == InstantKind::Manual && !w.claiming {
+                w.look = w.look.min(look);
+            }
+        }
+    }
+
     /// Claim KEY's queued instant (`--overlap queue`) at `look` at the latest: the run before it
     /// ended, or its lock would lapse then.
     pub fn queued(&mut self, key: &str, look: i64) {

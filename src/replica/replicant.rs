@@ -430,6 +430,13 @@ impl<'a> Replicant<'a> {
             ClaimVerdict::AlreadyRan if claimed.kind == InstantKind::Queued => None,
             // The one that waits is taken care of above.
             ClaimVerdict::Busy { .. } if claimed.kind == InstantKind::Queued => None,
+            // A manual instant waits under --overlap queue: claimed again when the run before
+            // it ends here, or when that run's lock would lapse (its replica died).
+            ClaimVerdict::Busy { expires_in, .. }
+                if claimed.kind == InstantKind::Manual && job.config.overlap == Overlap::Queue =>
+            {
+                Some(now + expires_in.map_or(1000, |d| d.as_millis() as i64) + 250)
+            }
             lost => answers::lost(&job, instant, lost, &self.shown, self.log),
         };
         self.look_again(table, claimed, again);
@@ -520,9 +527,10 @@ impl<'a> Replicant<'a> {
                     self.claims.send(ask);
                 }
                 Followup::Ended { failed } => {
-                    // --overlap queue: the instant that waits starts now.
+                    // --overlap queue: the instant that waits (and any manual one) starts now.
                     if run.config.overlap == Overlap::Queue {
                         self.manuals.queued(&run.key, unix_millis() as i64);
+                        self.manuals.run_ended(&run.key, unix_millis() as i64);
                     }
                     let retries = table.job(&run.key).is_some_and(|j| j.cron.retries > 0);
                     let at = unix_millis() as i64 + 1000;

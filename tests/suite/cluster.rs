@@ -276,6 +276,13 @@ fn trigger_runs_a_job_once_now_on_a_cluster() {
     crate::policies::trigger_once(&cluster().url(), "cl-trig");
 }
 
+/// `--overlap replace` and `allow` on a Cluster: an instant's own lock, and the runs replaced,
+/// in KEY's slot.
+#[test]
+fn replace_and_allow_on_a_cluster() {
+    crate::policies::replace_and_allow_on(&cluster().url(), "cl-overlap");
+}
+
 mod alone {
     //! The cluster tests that measure time: each takes the cores for itself while it measures
     //! (`common::alone`), and `scripts/test.sh` runs them after the others.

@@ -182,6 +182,15 @@ fn split_votes_are_asked_again_a_few_times() {
     assert_eq!(code(&out), 75, "{}", stderr(&out));
 }
 
+/// `--overlap replace` and `allow` on three masters: the takeover, the runs replaced and each
+/// instant's own lock on a majority.
+#[test]
+fn replace_and_allow_on_three_masters() {
+    let masters = three();
+    let urls: Vec<String> = masters.iter().map(|m| m.tcp_url()).collect();
+    crate::policies::replace_and_allow_on(&urls.join(" "), "q-overlap");
+}
+
 /// A rolling restart without persistence: two masters of three restarted empty 2 s apart under a
 /// holder (`--ttl 3s`, renewals every second), with contenders every 200 ms. The holder writes its
 /// lock back on a master that lost it while a majority confirms it, so nobody else ever gets a

@@ -419,6 +419,12 @@ fn trigger_runs_a_job_once_now_through_the_sentinels() {
     crate::policies::trigger_once(&topology().url(SERVICE), "sn-trig");
 }
 
+/// `--overlap replace` and `allow` through the sentinels.
+#[test]
+fn replace_and_allow_through_the_sentinels() {
+    crate::policies::replace_and_allow_on(&topology().url(SERVICE), "sn-overlap");
+}
+
 /// `--crontab` through the sentinels: three replicas, three jobs every second for 20 s, each instant once.
 #[test]
 fn crontab_replicas_run_each_instant_once_through_the_sentinels() {

@@ -310,6 +310,12 @@ if replace and holder and instant ~= 0 and not take_queued then
   end
 end
 if holder then
+  -- --overlap queue: a manual instant waits too (its request reads 'queued'; the replicas claim
+  -- it again when the run before it ends), and is recorded once it runs or is given up.
+  if queue and manual and instant ~= 0 and not entry then
+    answer_request('queued')
+    return {0, redis.call('PTTL', lock), holder, instant, 0, -1, 0, 0, false, 0}
+  end
   -- --overlap queue: the first instant that finds the lock held waits (one at most).
   if queue and instant ~= 0 and window == 0 and not manual and not take_queued and not entry
     and not redis.call('HGET', KEYS[4], 'queued') then
