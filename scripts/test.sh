@@ -58,36 +58,45 @@ command -v promtool >/dev/null || { echo "test.sh: promtool (prometheus) is requ
 command -v chromium >/dev/null || { echo "test.sh: chromium is required" >&2; exit 1; }
 
 TARGET=x86_64-unknown-linux-gnu # build.target in .cargo/config.toml, as in scripts/dist.sh
-# The builds: the release binary, the lints and the tests' build. The release build's last step,
+# The builds: the release binary, and the tests' build, linted. The release build's last step,
 # cronlock itself (one codegen unit under LTO), keeps one core for half a minute or more: the
-# lints (`cargo clippy`), then the tests' build (the test profile) run beside it, in a target
-# directory of their own, so that neither cargo waits for the other's lock. (Started with the
-# release build, they would share both cores with its dependencies, and the whole takes longer.)
+# tests' build (the test profile) runs beside it, in a target directory of their own, so that
+# neither cargo waits for the other's lock. (Started with the release build, it would share both
+# cores with its dependencies, and the whole takes longer.) The lints are that build itself:
+# clippy-driver compiles cronlock's own crates (what `cargo clippy` does, and every target
+# `--all-targets` names), with `-D warnings`, so a lint fails the run and costs no second build
+# of the dependencies.
 tests_target="$PWD/target/suite"
+command -v clippy-driver >/dev/null ||
+  { echo "test.sh: clippy-driver is required (rustup component add clippy)" >&2; exit 1; }
 echo "test.sh: formatting (cargo fmt --check)" >&2
 cargo fmt --all -- --check
 echo "test.sh: building the release binary (cargo build --release --locked); beside its last \
-step, the lints and the tests" >&2
+step, the tests, linted (clippy, -D warnings)" >&2
 said=$(mktemp)
 cargo build --release --locked 2> >(tee "$said" >&2) &
 release_build=$!
 while kill -0 "$release_build" 2>/dev/null && ! grep -q '^ *Compiling cronlock ' "$said"; do
   sleep 0.2
 done
-echo "test.sh: lints (cargo clippy --all-targets -- -D warnings)" >&2
-CARGO_TARGET_DIR="$tests_target" cargo clippy --all-targets --locked -- -D warnings
-suite=$(CARGO_TARGET_DIR="$tests_target" cargo test --locked --no-run \
-  --message-format=json-render-diagnostics |
+# (The same for every cargo below, so nothing is built twice.)
+export CARGO_TARGET_DIR="$tests_target" RUSTC_WORKSPACE_WRAPPER
+RUSTC_WORKSPACE_WRAPPER=$(command -v clippy-driver)
+export RUSTFLAGS="${RUSTFLAGS:-} -D warnings"
+if ! suite=$(cargo test --locked --no-run --message-format=json-render-diagnostics |
   python3 -c '
 import json, sys
 for line in sys.stdin:
     j = json.loads(line)
     if j.get("reason") == "compiler-artifact" and j.get("executable") and j["target"]["name"] == "suite":
-        print(j["executable"])')
+        print(j["executable"])'); then
+  kill "$release_build" 2>/dev/null || true
+  echo "test.sh: the tests' build or its lints failed (see above)" >&2
+  exit 1
+fi
 wait "$release_build" || { echo "test.sh: the release build failed (see above)" >&2; exit 1; }
 rm -f "$said"
 [ -x "$suite" ] || { echo "test.sh: the tests' build made no suite binary" >&2; exit 1; }
-export CARGO_TARGET_DIR="$tests_target"
 export CRONLOCK_TEST_BIN="$PWD/target/$TARGET/release/cronlock"
 # Says to the tests (tests/suite/ship.rs) that this is the run that must test the release binary.
 export CRONLOCK_TEST_RELEASE=1

@@ -284,16 +284,16 @@ fn trigger_of_a_busy_job_follows_its_overlap_policy() {
         &format!(
             "CRON_TZ=UTC\n\
              0 0 1 1 * --overlap queue busyq \
-             if [ -e {d}/q ]; then echo $(date +%s%N) > {d}/q2; else touch {d}/q; sleep 3; \
+             if [ -e {d}/q ]; then echo $(date +%s%N) > {d}/q2; else touch {d}/q; sleep 5; \
              echo $(date +%s%N) > {d}/q1; fi\n\
              0 0 1 1 * --overlap replace --grace 1s busyr \
              if [ -e {d}/r ]; then exit 0; else touch {d}/r; sleep 30; fi\n\
              0 0 1 1 * --overlap allow busya \
-             if [ -e {d}/a ]; then exit 7; else touch {d}/a; sleep 30; fi\n"
+             if [ -e {d}/a ]; then exit 7; else touch {d}/a; sleep 6; fi\n"
         ),
     );
     let fleet: Vec<_> = (0..2).map(|_| replica(&url, &file, &[])).collect();
-    for (key, first) in [("busyq", "q"), ("busyr", "r"), ("busya", "a")] {
+    let first_runs = |key: &str, first: &str| {
         let out = trigger_of(&url, &[key]);
         assert_eq!(
             code(&out),
@@ -305,8 +305,9 @@ fn trigger_of_a_busy_job_follows_its_overlap_policy() {
         assert!(wait_for(Duration::from_secs(5), || dir
             .join(first)
             .exists()));
-    }
-    // queue: said to wait, then run once the first ended.
+    };
+    // queue: said to wait (the first runs 5 s), then run once the first ended.
+    first_runs("busyq", "q");
     let out = trigger_of(&url, &["busyq"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(
@@ -314,7 +315,7 @@ fn trigger_of_a_busy_job_follows_its_overlap_policy() {
         "{}",
         stdout(&out)
     );
-    assert!(wait_for(Duration::from_secs(10), || dir
+    assert!(wait_for(Duration::from_secs(15), || dir
         .join("q2")
         .exists()));
     let ns = |f: &str| {
@@ -329,11 +330,13 @@ fn trigger_of_a_busy_job_follows_its_overlap_policy() {
         "the waiting manual instant ran beside the first"
     );
     // replace: the first is stopped and recorded replaced.
+    first_runs("busyr", "r");
     let out = trigger_of(&url, &["--wait", "15s", "busyr"]);
     assert_eq!(code(&out), 0, "{}{}", stdout(&out), stderr(&out));
     let book = ledger(&url, "busyr");
     assert!(book.iter().any(|(_, st, _)| st == "replaced"), "{book:?}");
     // allow: runs beside the first, which still runs.
+    first_runs("busya", "a");
     let began = std::time::Instant::now();
     let out = trigger_of(&url, &["--wait", "15s", "busya"]);
     assert_eq!(code(&out), 7, "{}{}", stdout(&out), stderr(&out));
