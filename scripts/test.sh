@@ -270,9 +270,9 @@ end_passes() { # PART: wait for them; show what they said
 ours=$(redis-server --version | cut -d' ' -f3)
 # Two parts. The tests that measure time (a module `alone` in their suite: tests/suite/common/
 # alone.rs) take the cores for themselves while they measure: the rest first, then they, each
-# part on every server at once. The rest run twelve at a time on Redis 7.0 (they wait on servers
-# and processes far more than they compute: a quarter of one core, measured, and none of them
-# measures), five on each other server; the measuring ones four at a time on 7.0, three elsewhere
+# part on every server at once. The rest run sixteen at a time on Redis 7.0 (they wait on servers
+# and processes far more than they compute: a quarter of one core at six, measured, and none of
+# them measures; the longest, the fleets' and Sentinel's, end the part), five on each other server; the measuring ones four at a time on 7.0, three elsewhere
 # (what comes before their measuring overlaps; their measuring does not; at six, more setups
 # held the cores while a test waited to measure: 38-50 s of idle measuring instead of 31 s).
 # Given arguments (a filter), the first part is exactly `cargo test` with them, and the lock of
@@ -280,7 +280,7 @@ ours=$(redis-server --version | cut -d' ' -f3)
 first=("$@")
 if [ $# -eq 0 ]; then first=(-- --skip ::alone::); fi
 start_passes rest
-RUST_TEST_THREADS=${RUST_TEST_THREADS:-12} \
+RUST_TEST_THREADS=${RUST_TEST_THREADS:-16} \
   cargo test --locked --no-fail-fast "${first[@]}" > >(tee "$logs/rest on $ours.out") 2>&1 ||
   failed+=("the suite on $ours")
 end_passes rest
