@@ -145,7 +145,8 @@ pub struct Cli {
     pub min_hold: Span,
 
     /// Let up to N hosts hold KEY at once (a semaphore), each with a slot of its own: the command
-    /// gets CRONLOCK_SLOT (0..N-1). Every host must give the same N
+    /// gets CRONLOCK_SLOT (0..N-1). Every host must give the same N. With --schedule, only under
+    /// --overlap allow: at most N instants run at once
     #[arg(long, env = "CRONLOCK_LIMIT", value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=crate::store::lock::MAX_LIMIT as i64))]
     pub limit: u32,
