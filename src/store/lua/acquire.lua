@@ -294,6 +294,9 @@ if replace and holder and instant ~= 0 and not take_queued then
       local ok, e = pcall(cjson.decode, redis.call('HGET', KEYS[6], field) or '')
       if ok and type(e) == 'table' and e.state == 'running' and e.holder == holder
         and type(e.attempts) == 'table' and #e.attempts > 0 then
+        -- (A counter that cannot give a token refuses before the takeover writes anything.)
+        local can, refused = fence_token(KEYS[2], t)
+        if not can then return refused end
         local left = redis.call('PTTL', lock)
         if left > 0 then
           redis.call('HSET', KEYS[9], holder, string.format('%d', now + left))
