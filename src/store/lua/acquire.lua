@@ -23,7 +23,7 @@
 -- attempt, its entry reads 'replaced', and it is named in KEYS[9] until it ends; this attempt's
 -- command waits for it, see the tenth element below) or 'allow' (each instant holds a lock of its
 -- own, KEYS[1] .. ':at:' .. instant, in KEYS[1]'s hash slot, so instants run side by side, at
--- most ARGV[13] at once: an instant beyond that is busy, as under 'skip'),
+-- most ARGV[12] at once: an instant beyond that is busy, as under 'skip'),
 -- ARGV[12] under 'allow', how many instants may run at once, ARGV[13...] with a schedule: its
 -- instants around the client's clock, in Unix ms, then earlier instants inside the window (for
 -- 'missed')
@@ -286,10 +286,11 @@ end
 -- --overlap replace: an earlier instant's run (the last one started, the schedule's or a manual
 -- one, whose entry names this holder) is replaced: its entry reads 'replaced' (release.lua ends
 -- it when its run stops), it is named in KEYS[9] until its lock would have lapsed, and its lock
--- is taken below. Another holder (a run without --schedule, this instant's own attempt) is not.
+-- is taken below. Another holder (a run without --schedule, this instant's own attempt, a later
+-- instant's run, a lock without an expiry to bound the wait) is not.
 if replace and holder and instant ~= 0 and not take_queued then
   for _, last_started in pairs({scheduled_ran, manual_ran}) do
-    if holder and last_started ~= instant then
+    if holder and last_started < instant and redis.call('PTTL', lock) > 0 then
       local field = string.format('%d', last_started)
       local ok, e = pcall(cjson.decode, redis.call('HGET', KEYS[6], field) or '')
       if ok and type(e) == 'table' and e.state == 'running' and e.holder == holder
@@ -298,10 +299,8 @@ if replace and holder and instant ~= 0 and not take_queued then
         local can, refused = fence_token(KEYS[2], t)
         if not can then return refused end
         local left = redis.call('PTTL', lock)
-        if left > 0 then
-          redis.call('HSET', KEYS[9], holder, string.format('%d', now + left))
-          if redis.call('PTTL', KEYS[9]) < left then redis.call('PEXPIRE', KEYS[9], left) end
-        end
+        redis.call('HSET', KEYS[9], holder, string.format('%d', now + left))
+        if redis.call('PTTL', KEYS[9]) < left then redis.call('PEXPIRE', KEYS[9], left) end
         local last = e.attempts[#e.attempts]
         if type(last) == 'table' then last.state, last.replaced = 'replaced', now end
         e.state = 'replaced'
