@@ -229,6 +229,16 @@ impl<'a> Run<'a> {
             LockState::Valid { until } => until,
             LockState::Lost { until, .. } => until,
         };
+        // Lost as the command ended by itself: supervising had nothing left to stop, and said
+        // nothing; the release will find the lock not ours.
+        if let (LockState::Lost { reason, .. }, Ending::Exited | Ending::Signalled) =
+            (watchdog.validity.state(), ending)
+        {
+            log.warn(
+                "lost",
+                &format!("lock lost: {reason}; the command had already ended"),
+            );
+        }
         // Confirmed by Redis, or feared by the main loop (no renewal in time): nothing to wait
         // for.
         let lost = watchdog.validity.is_lost() || ending == Ending::Lost;
@@ -326,6 +336,14 @@ impl<'a> Run<'a> {
             LockState::Valid { until }
                 if until.checked_sub(self.limits.grace + validity.margin)
                     > Some(Instant::now()) => {}
+            // Lost before the start (taken over while waiting: `--overlap replace`): said so.
+            LockState::Lost { reason, .. } => {
+                log.error(
+                    "lost",
+                    &format!("lock lost: {reason}; not running the command"),
+                );
+                return Err(Exit::LockLost);
+            }
             _ => return Err(too_late()),
         }
         let env = command_env(config, held);
