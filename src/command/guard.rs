@@ -432,29 +432,19 @@ fn report(fd: libc::c_int, err: i32) {
     sys::write(fd, &err.to_ne_bytes());
 }
 
-/// `--crontab`: make `cmd` (a run of cronlock itself) die with SIGKILL when this process dies,
-/// so no run outlives the replica that supervises it; the run's own guard then stops its
-/// command, as it does when any cronlock is killed. Spawn from the main thread, which lives as
-/// long as the replica (`PR_SET_PDEATHSIG` fires when the spawning thread ends).
-///
-/// `channel` (opened close-on-exec, so no other run inherits it) is kept open across this one
-/// `execve`: the run's end of the replica's channel.
-pub fn tie_to_parent(cmd: &mut std::process::Command, channel: libc::c_int) {
-    use std::os::unix::process::CommandExt;
-    let parent = sys::getpid();
-    // SAFETY: the closure runs between fork and exec and makes only raw system calls (prctl,
-    // getppid, fcntl, exit): no allocation, no lock.
-    unsafe {
-        cmd.pre_exec(move || {
-            sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
-            // The replica died before the line above: nobody would stop this run.
-            if sys::getppid() != parent {
-                sys::exit(crate::exit::FAILURE as libc::c_int);
-            }
-            if sys::keep_on_exec(channel) < 0 {
-                sys::exit(crate::exit::FAILURE as libc::c_int);
-            }
-            Ok(())
-        });
-    }
+/// A run of a `--crontab` replica: die with SIGKILL when the replica dies, so no run outlives
+/// the replica that supervises it; the run's own guard then stops its command, as it does when
+/// any cronlock is killed. Called first thing in the run (the replica spawns it without a
+/// `pre_exec` hook, so its spawn is a `posix_spawn`, not a fork of the whole replica), and from
+/// the replica's main thread, which lives as long as the replica (`PR_SET_PDEATHSIG` fires when
+/// the spawning thread ends). Whether the replica is still this run's parent is asked after
+/// ([`parent_is`]): one that died before this line would not be noticed.
+pub fn die_with_parent() {
+    sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+}
+
+/// Whether `pid` is this process's parent: after [`die_with_parent`], that a replica that handed
+/// this run its lock is alive and will be followed.
+pub fn parent_is(pid: u32) -> bool {
+    i64::from(sys::getppid()) == i64::from(pid)
 }

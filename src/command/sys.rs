@@ -107,14 +107,6 @@ pub fn dup2(old: libc::c_int, new: libc::c_int) -> isize {
     plain(libc::SYS_dup3, [old as usize, new as usize, 0, 0, 0, 0])
 }
 
-/// Clear `FD_CLOEXEC` on `fd`, so the program `execve` starts inherits it.
-pub fn keep_on_exec(fd: libc::c_int) -> isize {
-    plain(
-        libc::SYS_fcntl,
-        [fd as usize, libc::F_SETFD as usize, 0, 0, 0, 0],
-    )
-}
-
 /// `prctl` with an integer argument (`PR_SET_PDEATHSIG`, `PR_SET_CHILD_SUBREAPER`).
 pub fn prctl(option: libc::c_int, arg: libc::c_ulong) -> isize {
     plain(libc::SYS_prctl, [option as usize, arg as usize, 0, 0, 0, 0])

@@ -3,9 +3,10 @@
 //! command started and how it ended. Nothing passes through an environment value or a log line:
 //! the job's output, verbosity and log format cannot change what the replica knows.
 //!
-//! The channel is a Unix socket pair. The run's end is inherited across the replica's `execve` of
-//! the run (named by [`FD_VAR`], which the command never sees) and made close-on-exec at once, so
-//! the command does not inherit it. Each message is one line of JSON with a version (`"v"`):
+//! The channel is a Unix socket pair. The run's end is its standard input when the replica
+//! spawns it (named by [`FD_VAR`], which the command never sees); the run moves it to a
+//! close-on-exec descriptor at once and puts /dev/null in its place, so the command does not
+//! inherit it. Each message is one line of JSON with a version (`"v"`):
 //! the replica sends one `lock`; the run sends `started`, then `release` (what to record) and
 //! waits for the replica's `released`, then `ended`. End of file without `ended` means the run
 //! died.
@@ -54,6 +55,8 @@ pub struct Handover {
     pub sent_at: Instant,
     /// `--overlap allow`: the lock is the instant's own.
     pub own_lock: bool,
+    /// The replica that handed it over (0: not said).
+    pub replica_pid: u32,
     /// `--overlap replace`: a run replaced may still be stopping until then (`CLOCK_BOOTTIME`).
     pub after: Option<Instant>,
 }
@@ -74,6 +77,7 @@ impl Handover {
             sent_at: held.sent_at,
             own_lock: held.own_lock,
             after: held.after,
+            replica_pid: std::process::id(),
         }
     }
 
@@ -119,6 +123,7 @@ impl Handover {
             attempt: self.attempt,
             ttl_ms: self.ttl.as_millis() as u64,
             sent_boot_ns: self.sent_at.as_duration().as_nanos() as u64,
+            replica_pid: self.replica_pid,
             own_lock: self.own_lock,
             after_boot_ns: self.after.map(|a| a.as_duration().as_nanos() as u64),
         })
@@ -152,6 +157,7 @@ impl Handover {
             ttl: Duration::from_millis(m.ttl_ms),
             sent_at: Instant::from_duration(Duration::from_nanos(m.sent_boot_ns)),
             own_lock: m.own_lock,
+            replica_pid: m.replica_pid,
             after: m
                 .after_boot_ns
                 .map(|ns| Instant::from_duration(Duration::from_nanos(ns))),
@@ -285,8 +291,20 @@ pub struct RunSide {
 }
 
 impl RunSide {
-    /// Take over descriptor `fd` (named by [`FD_VAR`]), close-on-exec from now on.
+    /// Take over descriptor `fd` (named by [`FD_VAR`]), close-on-exec from now on. A replica
+    /// hands it as standard input (`0`): it is moved to a descriptor of its own, and /dev/null
+    /// takes its place, so the command's standard input is what it always was for a run.
     pub fn adopt(fd: RawFd) -> Result<RunSide> {
+        if fd == 0 {
+            let moved =
+                nix::fcntl::fcntl(std::io::stdin(), nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(3))
+                    .map_err(|e| anyhow!("{FD_VAR}=0 names no open channel: {e}"))?;
+            let null = std::fs::File::open("/dev/null")
+                .map_err(|e| anyhow!("cannot open /dev/null: {e}"))?;
+            nix::unistd::dup2_stdin(&null)
+                .map_err(|e| anyhow!("cannot put /dev/null on standard input: {e}"))?;
+            return RunSide::adopt(moved);
+        }
         let flags = nix::fcntl::fcntl(
             // SAFETY: only borrowed for this call; fcntl on a closed number fails with EBADF.
             unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },

@@ -53,6 +53,9 @@ pub struct LockMessage {
     pub ttl_ms: u64,
     /// When the claim was sent, on `CLOCK_BOOTTIME` (the same clock in every process).
     pub sent_boot_ns: u64,
+    /// The replica that sent it (its pid): the run checks it is still its parent.
+    #[serde(default)]
+    pub replica_pid: u32,
     /// `--overlap allow`: the lock is the instant's own (`KEY:at:INSTANT`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub own_lock: bool,

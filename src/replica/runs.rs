@@ -9,7 +9,6 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -18,7 +17,6 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Result};
 
-use crate::command::guard::tie_to_parent;
 use crate::config::CronJob;
 use crate::fleet::handover::{Handover, ReplicaSide, RunReport, FD_VAR};
 use crate::log::Log;
@@ -242,13 +240,17 @@ fn spawn(
     for name in NOT_FOR_RUNS {
         cmd.env_remove(name);
     }
-    cmd.env(FD_VAR, theirs.as_raw_fd().to_string())
-        .stdin(Stdio::null())
+    // The run's end of the channel is its standard input (the run moves it away and puts
+    // /dev/null there for its command): no `pre_exec` hook, so std spawns with `posix_spawn`,
+    // not a fork of this multi-threaded replica (half its CPU per run, measured). The run ties
+    // itself to this process (`guard::die_with_parent`).
+    cmd.env(FD_VAR, "0")
+        .stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    tie_to_parent(&mut cmd, theirs.as_raw_fd());
     let mut child = cmd.spawn().map_err(|e| anyhow!(crate::log::io_text(&e)))?;
-    drop(theirs);
+    // (Its copy of the run's end goes with it: the channel's end of file is the run's.)
+    drop(cmd);
     let pid = child.id();
     relay_output(&mut child, &job.key, json, log);
     let heard = heard.clone();

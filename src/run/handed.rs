@@ -17,7 +17,13 @@ use crate::store::quorum::Masters;
 /// The handed-over lock, the masters to keep it with, and the channel to report on.
 pub(super) fn receive(config: &RunConfig, fd: i32, log: &Log) -> Result<(Held, Masters, RunSide)> {
     let mut side = RunSide::adopt(fd)?;
+    crate::command::guard::die_with_parent();
     let handed = side.receive(config.connect_timeout)?;
+    // A replica that died before the line above would leave this run to nobody: not run. (The
+    // lock it claimed lapses by itself.)
+    if handed.replica_pid != 0 && !crate::command::guard::parent_is(handed.replica_pid) {
+        bail!("the replica that started this run is gone; not running the command");
+    }
     let why = mismatch(config, &handed);
     let held = handed.into_held(Keys::new(&config.prefix, &config.key));
     let masters = Masters::new(&config.servers);

@@ -15,6 +15,7 @@ fn sample() -> Handover {
         sent_at: Instant::now(),
         own_lock: false,
         after: None,
+        replica_pid: 42,
     }
 }
 
