@@ -78,8 +78,10 @@ pub(super) fn run_config(cli: &Cli, target: RunTarget) -> Result<RunConfig> {
 /// of its own, so `--limit` counts the instants at once and each run holds a plain lock.
 fn overlap_and_limit(cli: &Cli) -> (Overlap, u32) {
     match cli.overlap {
-        Overlap::Allow { .. } if cli.limit > 1 => (Overlap::Allow { at_once: cli.limit }, 1),
-        Overlap::Allow { at_once } => (Overlap::Allow { at_once }, 1),
+        Overlap::Allow { at_once } => {
+            let at_once = if cli.limit > 1 { cli.limit } else { at_once };
+            (Overlap::Allow { at_once }, 1)
+        }
         other => (other, cli.limit),
     }
 }

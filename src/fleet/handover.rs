@@ -82,14 +82,10 @@ impl Handover {
     }
 
     /// The lock as the run holds it: `keys` are the run's own for its KEY.
-    pub fn into_held(self, mut keys: Keys) -> Held {
-        if self.limit > 1 {
-            keys.lock = keys.slot(self.slot);
-        } else if let (true, Some(at)) = (self.own_lock, self.instant) {
-            keys.lock = keys.at(at);
-        }
+    pub fn into_held(self, keys: Keys) -> Held {
+        let own_instant = self.instant.filter(|_| self.own_lock);
         Held {
-            keys,
+            keys: keys.held(self.limit, self.slot, own_instant),
             holder: self.holder,
             fence: self.fence,
             ttl: self.ttl,

@@ -195,12 +195,7 @@ fn attempt(
     };
     let overlap = instants.map_or(Overlap::Skip, |s| s.overlap);
     let own_lock = matches!(overlap, Overlap::Allow { .. }) && instant.is_some();
-    let mut keys = keys.clone();
-    if limit > 1 {
-        keys.lock = keys.slot(slot);
-    } else if let (true, Some(at)) = (own_lock, instant) {
-        keys.lock = keys.at(at);
-    }
+    let keys = keys.clone().held(limit, slot, instant.filter(|_| own_lock));
     // Measured from the reply, which came after the script ran: never shorter than Redis's.
     let after = u64::try_from(reply.after_ms)
         .ok()

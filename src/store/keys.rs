@@ -77,6 +77,17 @@ impl Keys {
         format!("{}:at:{instant}", self.lock)
     }
 
+    /// These keys with `lock` the key a grant holds: slot `slot` of a `--limit` above 1, or under
+    /// `--overlap allow` the instant's own lock (`own_instant`), else KEY's lock.
+    pub fn held(mut self, limit: u32, slot: u32, own_instant: Option<i64>) -> Keys {
+        if limit > 1 {
+            self.lock = self.slot(slot);
+        } else if let Some(at) = own_instant {
+            self.lock = self.at(at);
+        }
+        self
+    }
+
     /// Slot `i` of a `--limit` above 1: a lock of its own, held like the plain one.
     pub fn slot(&self, i: u32) -> String {
         format!("{}:slot:{i}", self.lock)

@@ -116,8 +116,9 @@ local queue = ARGV[11] == 'queue'
 local replace = ARGV[11] == 'replace'
 local allow = ARGV[11] == 'allow'
 -- The lock this attempt takes: KEY's, or under 'allow' its instant's own (set once the instant
--- is known).
+-- is known: lock_at, in KEYS[1]'s hash slot; Keys::at names it the same).
 local lock = KEYS[1]
+local function lock_at(field) return KEYS[1] .. ':at:' .. field end
 -- Mark the manual instant's request `state` (a rare path: cjson).
 local function answer_request(state, by)
   if not manual then return end
@@ -174,7 +175,7 @@ if ARGV[3] ~= '' then
       instant = ahead
     end
   end
-  if allow and instant ~= 0 then lock = KEYS[1] .. ':at:' .. string.format('%d', instant) end
+  if allow and instant ~= 0 then lock = lock_at(string.format('%d', instant)) end
   local record = redis.call('HMGET', KEYS[4], 'instant', 'manual')
   ran, manual_ran = tonumber(record[1]), tonumber(record[2])
   scheduled_ran = ran
@@ -270,7 +271,7 @@ if allow and not holder and instant ~= 0 then
   local running = redis.call('HGETALL', KEYS[10])
   local live, soonest, by = 0, nil, false
   for i = 1, #running, 2 do
-    local left = redis.call('PTTL', KEYS[1] .. ':at:' .. running[i])
+    local left = redis.call('PTTL', lock_at(running[i]))
     if left == -2 then
       redis.call('HDEL', KEYS[10], running[i])
     else
@@ -373,7 +374,7 @@ if instant ~= 0 then
       local prev = redis.call('HGET', KEYS[6], field)
       -- (Under 'allow' an earlier instant holds a lock of its own: abandoned only once it is gone.)
       if prev and string.sub(prev, -19) == ',"state":"running"}'
-        and (not allow or redis.call('EXISTS', KEYS[1] .. ':at:' .. field) == 0) then
+        and (not allow or redis.call('EXISTS', lock_at(field)) == 0) then
         local ok, e = pcall(cjson.decode, prev)
         if ok and type(e) == 'table' and type(e.attempts) == 'table' and #e.attempts > 0 then
           local last = e.attempts[#e.attempts]
