@@ -109,9 +109,21 @@ const ORPHAN_AGE: Duration = Duration::from_secs(5);
 /// 0`: no live run's command is there) and older than [`ORPHAN_AGE`]; a run that is ending
 /// removes its own too, and whichever `rmdir` comes first wins. Best effort: errors are ignored.
 pub fn sweep(ours: &Path) {
-    let Some(parent) = ours.parent() else {
-        return;
-    };
+    if let Some(parent) = ours.parent() {
+        sweep_in(parent, Some(ours));
+    }
+}
+
+/// [`sweep`] for the runs a replica starts, which do not sweep themselves (each would read every
+/// other run's cgroup: quadratic in the runs at once): the replica sweeps its own cgroup's
+/// `cronlock-*` children now and then.
+pub fn sweep_own() {
+    if let Ok(dir) = own_dir() {
+        sweep_in(&dir, None);
+    }
+}
+
+fn sweep_in(parent: &Path, ours: Option<&Path>) {
     let Ok(entries) = std::fs::read_dir(parent) else {
         return;
     };
@@ -121,7 +133,7 @@ pub fn sweep(ours: &Path) {
             .file_name()
             .to_str()
             .is_some_and(|n| n.starts_with("cronlock-"));
-        if !named || dir == ours {
+        if !named || Some(dir.as_path()) == ours {
             continue;
         }
         let empty = std::fs::read_to_string(dir.join("cgroup.events"))

@@ -62,6 +62,10 @@ use table::Table;
 /// How often the file's modification time is looked at (a ConfigMap update, an edit).
 const FILE_CHECK: Duration = Duration::from_secs(2);
 
+/// How often the replica removes the cgroups its runs left when killed with their guards
+/// (`command::cgroup::sweep_own`; its runs do not sweep themselves).
+const SWEEP_EVERY: Duration = Duration::from_secs(30);
+
 /// Serve the crontab until SIGTERM or SIGINT, and every run has ended.
 pub fn serve(
     replica: &Replica,
@@ -90,6 +94,7 @@ pub fn serve(
     let mut file = FileSeen {
         modified: mtime(&replica.file),
         checked: Instant::now(),
+        swept: None,
     };
     let set = SigSet::of(&[
         libc::SIGTERM,
@@ -147,6 +152,10 @@ fn reread(
         got = table.reload(reload, log);
         file.modified = mtime(&replica.file);
     }
+    if file.swept.is_none_or(|at| at.elapsed() >= SWEEP_EVERY) {
+        file.swept = Some(Instant::now());
+        crate::command::cgroup::sweep_own();
+    }
     if file.checked.elapsed() >= FILE_CHECK {
         file.checked = Instant::now();
         let now_modified = mtime(&replica.file);
@@ -158,10 +167,12 @@ fn reread(
     got
 }
 
-/// The crontab as the loop last looked at it: its modification time, and when it looked.
+/// The crontab as the loop last looked at it: its modification time, and when it looked; and
+/// when it last swept its runs' leftover cgroups.
 struct FileSeen {
     modified: Option<SystemTime>,
     checked: Instant,
+    swept: Option<Instant>,
 }
 
 /// The file's modification time (a ConfigMap's symlink swap changes it too).

@@ -375,8 +375,9 @@ impl<'a> Run<'a> {
         if let Some(c) = capture.as_mut() {
             c.started();
         }
-        // While the command runs: cgroups that runs killed with their guards left beside ours.
-        if let Some(ours) = &planned {
+        // While the command runs: cgroups that runs killed with their guards left beside ours
+        // (a replica sweeps for its runs, `cgroup::sweep_own`).
+        if let Some(ours) = planned.as_ref().filter(|_| self.channel.is_none()) {
             cgroup::sweep(ours);
         }
         contained(&child, shared, planned, no_cgroup, log);
