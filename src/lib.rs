@@ -29,7 +29,7 @@ use anyhow::Result;
 use clap::error::ErrorKind;
 
 use crate::cli::Cli;
-use crate::config::{Admin, AdminMode, Request};
+use crate::config::{Admin, AdminMode, Request, RunConfig};
 use crate::exit::Exit;
 use crate::fleet::report::Report;
 use crate::fleet::{admin, check, status, suspend, trigger};
@@ -79,8 +79,14 @@ fn run_guarded() -> Exit {
     }
 }
 
-/// Parse the command line and do what it says.
+/// Parse the command line and do what it says (or, started as a replica's starter, serve it).
 fn run_parsed() -> Exit {
+    if started_as_starter() {
+        return run::starter::serve(&run::starter::StarterHooks {
+            resolve: &resolve_job_run,
+            run: &run_resolved,
+        });
+    }
     let cli = match cli::parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -162,15 +168,7 @@ const FLUSH_WAIT: Duration = Duration::from_millis(500);
 /// Do what the parsed command line says: one run, one of the admin modes, or a replica.
 fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
     match cli::request::request(cli)? {
-        Request::Run(config) => {
-            let mut report = Report::new(&config.reports, log)?;
-            let attempted = crate::clock::unix_millis();
-            let outcome = run::run_job(&config, log, &mut |rid, attempt| {
-                report.started(&config.key, rid, attempt, log)
-            });
-            report.tell(&config.key, attempted, &outcome, log);
-            outcome.result
-        }
+        Request::Run(config) => run_reported(&config, log),
         Request::Admin(admin) => admin_mode(&admin, log),
         Request::Crontab(replica) => {
             let file = replica.file.clone();
@@ -178,6 +176,49 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
             replica::serve(&replica, &|| cli::crontab::load_answering(&file), json, log)
         }
     }
+}
+
+/// One run, with its reports (metrics file, pings).
+fn run_reported(config: &RunConfig, log: &Log) -> Result<Exit> {
+    let mut report = Report::new(&config.reports, log)?;
+    let attempted = crate::clock::unix_millis();
+    let outcome = run::run_job(config, log, &mut |rid, attempt| {
+        report.started(&config.key, rid, attempt, log)
+    });
+    report.tell(&config.key, attempted, &outcome, log);
+    outcome.result
+}
+
+/// Whether cronlock was started as a replica's starter (its `argv[0]`).
+fn started_as_starter() -> bool {
+    std::env::args_os()
+        .next()
+        .is_some_and(|a| a == fleet::starting::STARTER_ARG0)
+}
+
+/// A job's run arguments (a replica's starter resolves them once per job), resolved as its
+/// command line would be.
+fn resolve_job_run(args: &[String]) -> Result<run::starter::Resolved> {
+    let cli = cli::parse_run(args)?;
+    let Request::Run(config) = cli::request::request(&cli)? else {
+        anyhow::bail!("the job's arguments are not a run");
+    };
+    Ok(run::starter::Resolved {
+        config: *config,
+        verbosity: cli.verbosity()?,
+        format: cli.log_format,
+    })
+}
+
+/// A run a replica's starter forked: as [`execute`] carries out a run, with its own log.
+fn run_resolved(resolved: &run::starter::Resolved) -> Exit {
+    let log = Log::new(resolved.verbosity, resolved.format);
+    let exit = run_reported(&resolved.config, &log).unwrap_or_else(|e| {
+        log.error("error", &format!("{e:#}"));
+        Exit::Failure
+    });
+    log.flush(FLUSH_WAIT);
+    exit
 }
 
 /// `--status`, `--check`, `--list`, `--force-release`, `--suspend` and `--resume`.

@@ -62,7 +62,7 @@ pub(super) fn run_config(cli: &Cli, target: RunTarget) -> Result<RunConfig> {
         schedule,
         jitter,
         overlap,
-        handover: handover_fd()?,
+        handover: None,
         catch_up: cli.catch_up.map(|c| c.0),
         retries: cli.retries.unwrap_or(0),
         conflict_exit_code: cli.conflict_exit_code,
@@ -205,18 +205,4 @@ fn reports(cli: &Cli) -> Result<Reports> {
         ping_url: cli.ping()?,
         ping_body: cli.ping_body,
     })
-}
-
-/// The channel a replica (`--crontab`) hands its run's lock over on: a descriptor number.
-fn handover_fd() -> Result<Option<i32>> {
-    let var = crate::fleet::handover::FD_VAR;
-    match std::env::var(var) {
-        Err(_) => Ok(None),
-        Ok(v) => v.parse::<i32>().map(Some).map_err(|_| {
-            anyhow::anyhow!(
-                "invalid value '{v}' for {var} (set by --crontab for its runs: a descriptor \
-                 number)"
-            )
-        }),
-    }
 }

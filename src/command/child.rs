@@ -106,12 +106,7 @@ fn candidates(program: &OsStr) -> io::Result<Vec<CString>> {
 /// Variables that hold cronlock's secrets (a Redis password, a ping URL): the command does not
 /// inherit them. Everything else of the environment passes on, `REDIS_URL` included (the job may
 /// use it for its own work), and so do the `_FILE` forms, which name a file, not a secret.
-/// A replica's channel to its run (`CRONLOCK_HANDOVER_FD`) is cronlock's own too.
-pub const HIDDEN_FROM_COMMAND: &[&str] = &[
-    "CRONLOCK_REDIS_URL",
-    "CRONLOCK_PING_URL",
-    "CRONLOCK_HANDOVER_FD",
-];
+pub const HIDDEN_FROM_COMMAND: &[&str] = &["CRONLOCK_REDIS_URL", "CRONLOCK_PING_URL"];
 
 /// The command's environment: ours without [`HIDDEN_FROM_COMMAND`], with `extra_env` set.
 fn command_env(extra_env: &[(&str, String)]) -> io::Result<Vec<CString>> {

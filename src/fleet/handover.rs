@@ -3,9 +3,8 @@
 //! command started and how it ended. Nothing passes through an environment value or a log line:
 //! the job's output, verbosity and log format cannot change what the replica knows.
 //!
-//! The channel is a Unix socket pair. The run's end is its standard input when the replica
-//! spawns it (named by [`FD_VAR`], which the command never sees); the run moves it to a
-//! close-on-exec descriptor at once and puts /dev/null in its place, so the command does not
+//! The channel is a Unix socket pair. The run's end reaches the run through the replica's
+//! starter (`run/starter.rs`, [`crate::fleet::starting`]), close-on-exec, so the command does not
 //! inherit it. Each message is one line of JSON with a version (`"v"`):
 //! the replica sends one `lock`; the run sends `started`, then `release` (what to record) and
 //! waits for the replica's `released`, then `ended`. End of file without `ended` means the run
@@ -32,8 +31,6 @@ use crate::store::holder::Holder;
 use crate::store::keys::Keys;
 use crate::store::lock::{Held, LedgerEnd, ReleaseOptions, Released};
 
-/// The variable that names the run's end of the channel (a descriptor number).
-pub const FD_VAR: &str = "CRONLOCK_HANDOVER_FD";
 /// The longest message (a lock value is at most a few hundred bytes).
 pub const MAX_MESSAGE: usize = 16 * 1024;
 
@@ -55,15 +52,16 @@ pub struct Handover {
     pub sent_at: Instant,
     /// `--overlap allow`: the lock is the instant's own.
     pub own_lock: bool,
-    /// The replica that handed it over (0: not said).
-    pub replica_pid: u32,
+    /// The process that must be the run's parent (the replica's starter; 0: not said).
+    pub parent_pid: u32,
     /// `--overlap replace`: a run replaced may still be stopping until then (`CLOCK_BOOTTIME`).
     pub after: Option<Instant>,
 }
 
 impl Handover {
-    /// What the replica won, for KEY.
-    pub fn from_held(key: &str, held: &Held) -> Handover {
+    /// What the replica won, for KEY, handed to a run whose parent is `parent_pid` (the
+    /// replica's starter).
+    pub fn from_held(key: &str, held: &Held, parent_pid: u32) -> Handover {
         Handover {
             key: key.to_string(),
             holder: held.holder.clone(),
@@ -77,7 +75,7 @@ impl Handover {
             sent_at: held.sent_at,
             own_lock: held.own_lock,
             after: held.after,
-            replica_pid: std::process::id(),
+            parent_pid,
         }
     }
 
@@ -119,7 +117,7 @@ impl Handover {
             attempt: self.attempt,
             ttl_ms: self.ttl.as_millis() as u64,
             sent_boot_ns: self.sent_at.as_duration().as_nanos() as u64,
-            replica_pid: self.replica_pid,
+            parent_pid: self.parent_pid,
             own_lock: self.own_lock,
             after_boot_ns: self.after.map(|a| a.as_duration().as_nanos() as u64),
         })
@@ -153,7 +151,7 @@ impl Handover {
             ttl: Duration::from_millis(m.ttl_ms),
             sent_at: Instant::from_duration(Duration::from_nanos(m.sent_boot_ns)),
             own_lock: m.own_lock,
-            replica_pid: m.replica_pid,
+            parent_pid: m.parent_pid,
             after: m
                 .after_boot_ns
                 .map(|ns| Instant::from_duration(Duration::from_nanos(ns))),
@@ -287,27 +285,16 @@ pub struct RunSide {
 }
 
 impl RunSide {
-    /// Take over descriptor `fd` (named by [`FD_VAR`]), close-on-exec from now on. A replica
-    /// hands it as standard input (`0`): it is moved to a descriptor of its own, and /dev/null
-    /// takes its place, so the command's standard input is what it always was for a run.
+    /// Take over descriptor `fd`, the channel a replica's starter handed this run, close-on-exec
+    /// from now on.
     pub fn adopt(fd: RawFd) -> Result<RunSide> {
-        if fd == 0 {
-            let moved =
-                nix::fcntl::fcntl(std::io::stdin(), nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(3))
-                    .map_err(|e| anyhow!("{FD_VAR}=0 names no open channel: {e}"))?;
-            let null = std::fs::File::open("/dev/null")
-                .map_err(|e| anyhow!("cannot open /dev/null: {e}"))?;
-            nix::unistd::dup2_stdin(&null)
-                .map_err(|e| anyhow!("cannot put /dev/null on standard input: {e}"))?;
-            return RunSide::adopt(moved);
-        }
         let flags = nix::fcntl::fcntl(
             // SAFETY: only borrowed for this call; fcntl on a closed number fails with EBADF.
             unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
             nix::fcntl::FcntlArg::F_GETFD,
         );
         if flags.is_err() || fd < 3 {
-            bail!("{FD_VAR}={fd} names no open channel (it is set by --crontab for its runs)");
+            bail!("descriptor {fd} is no open channel");
         }
         // SAFETY: the descriptor is open (checked above) and nothing else in this process owns
         // it: it was inherited for this purpose, and is adopted once, at start.

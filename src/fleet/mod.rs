@@ -24,6 +24,7 @@ pub mod record;
 pub mod report;
 pub mod schedule;
 pub mod spread;
+pub mod starting;
 pub mod status;
 pub mod suspend;
 pub mod trigger;

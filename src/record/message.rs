@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::record::run::Ending;
 
 /// The version of the messages; a process refuses any other.
-pub const VERSION: u64 = 2;
+pub const VERSION: u64 = 3;
 
 /// One message, by kind.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -53,9 +53,10 @@ pub struct LockMessage {
     pub ttl_ms: u64,
     /// When the claim was sent, on `CLOCK_BOOTTIME` (the same clock in every process).
     pub sent_boot_ns: u64,
-    /// The replica that sent it (its pid): the run checks it is still its parent.
+    /// The process that started the run (the replica's starter): the run checks it is still
+    /// its parent.
     #[serde(default)]
-    pub replica_pid: u32,
+    pub parent_pid: u32,
     /// `--overlap allow`: the lock is the instant's own (`KEY:at:INSTANT`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub own_lock: bool,

@@ -1,7 +1,7 @@
 //! The records cronlock keeps in Redis and the messages its processes exchange, each one Rust
 //! type, written and read only here: a lock's holder value (`holder.rs`), a run record
 //! (`run.rs`), a ledger entry and its attempts (`ledger.rs`), a suspension (`suspension.rs`), and
-//! the messages between a replica and its runs (`message.rs`). No reader above indexes JSON by
+//! the messages between a replica and its runs (`message.rs`) and its starter (`start.rs`). No reader above indexes JSON by
 //! name, so a field renamed here is renamed for every reader, and a test reads every shape a Lua
 //! script writes through these types.
 //!
@@ -13,6 +13,7 @@ pub mod holder;
 pub mod ledger;
 pub mod message;
 pub mod run;
+pub mod start;
 pub mod suspension;
 pub mod trigger;
 

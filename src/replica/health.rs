@@ -75,7 +75,7 @@ impl Health {
 
     /// A sick replica probes when its time comes, and serves again once it can start runs; one
     /// that started no run for [`IDLE_PROBE`] probes too (so `/readyz` says it is sick before it
-    /// loses a claim). `exe` is the binary its runs start.
+    /// loses a claim). `exe` is the binary its starter starts from.
     pub(super) fn probe(&mut self, exe: &Path, log: &Log, shown: &Shown) {
         let now = Instant::now();
         let Some(sick) = &mut self.sick else {

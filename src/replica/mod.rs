@@ -16,8 +16,10 @@
 //!
 //! `--max-jobs` counts the runs this replica won and its claims in flight; an instant that comes
 //! due while it is full waits for room (`table.rs`) and is given up only when it can no longer
-//! start. Runs are tied to the replica with `PR_SET_PDEATHSIG`, so a replica that dies (SIGKILL,
-//! OOM) takes its runs with it and their instants become abandoned, for `--retries` elsewhere.
+//! start. Runs are forked by the replica's starter (`starter.rs`, `run/starter.rs`) and tied to it
+//! with `PR_SET_PDEATHSIG`, as it is to the replica, so a replica that dies (SIGKILL, OOM) takes
+//! its starter and its runs with it and their instants become abandoned, for `--retries`
+//! elsewhere.
 //!
 //! An instant is owned by one replica by preference only: any replica with room claims it when
 //! it is still undecided shortly after it is due (`table.rs`). A claim that does not become a
@@ -43,6 +45,7 @@ mod rank;
 mod replicant;
 mod reports;
 mod runs;
+mod starter;
 mod table;
 mod watched;
 

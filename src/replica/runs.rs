@@ -1,7 +1,9 @@
-//! The runs a replica started: each is cronlock itself, the run `cronlock --schedule ... KEY -c
-//! ...` makes, tied to the replica (`PR_SET_PDEATHSIG`), handed the lock the replica claimed on a
-//! channel of its own ([`crate::fleet::handover`]). Its reports (started, release, ended) are read
-//! on a thread and reach the loop as typed values; its output is relayed line by line with its KEY.
+//! The runs a replica started: each is the run `cronlock --schedule ... KEY -c ...` makes, forked
+//! by the replica's starter (`starter.rs`, `run/starter.rs`) and tied to it (`PR_SET_PDEATHSIG`,
+//! as the starter is to the replica), handed the lock the replica claimed on a channel of its own
+//! ([`crate::fleet::handover`]). Its reports (started, release, ended) are read on a thread and
+//! reach the loop as typed values; its output is relayed line by line with its KEY; its end
+//! comes from the starter, which reaps it.
 //!
 //! A run is over when its process was reaped and its channel closed (the channel stays open
 //! while the run's guard lives, so a run killed with its command still alive keeps its place
@@ -9,18 +11,20 @@
 
 use std::collections::HashMap;
 use std::io::Write;
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
 
 use crate::config::CronJob;
-use crate::fleet::handover::{Handover, ReplicaSide, RunReport, FD_VAR};
+use crate::fleet::handover::{Handover, ReplicaSide, RunReport};
 use crate::log::Log;
 use crate::replica::output;
+use crate::replica::starter::{Starter, StarterNews};
 use crate::signals;
 use crate::store::lock::Held;
 
@@ -57,7 +61,9 @@ pub struct Spawned {
     pub config: std::sync::Arc<crate::config::RunConfig>,
     /// The replica's writing end of the channel, for the answer to the run's `release`.
     pub reply: Option<UnixStream>,
-    child: Child,
+    pid: u32,
+    /// The starter that forked it.
+    starter: u32,
     /// We signalled it (the drain ran out, or a second SIGTERM).
     pub stopped: bool,
     /// Its command started (reported).
@@ -71,9 +77,9 @@ pub struct Spawned {
 }
 
 impl Spawned {
-    /// The run's process (cronlock itself).
+    /// The run's process.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.pid
     }
 
     pub fn over(&self) -> bool {
@@ -90,6 +96,10 @@ pub struct Runs {
     json: bool,
     by_pid: HashMap<u32, Spawned>,
     heard: (Sender<Heard>, Receiver<Heard>),
+    /// The starter the runs are forked by (spawned at the first run, and again once gone), and
+    /// what it says of them.
+    starter: Option<Starter>,
+    news: (Sender<StarterNews>, Receiver<StarterNews>),
     /// A run had to be stopped (the replica's exit status says so).
     interrupted: bool,
     /// The test hook [`HOLD_AFTER_CLAIM`]: where to say a claim was won, then stop.
@@ -105,11 +115,17 @@ impl Runs {
                 crate::log::io_text(&e)
             )
         })?;
+        let news = mpsc::channel();
+        // Its starter, at once (so the first run does not wait for it); one that cannot be
+        // spawned now is spawned at a run, and the run's failure is the replica's sickness.
+        let starter = Starter::spawn(&exe, NOT_FOR_RUNS, &news.0).ok();
         Ok(Runs {
             exe,
             json,
             by_pid: HashMap::new(),
             heard: mpsc::channel(),
+            starter,
+            news,
             interrupted: false,
             hold: cfg!(debug_assertions)
                 .then(|| std::env::var_os(HOLD_AFTER_CLAIM).map(Into::into))
@@ -143,7 +159,16 @@ impl Runs {
                 std::thread::park();
             }
         }
-        let run = spawn(&self.exe, job, held, self.json, &self.heard.0, log)?;
+        if !self.starter.as_mut().is_some_and(Starter::usable) {
+            self.starter = None;
+            let s = Starter::spawn(&self.exe, NOT_FOR_RUNS, &self.news.0)
+                .map_err(|e| anyhow!("cannot start its starter: {e:#}"))?;
+            self.starter = Some(s);
+        }
+        let Some(starter) = self.starter.as_mut() else {
+            return Err(anyhow!("no starter"));
+        };
+        let run = spawn(starter, job, held, self.json, &self.heard.0, log)?;
         self.by_pid.insert(run.pid(), run);
         Ok(())
     }
@@ -159,14 +184,27 @@ impl Runs {
         }
     }
 
-    /// Note the runs whose process ended.
+    /// Note the runs whose process ended (their starter says so; a starter that is gone took
+    /// its runs with it).
     pub fn reap(&mut self) {
-        for run in self.by_pid.values_mut().filter(|r| r.exited.is_none()) {
-            match run.child.try_wait() {
-                Ok(Some(status)) => run.exited = Some(status),
-                Ok(None) => {}
-                // Not ours to wait for any more (cannot happen for a child we spawned).
-                Err(_) => run.exited = Some(std::os::unix::process::ExitStatusExt::from_raw(0)),
+        while let Ok(news) = self.news.1.try_recv() {
+            match news {
+                StarterNews::Exited { pid, status } => {
+                    if let Some(run) = self.by_pid.get_mut(&pid) {
+                        run.exited = Some(status);
+                    }
+                }
+                StarterNews::Gone { pid } => {
+                    if self.starter.as_ref().is_some_and(|s| s.pid() == pid) {
+                        self.starter = None;
+                    }
+                    let killed = std::os::unix::process::ExitStatusExt::from_raw(libc::SIGKILL);
+                    for run in self.by_pid.values_mut() {
+                        if run.starter == pid && run.exited.is_none() {
+                            run.exited = Some(killed);
+                        }
+                    }
+                }
             }
         }
     }
@@ -217,42 +255,40 @@ impl Runs {
     }
 }
 
-/// Start the run of `job` that takes over `held`. A child that started is never lost: once it
-/// exists, trouble with its output is a warning and the run is returned all the same.
+/// Start the run of `job` that takes over `held`, forked by `starter`. A run that started is
+/// never lost: once it exists, trouble with its output is a warning and the run is returned all
+/// the same. The lock is written to its channel only once the starter said it forked the run: a
+/// run it never answered for gets no lock.
 fn spawn(
-    exe: &Path,
+    starter: &mut Starter,
     job: &CronJob,
     held: &Held,
     json: bool,
     heard: &Sender<Heard>,
     log: &Log,
 ) -> Result<Spawned> {
-    let (mut ours, theirs) = UnixStream::pair().map_err(|e| anyhow!(crate::log::io_text(&e)))?;
-    // Written before the run exists: the socket buffer holds it for the run to read.
-    ours.write_all(Handover::from_held(&job.key, held).line().as_bytes())
-        .map_err(|e| anyhow!(crate::log::io_text(&e)))?;
-    let reply = ours
-        .try_clone()
-        .map_err(|e| anyhow!(crate::log::io_text(&e)))?;
-    let mut cmd = Command::new(exe);
-    cmd.args(&job.args)
-        .envs(job.env.iter().map(|(k, v)| (k, v)));
-    for name in NOT_FOR_RUNS {
-        cmd.env_remove(name);
+    let io = |e: std::io::Error| anyhow!(crate::log::io_text(&e));
+    let (mut ours, theirs) = UnixStream::pair().map_err(io)?;
+    let (out, out_w) = std::io::pipe().map_err(io)?;
+    let (err, err_w) = std::io::pipe().map_err(io)?;
+    let reply = ours.try_clone().map_err(io)?;
+    let fds = [OwnedFd::from(theirs), out_w.into(), err_w.into()];
+    let pid = starter.start(&job.key, &job.args, &job.env, [&fds[0], &fds[1], &fds[2]])?;
+    // (The run has its copies: the channel's end of file, and the pipes', are the run's.)
+    drop(fds);
+    let handover = Handover::from_held(&job.key, held, starter.pid());
+    if let Err(e) = ours.write_all(handover.line().as_bytes()) {
+        // It gets no lock and ends; the replica releases the lock when it has.
+        log.warn(
+            "handover_lost",
+            &format!(
+                "{}: cannot hand its run the lock: {}",
+                job.key,
+                crate::log::io_text(&e)
+            ),
+        );
     }
-    // The run's end of the channel is its standard input (the run moves it away and puts
-    // /dev/null there for its command): no `pre_exec` hook, so std spawns with `posix_spawn`,
-    // not a fork of this multi-threaded replica (half its CPU per run, measured). The run ties
-    // itself to this process (`guard::die_with_parent`).
-    cmd.env(FD_VAR, "0")
-        .stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().map_err(|e| anyhow!(crate::log::io_text(&e)))?;
-    // (Its copy of the run's end goes with it: the channel's end of file is the run's.)
-    drop(cmd);
-    let pid = child.id();
-    relay_output(&mut child, &job.key, json, log);
+    relay_output(out, err, &job.key, json, log);
     let heard = heard.clone();
     let mut side = ReplicaSide::new(ours);
     let mut closed = false;
@@ -282,7 +318,8 @@ fn spawn(
         held: Box::new(held.clone()),
         config: job.config.clone(),
         reply: Some(reply),
-        child,
+        pid,
+        starter: starter.pid(),
         stopped: false,
         started: false,
         ended: false,
@@ -292,18 +329,18 @@ fn spawn(
 }
 
 /// Relay the run's stdout and stderr line by line with its KEY, each on a thread of its own.
-fn relay_output(child: &mut Child, key: &str, json: bool, log: &Log) {
-    let streams: [Option<(Box<dyn std::io::Read + Send>, output::OutputStream)>; 2] = [
-        child
-            .stdout
-            .take()
-            .map(|s| (Box::new(s) as _, output::OutputStream::Stdout)),
-        child
-            .stderr
-            .take()
-            .map(|s| (Box::new(s) as _, output::OutputStream::Stderr)),
+fn relay_output(
+    out: std::io::PipeReader,
+    err: std::io::PipeReader,
+    key: &str,
+    json: bool,
+    log: &Log,
+) {
+    let streams: [(Box<dyn std::io::Read + Send>, output::OutputStream); 2] = [
+        (Box::new(out), output::OutputStream::Stdout),
+        (Box::new(err), output::OutputStream::Stderr),
     ];
-    for (from, stream) in streams.into_iter().flatten() {
+    for (from, stream) in streams {
         let owned = key.to_string();
         let started = thread("output", move || output::relay(from, stream, &owned, json));
         if let Err(e) = started {

@@ -19,9 +19,9 @@ pub(super) fn receive(config: &RunConfig, fd: i32, log: &Log) -> Result<(Held, M
     let mut side = RunSide::adopt(fd)?;
     crate::command::guard::die_with_parent();
     let handed = side.receive(config.connect_timeout)?;
-    // A replica that died before the line above would leave this run to nobody: not run. (The
-    // lock it claimed lapses by itself.)
-    if handed.replica_pid != 0 && !crate::command::guard::parent_is(handed.replica_pid) {
+    // A starter (and so its replica) that died before the line above would leave this run to
+    // nobody: not run. (The lock it claimed lapses by itself.)
+    if handed.parent_pid != 0 && !crate::command::guard::parent_is(handed.parent_pid) {
         bail!("the replica that started this run is gone; not running the command");
     }
     let why = mismatch(config, &handed);

@@ -37,6 +37,7 @@ type OnStart<'a> = &'a mut dyn FnMut(&str, u32);
 mod handed;
 mod release;
 mod replacing;
+pub mod starter;
 mod take;
 
 use release::{release, said_released};

@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::common::replicas::{crontab, instants, replica, replica_err, stop};
+use crate::common::replicas::{
+    children_of, crontab, instants, replica, replica_err, starter_of, stop,
+};
 use crate::common::*;
 
 /// A crontab of `n` jobs every second (KEYs `PREFIX-0`...), each writing `KEY INSTANT NANOS` to
@@ -356,14 +358,10 @@ fn runs_killed_before_they_take_over_are_recorded_never_running() {
     let began = Instant::now();
     let mut killed = 0;
     while began.elapsed() < Duration::from_secs(5) {
-        let children =
-            std::fs::read_to_string(format!("/proc/{replica_pid}/task/{replica_pid}/children"))
-                .unwrap_or_default();
-        for pid in children
-            .split_whitespace()
-            .filter_map(|p| p.parse::<i32>().ok())
-        {
-            signal(pid, libc::SIGKILL);
+        // The runs are the children of the replica's starter.
+        let runs = starter_of(replica_pid).map(children_of).unwrap_or_default();
+        for pid in runs {
+            signal(pid as i32, libc::SIGKILL);
             killed += 1;
         }
         std::thread::sleep(Duration::from_millis(1));
@@ -534,7 +532,7 @@ mod alone {
     use std::time::{Duration, Instant};
 
     use super::{assert_all_ran, assert_none_twice, assert_readyz, jobs, ledger, now_secs, runs};
-    use crate::common::replicas::{crontab, replica, replica_err, replica_of};
+    use crate::common::replicas::{crontab, replica, replica_err, replica_of, starter_of};
     use crate::common::*;
 
     /// SIGTERM to all of `fleet`, as their claims of the next instant go out (50 ms before it: the
@@ -599,7 +597,8 @@ mod alone {
         );
     }
 
-    /// Three replicas, one started from a copy of the binary that then loses its run bit: it claims
+    /// Three replicas, one started from a copy of the binary that then loses its run bit, and whose
+    /// starter is then killed (so a run needs a new one, which cannot start): it claims
     /// nothing more and says so on /readyz (503 within 15 s: at its next won claim, or at the probe
     /// of a replica that started no run for 10 s, as the instants' owners are drawn by lot), every
     /// later instant runs all jobs on the others, and once the bit is back it is ready again (200
@@ -628,6 +627,8 @@ mod alone {
         }));
         serve_for(Instant::now(), 2);
         std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let starter = starter_of(fleet[2].id()).expect("the replica's starter");
+        signal(starter as i32, libc::SIGKILL);
         let fell = now_secs() + 1;
         assert_readyz(port, 503, Duration::from_secs(15), &file);
         // What is timed starts once it knows it is sick (the bound above is generous); the

@@ -459,5 +459,8 @@ fn a_run_whose_replica_hangs_releases_by_itself() {
 /// What the replica reports for runs it did not start: instants missed, suspended jobs.
 mod reports;
 
+/// The starter, and the runs' guards, when it or the replica is SIGKILLed mid-run.
+mod starter;
+
 /// The tests that measure time: they run alone (`common::alone`).
 mod alone;

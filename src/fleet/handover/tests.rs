@@ -15,7 +15,7 @@ fn sample() -> Handover {
         sent_at: Instant::now(),
         own_lock: false,
         after: None,
-        replica_pid: 42,
+        parent_pid: 42,
     }
 }
 
@@ -68,9 +68,9 @@ fn a_handover_reads_back_as_written() {
 
 #[test]
 fn other_versions_and_shapes_are_refused() {
-    let line = sample().line().replace("\"v\":2", "\"v\":3");
+    let line = sample().line().replace("\"v\":3", "\"v\":4");
     let e = Handover::parse(line.trim_end()).unwrap_err().to_string();
-    assert!(e.contains("version 3"), "{e}");
+    assert!(e.contains("version 4"), "{e}");
     assert!(Handover::parse("{}").is_err());
     assert!(Handover::parse("not json").is_err());
     let line = sample().line().replace("\"fence\":42", "\"fence\":0");

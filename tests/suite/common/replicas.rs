@@ -293,3 +293,20 @@ pub fn assert_first_attempt(url: &str, key: &str, instant: &str, want: &str) {
         .clone();
     assert_eq!(entry["attempts"][0]["state"], want, "{entry}");
 }
+
+/// The children of process `pid`.
+pub fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// The starter of the replica `pid` (the child it forks its runs from), once it has one.
+pub fn starter_of(pid: u32) -> Option<u32> {
+    children_of(pid).into_iter().find(|c| {
+        std::fs::read(format!("/proc/{c}/cmdline"))
+            .is_ok_and(|cmd| cmd.split(|b| *b == 0).next() == Some(b"cronlock-starter"))
+    })
+}

@@ -1,0 +1,177 @@
+//! The replica's handle on its starter (`run/starter.rs`): spawned once (and again after it
+//! died), asked to start each run with the run's descriptors, and read on a thread of its own,
+//! whose news (a run's process ended, the starter is gone) reach the loop as [`StarterNews`].
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Result};
+
+use crate::clock::Instant;
+use crate::fleet::starting::{StarterLink, STARTER_ARG0};
+use crate::record::start::StarterMessage;
+use crate::signals;
+
+/// How long a start may take to be answered: a starter slower than this is broken (it is
+/// stopped, and the run, if it exists, never gets its lock).
+const START_ANSWER: Duration = Duration::from_secs(2);
+
+/// What the starter's reader tells the loop.
+pub enum StarterNews {
+    /// A run's process ended.
+    Exited { pid: u32, status: ExitStatus },
+    /// The starter `pid` is gone: the runs it started died with it.
+    Gone { pid: u32 },
+}
+
+/// A starter the replica spawned.
+pub struct Starter {
+    child: Child,
+    link: StarterLink,
+    answers: Receiver<StarterMessage>,
+    next_id: u64,
+    /// Its reader saw its end (or a start went unanswered): start another.
+    broken: bool,
+}
+
+impl Starter {
+    /// Spawn the starter of `exe` with the environment runs get (`hidden` removed); its news go
+    /// to `news`.
+    pub fn spawn(exe: &Path, hidden: &[&str], news: &Sender<StarterNews>) -> Result<Starter> {
+        let (link, theirs) = StarterLink::pair()?;
+        let mut cmd = Command::new(exe);
+        cmd.arg0(STARTER_ARG0);
+        for name in hidden {
+            cmd.env_remove(name);
+        }
+        // Its end of the link is its standard input: no `pre_exec` hook, so std spawns with
+        // `posix_spawn`, not a fork of this multi-threaded replica.
+        cmd.stdin(Stdio::from(theirs))
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::inherit());
+        let child = cmd.spawn().map_err(|e| anyhow!(crate::log::io_text(&e)))?;
+        drop(cmd);
+        let (answer_to, answers) = mpsc::channel();
+        let reader = link.try_clone()?;
+        let (pid, news) = (child.id(), news.clone());
+        let read = std::thread::Builder::new()
+            .name("starter".into())
+            .stack_size(128 * 1024)
+            .spawn(move || read_news(&reader, pid, &answer_to, &news));
+        let mut starter = Starter {
+            child,
+            link,
+            answers,
+            next_id: 0,
+            broken: false,
+        };
+        if let Err(e) = read {
+            starter.stop();
+            bail!("cannot read its starter: {e}");
+        }
+        Ok(starter)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether it can be asked (else a new one is spawned).
+    pub fn usable(&mut self) -> bool {
+        !self.broken && matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Ask for a run of KEY's job (its run arguments, its command's variables) with its
+    /// channel, stdout and stderr: the run's pid.
+    pub fn start(
+        &mut self,
+        key: &str,
+        args: &[String],
+        env: &[(String, String)],
+        fds: [&OwnedFd; 3],
+    ) -> Result<u32> {
+        self.next_id += 1;
+        let id = self.next_id;
+        let ask = StarterMessage::Start {
+            id,
+            key: key.to_string(),
+            args: args.to_vec(),
+            env: env.to_vec(),
+        };
+        let raw = fds.map(AsRawFd::as_raw_fd);
+        if let Err(e) = self.link.send(&ask, &raw) {
+            self.broken = true;
+            return Err(e);
+        }
+        let by = Instant::now() + START_ANSWER;
+        loop {
+            let left = by.saturating_duration_since(Instant::now());
+            match self.answers.recv_timeout(left) {
+                Ok(StarterMessage::Started { id: of, pid }) if of == id => return Ok(pid),
+                Ok(StarterMessage::Refused { id: of, why }) if of == id => bail!("{why}"),
+                // An answer to a request given up on.
+                Ok(_) => continue,
+                Err(_) => {
+                    // Unanswered: whatever it forked gets no lock (its channel is never
+                    // written), and a starter that hangs is replaced.
+                    self.stop();
+                    bail!(
+                        "its starter did not answer within {} s",
+                        START_ANSWER.as_secs()
+                    );
+                }
+            }
+        }
+    }
+
+    /// Stop it now (SIGKILL; its runs die with it) and reap it.
+    pub fn stop(&mut self) {
+        self.broken = true;
+        self.link.shutdown();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Starter {
+    /// Close the link (a starter whose runs all ended exits at once) and reap it, waiting at most
+    /// a second before it is killed.
+    fn drop(&mut self) {
+        self.link.shutdown();
+        let end = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < end {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.stop();
+    }
+}
+
+/// The reader: answers to the asking thread, ends to the loop, until the starter's end.
+fn read_news(
+    link: &StarterLink,
+    pid: u32,
+    answers: &Sender<StarterMessage>,
+    news: &Sender<StarterNews>,
+) {
+    while let Ok(Some((message, _))) = link.receive() {
+        match message {
+            StarterMessage::Exited { pid, status } => {
+                let status = std::os::unix::process::ExitStatusExt::from_raw(status);
+                let _ = news.send(StarterNews::Exited { pid, status });
+                signals::wake_main();
+            }
+            answer => {
+                let _ = answers.send(answer);
+            }
+        }
+    }
+    let _ = news.send(StarterNews::Gone { pid });
+    signals::wake_main();
+}

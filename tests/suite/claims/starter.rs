@@ -1,0 +1,94 @@
+//! The replica's starter (the process its runs are forked from), and the runs' guards, when the
+//! starter or the replica is SIGKILLed while a run's command sleeps.
+
+use super::*;
+use crate::common::replicas::starter_of;
+
+/// A crontab of a long job (`--ttl 2s`, its command's pid written to `pid`, then 30 s of sleep)
+/// and, with `tick`, a job every second (`--ttl 2s` too) appending its instant to `ticks`.
+fn long_crontab(dir: &Path, tick: bool) -> std::path::PathBuf {
+    let d = dir.display();
+    let mut text =
+        format!("CRON_TZ=UTC\n* * * * * * --ttl 2s long echo $$ > {d}/pid; exec sleep 30\n");
+    if tick {
+        text += &format!("* * * * * * --ttl 2s tick echo $CRONLOCK_INSTANT >> {d}/ticks\n");
+    }
+    crontab(dir, &text)
+}
+
+/// The pid the long command wrote, once it did.
+fn command_pid(dir: &Path) -> Option<i32> {
+    std::fs::read_to_string(dir.join("pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// A starter SIGKILLed while a run's command sleeps: the run dies with it, and the run's guard
+/// stops the command by the lock's deadline (a TTL of 2 s, renewed until the kill: within 4 s);
+/// the replica starts its next runs from a new starter.
+#[test]
+fn a_killed_starters_commands_stop_in_time_and_the_replica_serves_on() {
+    let r = Redis::start();
+    let dir = scratch("starter-kill");
+    let file = long_crontab(&dir, true);
+    let c = replica(&r.url(), &file, &[]);
+    assert!(
+        wait_for(Duration::from_secs(10), || command_pid(&dir).is_some()),
+        "{}",
+        replica_err(&file)
+    );
+    let command = command_pid(&dir).unwrap();
+    let starter = starter_of(c.id()).expect("the replica's starter");
+    signal(starter as i32, libc::SIGKILL);
+    let killed = Instant::now();
+    assert!(
+        wait_for(Duration::from_secs(4), || !alive(command)),
+        "the command outlived its run's lock\n{}",
+        replica_err(&file)
+    );
+    assert!(killed.elapsed() < Duration::from_secs(4));
+    // The next instants run, from another starter (once the lock of a run killed with the
+    // starter has lapsed: its command might have outlived it).
+    let ticks = dir.join("ticks");
+    let before = instants(&ticks).len();
+    assert!(
+        wait_for(Duration::from_secs(8), || instants(&ticks).len()
+            >= before + 2),
+        "{}",
+        replica_err(&file)
+    );
+    assert!(starter_of(c.id()).is_some_and(|s| s != starter));
+    assert_eq!(stop(c), Some(0), "{}", replica_err(&file));
+}
+
+/// A replica SIGKILLed while a run's command sleeps: its starter and its run die with it, and
+/// the run's guard stops the command by the lock's deadline (within 4 s); the lock lapses.
+#[test]
+fn a_killed_replicas_guards_stop_their_commands_in_time() {
+    let r = Redis::start();
+    let dir = scratch("replica-kill-guard");
+    let file = long_crontab(&dir, false);
+    let mut c = replica(&r.url(), &file, &[]);
+    assert!(
+        wait_for(Duration::from_secs(10), || command_pid(&dir).is_some()),
+        "{}",
+        replica_err(&file)
+    );
+    let command = command_pid(&dir).unwrap();
+    let starter = starter_of(c.id()).expect("the replica's starter");
+    signal(c.id() as i32, libc::SIGKILL);
+    c.wait().unwrap();
+    assert!(
+        wait_for(Duration::from_secs(4), || !alive(command)),
+        "the command outlived its run's lock\n{}",
+        replica_err(&file)
+    );
+    assert!(!alive(starter as i32));
+    assert!(
+        wait_for(Duration::from_secs(3), || !r.exists("cronlock:{long}")),
+        "{:?}",
+        r.keys()
+    );
+}
