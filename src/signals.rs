@@ -162,6 +162,37 @@ pub fn wake_main() {
     unsafe { libc::kill(libc::getpid(), WAKEUP) };
 }
 
+/// `fcntl`'s `F_SETSIG` (Linux; not in the libc crate).
+const F_SETSIG: libc::c_int = 10;
+
+/// Have the kernel wake the main thread (as [`wake_main`] does) whenever `fd` becomes readable
+/// (`O_ASYNC`, the signal [`WAKEUP`]), or stop it (`on` false). The descriptor stays blocking.
+pub fn wake_on_readable(fd: std::os::fd::RawFd, on: bool) -> std::io::Result<()> {
+    // SAFETY: fcntl on a descriptor the caller owns, with integer arguments only; a failure is
+    // returned, nothing is left half-done that matters (a wake-up is an optimisation).
+    unsafe {
+        if on
+            && (libc::fcntl(fd, libc::F_SETOWN, libc::getpid()) < 0
+                || libc::fcntl(fd, F_SETSIG, WAKEUP) < 0)
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let flags = if on {
+            flags | libc::O_ASYNC
+        } else {
+            flags & !libc::O_ASYNC
+        };
+        if libc::fcntl(fd, libc::F_SETFL, flags) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// Conventional name, for messages: `SIGTERM`.
 pub fn name(sig: libc::c_int) -> String {
     match Signal::try_from(sig) {

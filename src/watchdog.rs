@@ -59,10 +59,10 @@ pub struct Watchdog {
 }
 
 enum TrackingStage {
-    Planned(Instant, crate::store::tracking::WatchPlan),
-    /// Kept for its `Drop`, which ends the watch threads.
+    Planned(Instant, Box<dyn crate::store::tracking::Watch>),
+    /// Looked at on each wake-up; its `Drop` ends the watch.
     Running {
-        _threads: crate::store::tracking::Tracking,
+        watch: Box<dyn crate::store::tracking::Watching>,
     },
     Off,
 }
@@ -117,8 +117,9 @@ impl Watchdog {
         }
     }
 
-    /// Validity the lock key for changes once the command started at `started` has run a little.
-    pub fn track(&mut self, plan: crate::store::tracking::WatchPlan, started: Instant) {
+    /// Watch the lock key for changes once the command started at `started` has run a little:
+    /// the run's own watch, or its replica's.
+    pub fn track(&mut self, plan: Box<dyn crate::store::tracking::Watch>, started: Instant) {
         self.tracking =
             TrackingStage::Planned(crate::store::tracking::WatchPlan::due(started), plan);
     }
@@ -167,9 +168,13 @@ impl Keeper for Watchdog {
                 std::mem::replace(&mut self.tracking, TrackingStage::Off)
             {
                 self.tracking = TrackingStage::Running {
-                    _threads: plan.start(Arc::new(self.validity.clone())),
+                    watch: plan.start(Arc::new(self.validity.clone())),
                 };
             }
+        }
+        // (A watch heard on the run's channel reads what came: a change asks a renewal now.)
+        if let TrackingStage::Running { watch } = &mut self.tracking {
+            watch.look();
         }
         let asked = self.validity.take_renew_now();
         match &self.state {

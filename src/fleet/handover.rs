@@ -18,6 +18,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::sync::mpsc::{self, Receiver};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
@@ -54,6 +55,8 @@ pub struct Handover {
     pub own_lock: bool,
     /// The process that must be the run's parent (the replica's starter; 0: not said).
     pub parent_pid: u32,
+    /// The replica watches the lock and says `changed` on the channel.
+    pub watched: bool,
     /// `--overlap replace`: a run replaced may still be stopping until then (`CLOCK_BOOTTIME`).
     pub after: Option<Instant>,
 }
@@ -61,7 +64,7 @@ pub struct Handover {
 impl Handover {
     /// What the replica won, for KEY, handed to a run whose parent is `parent_pid` (the
     /// replica's starter).
-    pub fn from_held(key: &str, held: &Held, parent_pid: u32) -> Handover {
+    pub fn from_held(key: &str, held: &Held, parent_pid: u32, watched: bool) -> Handover {
         Handover {
             key: key.to_string(),
             holder: held.holder.clone(),
@@ -76,6 +79,7 @@ impl Handover {
             own_lock: held.own_lock,
             after: held.after,
             parent_pid,
+            watched,
         }
     }
 
@@ -118,6 +122,7 @@ impl Handover {
             ttl_ms: self.ttl.as_millis() as u64,
             sent_boot_ns: self.sent_at.as_duration().as_nanos() as u64,
             parent_pid: self.parent_pid,
+            watched: self.watched,
             own_lock: self.own_lock,
             after_boot_ns: self.after.map(|a| a.as_duration().as_nanos() as u64),
         })
@@ -152,6 +157,7 @@ impl Handover {
             sent_at: Instant::from_duration(Duration::from_nanos(m.sent_boot_ns)),
             own_lock: m.own_lock,
             parent_pid: m.parent_pid,
+            watched: m.watched,
             after: m
                 .after_boot_ns
                 .map(|ns| Instant::from_duration(Duration::from_nanos(ns))),
@@ -205,7 +211,7 @@ impl RunReport {
                 ending,
                 duration: Duration::from_millis(duration_ms),
             })),
-            Message::Lock(_) | Message::Released(_) => bail!("not a report"),
+            Message::Lock(_) | Message::Released(_) | Message::Changed => bail!("not a report"),
         }
     }
 }
@@ -242,6 +248,11 @@ fn release_options(m: ReleaseMessage) -> ReleaseOptions {
             interrupted: l.interrupted,
         }),
     }
+}
+
+/// The replica's `changed` message (its watch saw the run's lock change), one line.
+pub fn changed_line() -> String {
+    Message::Changed.line()
 }
 
 /// The replica's `released` message, one line.
@@ -282,6 +293,10 @@ fn parse_released(line: &str) -> Result<ReleaseAnswer> {
 /// The run's end of the channel.
 pub struct RunSide {
     stream: UnixStream,
+    /// The replica watches the lock (the handover said so).
+    watched: bool,
+    /// Once a [`ReplicaWatch`] reads the channel, the `released` lines it read.
+    answers: Option<Receiver<String>>,
 }
 
 impl RunSide {
@@ -306,6 +321,8 @@ impl RunSide {
         .map_err(|e| anyhow!("cannot keep the channel from the command: {e}"))?;
         Ok(RunSide {
             stream: UnixStream::from(owned),
+            watched: false,
+            answers: None,
         })
     }
 
@@ -319,7 +336,11 @@ impl RunSide {
         match reader.read_line(&mut line) {
             Ok(0) => bail!("the replica closed the channel before handing over a lock"),
             Ok(_) if !line.ends_with('\n') => bail!("the handover is cut short or too long"),
-            Ok(_) => Handover::parse(line.trim_end()),
+            Ok(_) => {
+                let handed = Handover::parse(line.trim_end())?;
+                self.watched = handed.watched;
+                Ok(handed)
+            }
             Err(e) => bail!("no lock was handed over: {}", crate::log::io_text(&e)),
         }
     }
@@ -334,13 +355,41 @@ impl RunSide {
     ) -> Option<ReleaseAnswer> {
         self.send(&RunReport::Release(Box::new(opts.clone())));
         let wait = within.max(Duration::from_millis(1));
-        self.stream.set_read_timeout(Some(wait)).ok()?;
-        let mut line = String::new();
-        let mut reader = BufReader::new((&self.stream).take(MAX_MESSAGE as u64));
-        match reader.read_line(&mut line) {
-            Ok(_) if line.ends_with('\n') => parse_released(line.trim_end()).ok(),
-            _ => None,
+        // (Read already by the replica's watch, if it came while the command ran.)
+        if let Some(line) = self.answers.as_ref().and_then(|a| a.try_recv().ok()) {
+            return parse_released(line.trim_end()).ok();
         }
+        // Read here: the `released` line, past any `changed` the replica sent before it.
+        let by = Instant::now() + wait;
+        let mut reader = BufReader::new(&self.stream);
+        loop {
+            let left = by.saturating_duration_since(Instant::now());
+            reader
+                .get_ref()
+                .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+                .ok()?;
+            let mut line = String::new();
+            match (&mut reader).take(MAX_MESSAGE as u64).read_line(&mut line) {
+                Ok(_) if line.ends_with('\n') => {
+                    if let Ok(answer) = parse_released(line.trim_end()) {
+                        return Some(answer);
+                    }
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// The replica's watch of the lock, when the handover said the replica watches it: heard
+    /// on this channel once started ([`ReplicaWatch`]).
+    pub fn replica_watch(&mut self) -> Option<ReplicaWatch> {
+        if !self.watched {
+            return None;
+        }
+        let stream = self.stream.try_clone().ok()?;
+        let (answers, heard) = mpsc::channel();
+        self.answers = Some(heard);
+        Some(ReplicaWatch { stream, answers })
     }
 
     /// Tell the replica; a replica that is gone is not an error (the run goes on).
@@ -379,6 +428,9 @@ impl ReplicaSide {
         }
     }
 }
+
+mod heard;
+pub use heard::ReplicaWatch;
 
 #[cfg(test)]
 mod tests;

@@ -1,5 +1,6 @@
 //! The messages between a replica (`--crontab`) and a run it started, one line of JSON each
-//! with a version (`"v"`) and a kind: the replica sends one `lock`; the run sends `started`,
+//! with a version (`"v"`) and a kind: the replica sends one `lock` (and `changed` whenever its
+//! watch saw the lock change); the run sends `started`,
 //! then `release` (what to record) and waits for the replica's `released`, then `ended`
 //! (`fleet/handover.rs` carries them).
 
@@ -23,6 +24,8 @@ pub enum Message {
     Release(ReleaseMessage),
     /// The replica's answer to a `release`.
     Released(ReleasedMessage),
+    /// The replica's watch saw the lock change (or the watch broke): renew now.
+    Changed,
     /// The run ended: its exit status and how the command ended, `duration_ms` after the claim.
     Ended {
         status: u8,
@@ -57,6 +60,10 @@ pub struct LockMessage {
     /// its parent.
     #[serde(default)]
     pub parent_pid: u32,
+    /// The replica watches the lock for changes and says `changed` (the run does not watch it
+    /// itself).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub watched: bool,
     /// `--overlap allow`: the lock is the instant's own (`KEY:at:INSTANT`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub own_lock: bool,

@@ -42,12 +42,14 @@ mod health;
 mod manual;
 mod output;
 mod rank;
+mod relay;
 mod replicant;
 mod reports;
 mod runs;
 mod starter;
 mod table;
 mod watched;
+mod watches;
 
 use std::time::{Duration, SystemTime};
 
@@ -157,7 +159,12 @@ fn reread(
     }
     if file.swept.is_none_or(|at| at.elapsed() >= SWEEP_EVERY) {
         file.swept = Some(Instant::now());
-        crate::command::cgroup::sweep_own();
+        // On a thread of its own: removing many cgroups can take a while, and the loop must not
+        // wait (a sweep that cannot start waits for the next).
+        let _ = std::thread::Builder::new()
+            .name("sweep".into())
+            .stack_size(128 * 1024)
+            .spawn(crate::command::cgroup::sweep_own);
     }
     if file.checked.elapsed() >= FILE_CHECK {
         file.checked = Instant::now();

@@ -3,7 +3,7 @@
 //! lines of jobs running side by side never interleave. It is output only: what the run did
 //! reaches the replica on its channel ([`crate::fleet::handover`]), never through these lines.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::sync::Mutex;
 
 use serde_json::json;
@@ -12,7 +12,7 @@ use serde_json::json;
 static WRITE: Mutex<()> = Mutex::new(());
 
 /// The longest line relayed whole; a longer one is cut into pieces of this size.
-const MAX_LINE: usize = 64 * 1024;
+pub const MAX_LINE: usize = 64 * 1024;
 
 /// Which of the run's streams.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -21,27 +21,8 @@ pub enum OutputStream {
     Stderr,
 }
 
-/// Relay `from` (a run's stream) until it closes.
-pub fn relay(from: impl Read, stream: OutputStream, key: &str, json_out: bool) {
-    let mut reader = BufReader::with_capacity(MAX_LINE, from);
-    let mut buf = Vec::new();
-    loop {
-        buf.clear();
-        match (&mut reader)
-            .take(MAX_LINE as u64)
-            .read_until(b'\n', &mut buf)
-        {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
-        }
-        let text = String::from_utf8_lossy(&buf);
-        let line = text.strip_suffix('\n').unwrap_or(&text);
-        write_line(stream, key, line, json_out);
-    }
-}
-
 /// One line of a job's output, whole.
-fn write_line(stream: OutputStream, key: &str, line: &str, json_out: bool) {
+pub fn write_line(stream: OutputStream, key: &str, line: &str, json_out: bool) {
     let mut text = if json_out {
         json!({
             "ts": crate::clock::unix_millis(),

@@ -21,10 +21,12 @@ use std::time::Duration;
 use anyhow::{anyhow, Result};
 
 use crate::config::CronJob;
-use crate::fleet::handover::{Handover, ReplicaSide, RunReport};
+use crate::fleet::handover::{Handover, RunReport, MAX_MESSAGE};
 use crate::log::Log;
 use crate::replica::output;
+use crate::replica::relay::{Relay, Source};
 use crate::replica::starter::{Starter, StarterNews};
+use crate::replica::watches::Watches;
 use crate::signals;
 use crate::store::lock::Held;
 
@@ -64,6 +66,8 @@ pub struct Spawned {
     pid: u32,
     /// The starter that forked it.
     starter: u32,
+    /// The replica watches its lock (`watches.rs`), not the run.
+    watched: bool,
     /// We signalled it (the drain ran out, or a second SIGTERM).
     pub stopped: bool,
     /// Its command started (reported).
@@ -100,6 +104,11 @@ pub struct Runs {
     /// what it says of them.
     starter: Option<Starter>,
     news: (Sender<StarterNews>, Receiver<StarterNews>),
+    /// The watch of the runs' locks.
+    watches: Watches,
+    /// The threads that read every run's output, and every run's reports.
+    outputs: Relay,
+    reports: Relay,
     /// A run had to be stopped (the replica's exit status says so).
     interrupted: bool,
     /// The test hook [`HOLD_AFTER_CLAIM`]: where to say a claim was won, then stop.
@@ -108,7 +117,7 @@ pub struct Runs {
 
 impl Runs {
     /// None yet; `Err` when cronlock cannot find its own binary.
-    pub fn new(json: bool) -> Result<Runs> {
+    pub fn new(json: bool, log: &Log) -> Result<Runs> {
         let exe = std::env::current_exe().map_err(|e| {
             anyhow!(
                 "cannot find cronlock's own binary: {}",
@@ -126,6 +135,9 @@ impl Runs {
             heard: mpsc::channel(),
             starter,
             news,
+            watches: Watches::new(log),
+            outputs: Relay::start("output")?,
+            reports: Relay::start("reports")?,
             interrupted: false,
             hold: cfg!(debug_assertions)
                 .then(|| std::env::var_os(HOLD_AFTER_CLAIM).map(Into::into))
@@ -168,7 +180,13 @@ impl Runs {
         let Some(starter) = self.starter.as_mut() else {
             return Err(anyhow!("no starter"));
         };
-        let run = spawn(starter, job, held, self.json, &self.heard.0, log)?;
+        let relays = Relays {
+            outputs: &self.outputs,
+            reports: &self.reports,
+            heard: &self.heard.0,
+            json: self.json,
+        };
+        let run = spawn(starter, job, held, &relays, log)?;
         self.by_pid.insert(run.pid(), run);
         Ok(())
     }
@@ -178,9 +196,20 @@ impl Runs {
         loop {
             let (pid, report) = self.heard.1.try_recv().ok()?;
             // (A report of a run already forgotten is dropped.)
-            if self.by_pid.contains_key(&pid) {
-                return self.by_pid.get_mut(&pid).map(|run| (run, report));
+            let Some(run) = self.by_pid.get_mut(&pid) else {
+                continue;
+            };
+            // Its lock is watched from a little after its command started until its release.
+            match &report {
+                Some(RunReport::Started { .. }) if run.watched => {
+                    if let Some(reply) = &run.reply {
+                        self.watches.add(pid, &run.config, &run.held, reply);
+                    }
+                }
+                Some(RunReport::Release(_)) | None => self.watches.remove(pid),
+                _ => {}
             }
+            return self.by_pid.get_mut(&pid).map(|run| (run, report));
         }
     }
 
@@ -221,6 +250,9 @@ impl Runs {
             .into_iter()
             .filter_map(|pid| self.by_pid.remove(&pid))
             .collect();
+        for run in &over {
+            self.watches.remove(run.pid);
+        }
         for run in over.iter().filter(|r| r.stopped) {
             self.interrupted = true;
             let status = run.exited.map(|s| s.to_string()).unwrap_or_default();
@@ -263,8 +295,7 @@ fn spawn(
     starter: &mut Starter,
     job: &CronJob,
     held: &Held,
-    json: bool,
-    heard: &Sender<Heard>,
+    relays: &Relays<'_>,
     log: &Log,
 ) -> Result<Spawned> {
     let io = |e: std::io::Error| anyhow!(crate::log::io_text(&e));
@@ -272,11 +303,13 @@ fn spawn(
     let (out, out_w) = std::io::pipe().map_err(io)?;
     let (err, err_w) = std::io::pipe().map_err(io)?;
     let reply = ours.try_clone().map_err(io)?;
+    let reading = ours.try_clone().map_err(io)?;
     let fds = [OwnedFd::from(theirs), out_w.into(), err_w.into()];
     let pid = starter.start(&job.key, &job.args, &job.env, [&fds[0], &fds[1], &fds[2]])?;
     // (The run has its copies: the channel's end of file, and the pipes', are the run's.)
     drop(fds);
-    let handover = Handover::from_held(&job.key, held, starter.pid());
+    let watched = Watches::covers(&job.config);
+    let handover = Handover::from_held(&job.key, held, starter.pid(), watched);
     if let Err(e) = ours.write_all(handover.line().as_bytes()) {
         // It gets no lock and ends; the replica releases the lock when it has.
         log.warn(
@@ -288,26 +321,7 @@ fn spawn(
             ),
         );
     }
-    relay_output(out, err, &job.key, json, log);
-    let heard = heard.clone();
-    let mut side = ReplicaSide::new(ours);
-    let mut closed = false;
-    let listening = thread("reports", move || {
-        while let Some(report) = side.report() {
-            let _ = heard.send((pid, Some(report)));
-            signals::wake_main();
-        }
-        let _ = heard.send((pid, None));
-        signals::wake_main();
-    });
-    if let Err(e) = listening {
-        // Its reports are lost; its exit still ends it.
-        log.warn(
-            "reports_lost",
-            &format!("{}: cannot read its reports: {e}", job.key),
-        );
-        closed = true;
-    }
+    relays.relay(pid, &job.key, out, err, reading);
     Ok(Spawned {
         key: job.key.clone(),
         instant: held.instant,
@@ -320,43 +334,72 @@ fn spawn(
         reply: Some(reply),
         pid,
         starter: starter.pid(),
+        watched,
         stopped: false,
         started: false,
         ended: false,
         exited: None,
-        closed,
+        closed: false,
     })
 }
 
-/// Relay the run's stdout and stderr line by line with its KEY, each on a thread of its own.
-fn relay_output(
-    out: std::io::PipeReader,
-    err: std::io::PipeReader,
-    key: &str,
+/// The replica's relay threads, and where reports go.
+struct Relays<'a> {
+    outputs: &'a Relay,
+    reports: &'a Relay,
+    heard: &'a Sender<Heard>,
     json: bool,
-    log: &Log,
-) {
-    let streams: [(Box<dyn std::io::Read + Send>, output::OutputStream); 2] = [
-        (Box::new(out), output::OutputStream::Stdout),
-        (Box::new(err), output::OutputStream::Stderr),
-    ];
-    for (from, stream) in streams {
-        let owned = key.to_string();
-        let started = thread("output", move || output::relay(from, stream, &owned, json));
-        if let Err(e) = started {
-            log.warn(
-                "output_lost",
-                &format!("{key}: cannot relay its output: {e}"),
-            );
-        }
-    }
 }
 
-/// A small named thread.
-fn thread(name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
-    std::thread::Builder::new()
-        .name(name.into())
-        .stack_size(128 * 1024)
-        .spawn(f)
-        .map(drop)
+impl Relays<'_> {
+    /// Relay run `pid`'s stdout and stderr line by line with its KEY, and read its reports on
+    /// `channel` until its end.
+    fn relay(
+        &self,
+        pid: u32,
+        key: &str,
+        out: std::io::PipeReader,
+        err: std::io::PipeReader,
+        channel: UnixStream,
+    ) {
+        for (from, stream) in [
+            (OwnedFd::from(out), output::OutputStream::Stdout),
+            (OwnedFd::from(err), output::OutputStream::Stderr),
+        ] {
+            let (key, json) = (key.to_string(), self.json);
+            self.outputs.add(Source {
+                fd: from,
+                on_line: Box::new(move |line| {
+                    if let Some(line) = line {
+                        let text = String::from_utf8_lossy(line);
+                        let text = text.strip_suffix('\n').unwrap_or(&text);
+                        output::write_line(stream, &key, text, json);
+                    }
+                }),
+                max_line: output::MAX_LINE,
+                max_total: None,
+            });
+        }
+        let heard = self.heard.clone();
+        self.reports.add(Source {
+            fd: OwnedFd::from(channel),
+            on_line: Box::new(move |line| {
+                let report = match line {
+                    Some(line) => {
+                        match RunReport::parse(String::from_utf8_lossy(line).trim_end()) {
+                            Ok(report) => Some(report),
+                            // (A line that is not a report is skipped.)
+                            Err(_) => return,
+                        }
+                    }
+                    None => None,
+                };
+                let _ = heard.send((pid, report));
+                signals::wake_main();
+            }),
+            max_line: MAX_MESSAGE,
+            // A run sends three short reports.
+            max_total: Some(4 * MAX_MESSAGE),
+        });
+    }
 }

@@ -194,13 +194,18 @@ impl<'a> Run<'a> {
             c.send(&RunReport::Started { pid });
         }
         let started = Instant::now();
-        // Told at once when the lock key changes, once the command has run a little.
-        let plan = tracking::WatchPlan {
-            masters: self.config.servers.clone(),
-            key: self.held.keys.lock.clone(),
-            value: self.held.holder.value.clone(),
-            log: self.log.clone(),
-        };
+        // Told at once when the lock key changes, once the command has run a little: by the
+        // replica's watch when it watches the lock, else by the run's own.
+        let plan: Box<dyn tracking::Watch> =
+            match self.channel.as_mut().and_then(RunSide::replica_watch) {
+                Some(watch) => Box::new(watch),
+                None => Box::new(tracking::WatchPlan {
+                    masters: self.config.servers.clone(),
+                    key: self.held.keys.lock.clone(),
+                    value: self.held.holder.value.clone(),
+                    log: self.log.clone(),
+                }),
+            };
         self.watchdog.track(plan, started);
         let ended = supervise::supervise(child, &mut self.watchdog, self.limits, self.log);
         RUNNING_GROUP.store(0, Ordering::SeqCst);

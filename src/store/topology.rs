@@ -116,6 +116,12 @@ impl Redis {
     /// The node that serves `key` now (the server; the primary the sentinels name; the cluster
     /// node that owns its slot) and how to open a session on it: for a connection of its own that
     /// is not a lock call ([`crate::store::tracking`]).
+    /// Whether every key lives on one node named by the URL itself (not a Sentinel's primary,
+    /// not a Cluster): a watch of several keys can then share one pair of connections.
+    pub fn single_node(&self) -> bool {
+        matches!(&*self.target, Topology::Node(_))
+    }
+
     pub fn side(
         &self,
         key: &str,

@@ -32,6 +32,8 @@ use crate::store::topology::Redis;
 use crate::store::url::explain;
 use crate::store::wire::{Wire, WireError};
 
+pub mod shared;
+
 /// The channel invalidation messages are published on (RESP2, with `REDIRECT`).
 const CHANNEL: &[u8] = b"__redis__:invalidate";
 
@@ -63,6 +65,33 @@ pub trait Listener: Send + Sync {
     fn lost(&self) -> bool;
 }
 
+/// A watch a run starts once its command has run a little: its own ([`WatchPlan`]) or its
+/// replica's (`fleet::handover::ReplicaWatch`, which hears it on the run's channel).
+pub trait Watch: Send {
+    /// Start it; what it returns ends it when dropped.
+    fn start(self: Box<Self>, listener: Arc<dyn Listener>) -> Box<dyn Watching>;
+}
+
+/// A watch that runs: ended when dropped; looked at on each of the main loop's wake-ups (a
+/// watch without a thread of its own reads what came then).
+pub trait Watching: Send {
+    fn look(&mut self) {}
+}
+
+impl Watching for Tracking {}
+
+impl Watch for WatchPlan {
+    fn start(self: Box<Self>, listener: Arc<dyn Listener>) -> Box<dyn Watching> {
+        Box::new(start(
+            &self.masters,
+            &self.key,
+            &self.value,
+            listener,
+            &self.log,
+        ))
+    }
+}
+
 /// A watch to start once the command has run for [`SETTLE`] (see [`crate::watchdog`], which
 /// starts it): most cron jobs' `true`-sized runs end before, and pay for no thread.
 pub struct WatchPlan {
@@ -76,10 +105,6 @@ impl WatchPlan {
     /// When the watch should start, for a command started at `started`.
     pub fn due(started: Instant) -> Instant {
         started + SETTLE
-    }
-
-    pub fn start(self, listener: Arc<dyn Listener>) -> Tracking {
-        start(&self.masters, &self.key, &self.value, listener, &self.log)
     }
 }
 
@@ -192,51 +217,7 @@ impl Watcher {
     /// The subscribed connection and the tracking one, with the watch on and the key checked
     /// once (whatever happened before the watch was on).
     fn set_up(&self, told: &mut bool) -> Result<(Wire, Wire), End> {
-        let budget = self.redis.connect_timeout;
-        let deadline = Instant::now() + budget;
-        let (addr, session) = match self.redis.side(&self.key, deadline) {
-            Ok(node) => node,
-            Err(e) => return Err(End::Broken(format!("{e:#}"))),
-        };
-        let connect = || Wire::connect(&addr, &session, deadline);
-        let (mut sub, mut reader) = match (connect(), connect()) {
-            (Ok(s), Ok(r)) => (s, r),
-            (Err(e), _) | (_, Err(e)) => return Err(End::Broken(explain(&e))),
-        };
-        let id = match sub.call(&[b"CLIENT", b"ID"], deadline).and_then(Reply::ok) {
-            Ok(Value::Int(id)) => id.to_string(),
-            Ok(_) => return Err(End::Refused("CLIENT ID answered oddly".into())),
-            Err(e) => return Err(refused_or_broken(e)),
-        };
-        match sub.call(&[b"SUBSCRIBE", CHANNEL], deadline) {
-            Ok(Reply::Value(Value::Array(_))) => {}
-            Ok(Reply::Value(_)) => return Err(End::Refused("SUBSCRIBE answered oddly".into())),
-            Ok(Reply::Error(e)) => return Err(End::Refused(e)),
-            Err(e) => return Err(End::Broken(explain(&e))),
-        }
-        let tracking: [&[u8]; 8] = [
-            b"CLIENT",
-            b"TRACKING",
-            b"ON",
-            b"REDIRECT",
-            id.as_bytes(),
-            b"BCAST",
-            b"PREFIX",
-            self.key.as_bytes(),
-        ];
-        match reader.call(&tracking, deadline).and_then(Reply::ok) {
-            Ok(_) => {}
-            // Refused, unless the subscribed connection went away between SUBSCRIBE and here
-            // (killed, a restart), so there was nothing to redirect to: a broken watch. The
-            // subscribed connection itself says which (a PING is allowed while subscribed).
-            Err(WireError::Server(e)) => {
-                return Err(match sub.call(&[b"PING"], deadline) {
-                    Ok(Reply::Value(_)) => End::Refused(e),
-                    _ => End::Broken(e),
-                })
-            }
-            Err(e) => return Err(End::Broken(explain(&e))),
-        }
+        let (sub, mut reader, addr) = pair(&self.redis, &self.key, Some(&self.key))?;
         if !*told {
             *told = true;
             self.log.event(
@@ -322,6 +303,52 @@ impl Watcher {
         }
         Ok(())
     }
+}
+
+/// A subscribed connection and a tracking one redirecting to it, on the node of `key`: with
+/// `prefix`, every change under it is told (`BCAST`); without, a key is watched once the
+/// tracking connection has read it. The node's address, for a line.
+fn pair(redis: &Redis, key: &str, prefix: Option<&str>) -> Result<(Wire, Wire, String), End> {
+    let budget = redis.connect_timeout;
+    let deadline = Instant::now() + budget;
+    let (addr, session) = match redis.side(key, deadline) {
+        Ok(node) => node,
+        Err(e) => return Err(End::Broken(format!("{e:#}"))),
+    };
+    let connect = || Wire::connect(&addr, &session, deadline);
+    let (mut sub, mut reader) = match (connect(), connect()) {
+        (Ok(s), Ok(r)) => (s, r),
+        (Err(e), _) | (_, Err(e)) => return Err(End::Broken(explain(&e))),
+    };
+    let id = match sub.call(&[b"CLIENT", b"ID"], deadline).and_then(Reply::ok) {
+        Ok(Value::Int(id)) => id.to_string(),
+        Ok(_) => return Err(End::Refused("CLIENT ID answered oddly".into())),
+        Err(e) => return Err(refused_or_broken(e)),
+    };
+    match sub.call(&[b"SUBSCRIBE", CHANNEL], deadline) {
+        Ok(Reply::Value(Value::Array(_))) => {}
+        Ok(Reply::Value(_)) => return Err(End::Refused("SUBSCRIBE answered oddly".into())),
+        Ok(Reply::Error(e)) => return Err(End::Refused(e)),
+        Err(e) => return Err(End::Broken(explain(&e))),
+    }
+    let mut tracking: Vec<&[u8]> = vec![b"CLIENT", b"TRACKING", b"ON", b"REDIRECT", id.as_bytes()];
+    if let Some(prefix) = prefix {
+        tracking.extend([&b"BCAST"[..], b"PREFIX", prefix.as_bytes()]);
+    }
+    match reader.call(&tracking, deadline).and_then(Reply::ok) {
+        Ok(_) => {}
+        // Refused, unless the subscribed connection went away between SUBSCRIBE and here
+        // (killed, a restart), so there was nothing to redirect to: a broken watch. The
+        // subscribed connection itself says which (a PING is allowed while subscribed).
+        Err(WireError::Server(e)) => {
+            return Err(match sub.call(&[b"PING"], deadline) {
+                Ok(Reply::Value(_)) => End::Refused(e),
+                _ => End::Broken(e),
+            })
+        }
+        Err(e) => return Err(End::Broken(explain(&e))),
+    }
+    Ok((sub, reader, addr.to_string()))
 }
 
 /// A refusal that will not change (an ACL, an unknown command): renewals alone. Anything else:

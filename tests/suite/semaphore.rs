@@ -229,11 +229,13 @@ mod alone {
             holders.push(start(c));
         }
         let guard = read_pid(&dir.join("guard0"));
+        // (Read before the kills: the command writes it just after its guard's pid.)
+        let command = read_pid(&dir.join("command0"));
         read_pid(&dir.join("guard1"));
         // A power cut: cronlock, its guard and its command at once (nothing is left to release).
         signal(holders[0].id() as i32, libc::SIGKILL);
         signal(guard, libc::SIGKILL);
-        signal(read_pid(&dir.join("command0")), libc::SIGKILL);
+        signal(command, libc::SIGKILL);
         let killed = std::time::Instant::now();
         let out =
             run(cronlock(&r).args(["--limit", "2", "--ttl", "2s", "--wait", "10s", "k", "true"]));

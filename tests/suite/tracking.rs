@@ -163,6 +163,68 @@ fn without_tracking_renewals_alone_still_work() {
     assert_eq!(code(&out), 122, "{}", stderr(&out));
 }
 
+/// The connections of each kind (`flags=`) in `CLIENT LIST`: (tracking on, subscribed).
+fn watch_connections(r: &Redis) -> (usize, usize) {
+    let list: String = r.query(redis::cmd("CLIENT").arg("LIST"));
+    let flags = |f: char| {
+        list.lines()
+            .filter(|l| {
+                l.split(' ')
+                    .find_map(|kv| kv.strip_prefix("flags="))
+                    .is_some_and(|v| v.contains(f))
+            })
+            .count()
+    };
+    (flags('t'), flags('P'))
+}
+
+/// A replica serving `n` jobs that each run until stopped (`--ttl 30s`, their pids in
+/// `pid-J`), once every command runs.
+fn replica_of_long_jobs(r: &Redis, dir: &std::path::Path, n: usize) -> (Child, Vec<i32>) {
+    let d = dir.display();
+    let mut text = String::from("CRON_TZ=UTC\n");
+    for j in 0..n {
+        text += &format!("* * * * * * --ttl 30s long{j} echo $$ > {d}/pid-{j}; exec sleep 60\n");
+    }
+    let file = dir.join("crontab");
+    std::fs::write(&file, text).unwrap();
+    let c = cronlock(r)
+        .arg("--crontab")
+        .arg(&file)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pids = (0..n)
+        .map(|j| read_pid(&dir.join(format!("pid-{j}"))))
+        .collect();
+    (c, pids)
+}
+
+/// A replica's runs share its watch: three running commands, one tracking connection and one
+/// subscribed one on the server (a run of its own would add a pair per run); a lock deleted
+/// stops that run's command (the replica tells the run, which renews and finds it gone).
+#[test]
+fn a_replicas_runs_share_one_watch() {
+    let r = Redis::start();
+    let dir = scratch("tracking-shared");
+    let (mut c, pids) = replica_of_long_jobs(&r, &dir, 3);
+    watching(&r);
+    // Each run's command has run past the watch's settling time: every lock is watched.
+    let all_run = Instant::now();
+    assert!(wait_for(Duration::from_secs(2), || all_run.elapsed()
+        >= Duration::from_millis(300)));
+    assert_eq!(watch_connections(&r), (1, 1));
+    r.del("cronlock:{long1}");
+    assert!(
+        wait_for(Duration::from_secs(5), || !alive(pids[1])),
+        "the command of a deleted lock still runs"
+    );
+    assert!(alive(pids[0]) && alive(pids[2]));
+    assert_eq!(watch_connections(&r), (1, 1));
+    signal(c.id() as i32, libc::SIGKILL);
+    c.wait().unwrap();
+}
+
 mod alone {
     //! The tracking tests that measure time: each takes the cores for itself while it measures
     //! (`common::alone`), and `scripts/test.sh` runs them after the others.
@@ -181,6 +243,27 @@ mod alone {
             }));
         }
         eprintln!("DEL: worst {worst:?}");
+    }
+
+    /// A replica's run notices its deleted lock as fast as a run watching its own: the
+    /// command is stopped within NOTICE.
+    #[test]
+    fn a_replicas_run_notices_a_deleted_lock_at_once() {
+        let _alone = measure_alone();
+        let r = Redis::start();
+        let dir = scratch("tracking-replica");
+        let (mut c, pids) = replica_of_long_jobs(&r, &dir, 1);
+        watching(&r);
+        let running = Instant::now();
+        assert!(wait_for(Duration::from_secs(2), || running.elapsed()
+            >= Duration::from_millis(300)));
+        r.del("cronlock:{long0}");
+        let gone = Instant::now();
+        assert!(wait_for(Duration::from_secs(5), || !alive(pids[0])));
+        let took = gone.elapsed();
+        signal(c.id() as i32, libc::SIGKILL);
+        c.wait().unwrap();
+        assert!(took < NOTICE, "stopped {took:?} after the lock was deleted");
     }
 
     #[test]

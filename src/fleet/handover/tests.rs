@@ -16,6 +16,7 @@ fn sample() -> Handover {
         own_lock: false,
         after: None,
         parent_pid: 42,
+        watched: false,
     }
 }
 
@@ -123,7 +124,11 @@ fn release_asks_and_answers_read_back() {
 #[test]
 fn a_run_the_replica_answers_does_not_release_by_itself() {
     let (ours, theirs) = UnixStream::pair().unwrap();
-    let mut run = RunSide { stream: theirs };
+    let mut run = RunSide {
+        stream: theirs,
+        watched: false,
+        answers: None,
+    };
     let replica = std::thread::spawn(move || {
         let mut side = ReplicaSide::new(ours.try_clone().unwrap());
         let asked = side.report();
@@ -142,7 +147,11 @@ fn a_run_the_replica_answers_does_not_release_by_itself() {
     // A replica that is gone: no answer, at once.
     let (gone, theirs) = UnixStream::pair().unwrap();
     drop(gone);
-    let mut run = RunSide { stream: theirs };
+    let mut run = RunSide {
+        stream: theirs,
+        watched: false,
+        answers: None,
+    };
     let asked = Instant::now();
     assert_eq!(
         run.release_by_replica(&ReleaseOptions::default(), Duration::from_secs(5)),
@@ -154,11 +163,33 @@ fn a_run_the_replica_answers_does_not_release_by_itself() {
 #[test]
 fn the_replica_reads_reports_until_the_end() {
     let (ours, theirs) = UnixStream::pair().unwrap();
-    let mut run = RunSide { stream: theirs };
+    let mut run = RunSide {
+        stream: theirs,
+        watched: false,
+        answers: None,
+    };
     run.send(&RunReport::Started { pid: 9 });
     run.stream.write_all(b"garbage\n").unwrap();
     drop(run);
     let mut replica = ReplicaSide::new(ours);
     assert_eq!(replica.report(), Some(RunReport::Started { pid: 9 }));
     assert_eq!(replica.report(), None);
+}
+
+#[test]
+fn a_released_answer_is_read_past_changes() {
+    // Read by the run itself (its watch never started): a `changed` before the answer is passed.
+    let (mut ours, theirs) = UnixStream::pair().unwrap();
+    let mut run = RunSide {
+        stream: theirs,
+        watched: true,
+        answers: None,
+    };
+    ours.write_all(changed_line().as_bytes()).unwrap();
+    ours.write_all(released_line(&Ok(Released::Kept)).as_bytes())
+        .unwrap();
+    let answer = run.release_by_replica(&ReleaseOptions::default(), Duration::from_secs(5));
+    assert_eq!(answer, Some(Ok(Released::Kept)));
+    // (Heard on the main loop's wake-ups, through O_ASYNC: a signal the suite's process does
+    // not block, so that part is told by `tests/suite/tracking.rs` on real runs.)
 }
