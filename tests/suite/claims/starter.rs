@@ -16,13 +16,21 @@ fn long_crontab(dir: &Path, tick: bool) -> std::path::PathBuf {
     crontab(dir, &text)
 }
 
-/// The pid the long command wrote, once it did.
-fn command_pid(dir: &Path) -> Option<i32> {
-    std::fs::read_to_string(dir.join("pid"))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
+/// The pid the long command wrote, once it did (within 10 s).
+fn command_pid(dir: &Path, file: &Path) -> i32 {
+    let written = || -> Option<i32> {
+        std::fs::read_to_string(dir.join("pid"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    assert!(
+        wait_for(Duration::from_secs(10), || written().is_some()),
+        "{}",
+        replica_err(file)
+    );
+    written().unwrap()
 }
 
 /// A starter SIGKILLed while a run's command sleeps: the run dies with it, and the run's guard
@@ -34,12 +42,7 @@ fn a_killed_starters_commands_stop_in_time_and_the_replica_serves_on() {
     let dir = scratch("starter-kill");
     let file = long_crontab(&dir, true);
     let c = replica(&r.url(), &file, &[]);
-    assert!(
-        wait_for(Duration::from_secs(10), || command_pid(&dir).is_some()),
-        "{}",
-        replica_err(&file)
-    );
-    let command = command_pid(&dir).unwrap();
+    let command = command_pid(&dir, &file);
     let starter = starter_of(c.id()).expect("the replica's starter");
     signal(starter as i32, libc::SIGKILL);
     let killed = Instant::now();
@@ -74,12 +77,7 @@ fn a_killed_replicas_guards_stop_their_commands_in_time() {
     let dir = scratch("replica-kill-guard");
     let file = long_crontab(&dir, false);
     let mut c = replica(&r.url(), &file, &[]);
-    assert!(
-        wait_for(Duration::from_secs(10), || command_pid(&dir).is_some()),
-        "{}",
-        replica_err(&file)
-    );
-    let command = command_pid(&dir).unwrap();
+    let command = command_pid(&dir, &file);
     let starter = starter_of(c.id()).expect("the replica's starter");
     signal(c.id() as i32, libc::SIGKILL);
     c.wait().unwrap();
