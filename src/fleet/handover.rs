@@ -399,35 +399,14 @@ impl RunSide {
     }
 }
 
-/// The replica's reading of a run's reports, line by line, until end of file (`None`).
-pub struct ReplicaSide {
-    reader: BufReader<std::io::Take<UnixStream>>,
+/// A line the replica read from a run's channel, as a report; `None` for a line that is not one
+/// (it is skipped). The replica reads every run's channel on one thread (`replica/relay.rs`).
+pub fn report_in(line: &[u8]) -> Option<RunReport> {
+    RunReport::parse(String::from_utf8_lossy(line).trim_end()).ok()
 }
 
-impl ReplicaSide {
-    pub fn new(stream: UnixStream) -> ReplicaSide {
-        // Bounded over the channel's life: a run sends three short reports.
-        ReplicaSide {
-            reader: BufReader::new(stream.take(4 * MAX_MESSAGE as u64)),
-        }
-    }
-
-    /// The next report; `None` at end of file (or a broken channel). A line that is not a report
-    /// is skipped.
-    pub fn report(&mut self) -> Option<RunReport> {
-        loop {
-            let mut line = String::new();
-            match self.reader.read_line(&mut line) {
-                Ok(0) | Err(_) => return None,
-                Ok(_) => {
-                    if let Ok(report) = RunReport::parse(line.trim_end()) {
-                        return Some(report);
-                    }
-                }
-            }
-        }
-    }
-}
+/// The most a run's channel carries to the replica (a run sends three short reports).
+pub const MAX_REPORTS: usize = 4 * MAX_MESSAGE;
 
 mod heard;
 pub use heard::ReplicaWatch;

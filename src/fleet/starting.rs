@@ -113,12 +113,7 @@ impl StarterLink {
                 .map_err(|e| anyhow!("cannot read the starter link: {e}"))?
             {
                 if let ControlMessageOwned::ScmRights(list) = cmsg {
-                    // SAFETY: the kernel just installed these descriptors in this process for
-                    // this message; nothing else owns them.
-                    fds.extend(
-                        list.into_iter()
-                            .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
-                    );
+                    fds.extend(list.into_iter().map(received));
                 }
             }
             (msg.bytes, fds)
@@ -148,6 +143,13 @@ impl StarterLink {
             .map_err(|e| anyhow!(crate::log::io_text(&e)))?;
         Ok(Some((rest?, fds)))
     }
+}
+
+/// A descriptor that came with a message.
+fn received(fd: RawFd) -> OwnedFd {
+    // SAFETY: the kernel just installed this descriptor in this process for the message being
+    // read; nothing else owns it.
+    unsafe { OwnedFd::from_raw_fd(fd) }
 }
 
 impl AsFd for StarterLink {

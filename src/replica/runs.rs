@@ -21,7 +21,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Result};
 
 use crate::config::CronJob;
-use crate::fleet::handover::{Handover, RunReport, MAX_MESSAGE};
+use crate::fleet::handover::{report_in, Handover, RunReport, MAX_MESSAGE, MAX_REPORTS};
 use crate::log::Log;
 use crate::replica::output;
 use crate::replica::relay::{Relay, Source};
@@ -385,21 +385,18 @@ impl Relays<'_> {
             fd: OwnedFd::from(channel),
             on_line: Box::new(move |line| {
                 let report = match line {
-                    Some(line) => {
-                        match RunReport::parse(String::from_utf8_lossy(line).trim_end()) {
-                            Ok(report) => Some(report),
-                            // (A line that is not a report is skipped.)
-                            Err(_) => return,
-                        }
-                    }
+                    Some(line) => match report_in(line) {
+                        Some(report) => Some(report),
+                        // (A line that is not a report is skipped.)
+                        None => return,
+                    },
                     None => None,
                 };
                 let _ = heard.send((pid, report));
                 signals::wake_main();
             }),
             max_line: MAX_MESSAGE,
-            // A run sends three short reports.
-            max_total: Some(4 * MAX_MESSAGE),
+            max_total: Some(MAX_REPORTS),
         });
     }
 }

@@ -193,3 +193,31 @@ fn a_released_answer_is_read_past_changes() {
     // (Heard on the main loop's wake-ups, through O_ASYNC: a signal the suite's process does
     // not block, so that part is told by `tests/suite/tracking.rs` on real runs.)
 }
+
+/// The replica's reading of a run's reports as the relay does it, line by line through
+/// [`report_in`], until end of file (`None`).
+struct ReplicaSide {
+    reader: BufReader<std::io::Take<UnixStream>>,
+}
+
+impl ReplicaSide {
+    fn new(stream: UnixStream) -> ReplicaSide {
+        ReplicaSide {
+            reader: BufReader::new(stream.take(MAX_REPORTS as u64)),
+        }
+    }
+
+    fn report(&mut self) -> Option<RunReport> {
+        loop {
+            let mut line = Vec::new();
+            match self.reader.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {
+                    if let Some(report) = report_in(&line) {
+                        return Some(report);
+                    }
+                }
+            }
+        }
+    }
+}
