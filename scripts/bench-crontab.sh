@@ -12,7 +12,7 @@
 #      seconds, 3 replicas) and 20 jobs at each instant;
 #   4. sustained: 200 and 300 jobs every second on 3 replicas, the share started within 1 s;
 #   5. 1,000 jobs due at the same instant on 3 replicas: each once, and when the last started;
-#   6. a replica's RSS, idle, with 1,000 jobs, and how long 20,000 take to read.
+#   6. a replica's RSS (and its children's), idle, with 1,000 jobs, and how long 20,000 take to read.
 # Installs redis-server and redis-tools when missing.
 # Usage: scripts/bench-crontab.sh [SECS] [ROUNDS] (SECS for 3, default 200: 1,000 runs;
 # ROUNDS for 2, default 7).
@@ -247,11 +247,17 @@ for n in 1000 20000; do
   t1=$(date +%s.%N)
   sleep 1
   rss=$(awk '/^VmRSS/ {print $2}' "/proc/$pid/status")
+  # Its children (a starter, if it kept one while idle): their RSS too.
+  kids=0
+  for c in $(cat "/proc/$pid/task/$pid/children"); do
+    kids=$((kids + $(awk '/^VmRSS/ {print $2}' "/proc/$c/status")))
+  done
   kill -TERM "$pid"; wait "$pid" || true
-  python3 - "$n" "$rss" "$t0" "$t1" <<'PY'
+  python3 - "$n" "$rss" "$t0" "$t1" "$kids" <<'PY'
 import sys
 n, rss = int(sys.argv[1]), int(sys.argv[2]); t0, t1 = float(sys.argv[3]), float(sys.argv[4])
-print(f"- {n:,} jobs (one expression): RSS **{rss / 1024:.1f} MiB** (VmRSS, idle); read and "
-      f"checked in **{(t1 - t0) * 1000:.0f} ms**.")
+kids = int(sys.argv[5])
+print(f"- {n:,} jobs (one expression): RSS **{rss / 1024:.1f} MiB** (VmRSS, idle), its children "
+      f"{kids / 1024:.1f} MiB; read and checked in **{(t1 - t0) * 1000:.0f} ms**.")
 PY
 done

@@ -15,6 +15,7 @@ pub mod host;
 pub mod http;
 pub mod lease;
 pub mod log;
+pub mod memory;
 pub mod record;
 pub mod replica;
 pub mod run;

@@ -16,6 +16,7 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::clock::Instant;
@@ -48,8 +49,21 @@ fn unescape(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Our own cgroup v2 directory: the cgroup2 mount plus our path from `/proc/self/cgroup`.
+/// Our own cgroup v2 directory, found once per process: a replica's starter finds it before it
+/// forks its runs (see [`find_own`]), so they do not look again. cronlock never moves itself to
+/// another cgroup.
 fn own_dir() -> Result<PathBuf, String> {
+    static OWN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    OWN.get_or_init(find_own_dir).clone()
+}
+
+/// Find our own cgroup v2 directory now, so that the processes forked from here know it.
+pub fn find_own() {
+    let _ = own_dir();
+}
+
+/// The cgroup2 mount plus our path from `/proc/self/cgroup`.
+fn find_own_dir() -> Result<PathBuf, String> {
     let cgroups = std::fs::read_to_string("/proc/self/cgroup")
         .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
     let rel = cgroups

@@ -95,6 +95,8 @@ pub fn serve(
         ),
         &[("jobs", table.jobs.len().into())],
     );
+    // What reading the crontab freed goes back to the system: an idle replica's memory.
+    crate::memory::give_back();
     let mut phase = Phase::Serving;
     let mut file = FileSeen {
         modified: mtime(&replica.file),
@@ -156,6 +158,7 @@ fn reread(
     if got == Some(libc::SIGHUP) {
         got = table.reload(reload, log);
         file.modified = mtime(&replica.file);
+        crate::memory::give_back();
     }
     if file.swept.is_none_or(|at| at.elapsed() >= SWEEP_EVERY) {
         file.swept = Some(Instant::now());
@@ -172,6 +175,7 @@ fn reread(
         if now_modified != file.modified {
             file.modified = now_modified;
             got = got.or(table.reload(reload, log));
+            crate::memory::give_back();
         }
     }
     got

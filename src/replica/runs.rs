@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Result};
 
+use crate::clock::Instant;
 use crate::config::CronJob;
 use crate::fleet::handover::{report_in, Handover, RunReport, MAX_MESSAGE, MAX_REPORTS};
 use crate::log::Log;
@@ -37,8 +38,16 @@ const NOT_FOR_RUNS: &[&str] = &[
     "CRONLOCK_DRAIN",
     "CRONLOCK_LISTEN",
     HOLD_AFTER_CLAIM,
+    STARTER_IDLE_MS,
     crate::http::HOLD_LOOP,
 ];
+
+/// A starter with no run left that was asked for none this long is let go (it exits at once),
+/// and spawned again at the next run: a replica whose jobs are far apart keeps no second process.
+const STARTER_IDLE: Duration = Duration::from_secs(60);
+
+/// A test hook: [`STARTER_IDLE`] in milliseconds. Only a debug build reads it.
+pub const STARTER_IDLE_MS: &str = "CRONLOCK_TEST_STARTER_IDLE_MS";
 
 /// A test hook: with this variable naming a file, a replica that won a claim writes the KEY
 /// there and stops before starting the run (a test then kills it "between claim and spawn").
@@ -100,9 +109,12 @@ pub struct Runs {
     json: bool,
     by_pid: HashMap<u32, Spawned>,
     heard: (Sender<Heard>, Receiver<Heard>),
-    /// The starter the runs are forked by (spawned at the first run, and again once gone), and
-    /// what it says of them.
+    /// The starter the runs are forked by (spawned at a run when there is none: the first, the
+    /// first after it was gone or let go), and what it says of them.
     starter: Option<Starter>,
+    /// When it was last asked to start a run, and how long it is kept idle.
+    starter_used: Instant,
+    starter_idle: Duration,
     news: (Sender<StarterNews>, Receiver<StarterNews>),
     /// The watch of the runs' locks.
     watches: Watches,
@@ -124,17 +136,18 @@ impl Runs {
                 crate::log::io_text(&e)
             )
         })?;
-        let news = mpsc::channel();
-        // Its starter, at once (so the first run does not wait for it); one that cannot be
-        // spawned now is spawned at a run, and the run's failure is the replica's sickness.
-        let starter = Starter::spawn(&exe, NOT_FOR_RUNS, &news.0).ok();
         Ok(Runs {
             exe,
             json,
             by_pid: HashMap::new(),
             heard: mpsc::channel(),
-            starter,
-            news,
+            starter: None,
+            starter_used: Instant::now(),
+            starter_idle: cfg!(debug_assertions)
+                .then(|| std::env::var(STARTER_IDLE_MS).ok()?.parse().ok())
+                .flatten()
+                .map_or(STARTER_IDLE, Duration::from_millis),
+            news: mpsc::channel(),
             watches: Watches::new(log),
             outputs: Relay::start("output")?,
             reports: Relay::start("reports")?,
@@ -186,6 +199,7 @@ impl Runs {
             heard: &self.heard.0,
             json: self.json,
         };
+        self.starter_used = Instant::now();
         let run = spawn(starter, job, held, &relays, log)?;
         self.by_pid.insert(run.pid(), run);
         Ok(())
@@ -235,6 +249,21 @@ impl Runs {
                     }
                 }
             }
+        }
+        self.let_idle_starter_go();
+    }
+
+    /// Let the starter go once it has no run left and was asked for none for [`STARTER_IDLE`]:
+    /// dropped, its link closes and it exits at once (a run it forked is supervised until its
+    /// starter says it ended, so none can be left).
+    fn let_idle_starter_go(&mut self) {
+        let Some(pid) = self.starter.as_ref().map(Starter::pid) else {
+            return;
+        };
+        if self.starter_used.elapsed() >= self.starter_idle
+            && !self.by_pid.values().any(|r| r.starter == pid)
+        {
+            self.starter = None;
         }
     }
 

@@ -1,5 +1,5 @@
-//! The replica's handle on its starter (`run/starter.rs`): spawned once (and again after it
-//! died), asked to start each run with the run's descriptors, and read on a thread of its own,
+//! The replica's handle on its starter (`run/starter.rs`): spawned at a run when there is none
+//! (the first, the first after it died or was let go idle, `runs.rs`), asked to start each run with the run's descriptors, and read on a thread of its own,
 //! whose news (a run's process ended, the starter is gone) reach the loop as [`StarterNews`].
 
 use std::os::fd::{AsRawFd, OwnedFd};

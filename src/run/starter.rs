@@ -1,5 +1,5 @@
 //! The starter: the small process a replica (`--crontab`) starts its runs from. The replica
-//! spawns it once (cronlock itself, named [`crate::fleet::starting::STARTER_ARG0`]), tied to it (`PR_SET_PDEATHSIG`); for
+//! spawns it at its first run (cronlock itself, named [`crate::fleet::starting::STARTER_ARG0`]), tied to it (`PR_SET_PDEATHSIG`); for
 //! each won claim it asks `start` on their link ([`crate::fleet::starting`]), with the run's
 //! channel, stdout and stderr. The starter forks, and the child *is* the run: the same steps a
 //! run makes ([`crate::run::run_job`], with the reports), from the configuration the job's
@@ -15,8 +15,8 @@
 //! and the starter its runs, and each run's guard stops its command by the lock's deadline.
 //!
 //! It answers each `start` with `started` (the pid) or `refused`, and says `exited` with each
-//! run's wait status. At end of file (the replica is done) it waits for the runs it has left,
-//! then exits.
+//! run's wait status. At end of file (the replica is done, or let it go idle) it waits for the
+//! runs it has left, then exits.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, IntoRawFd, OwnedFd};
@@ -57,6 +57,10 @@ pub struct StarterHooks<'a> {
 /// one run (in a forked child): the exit status of either.
 pub fn serve(hooks: &StarterHooks<'_>) -> Exit {
     crate::command::guard::die_with_parent();
+    crate::memory::for_forking();
+    // What every run would otherwise look up for itself, found once before any fork.
+    crate::command::cgroup::find_own();
+    crate::host::hostname();
     match serve_runs(hooks.resolve) {
         Ok(Served::Done) => Exit::Success,
         Ok(Served::Run(child)) => child.run(hooks.run),
@@ -262,6 +266,9 @@ impl Forked {
         }
         let mut resolved = (*self.resolved).clone();
         resolved.config.handover = Some(channel.into_raw_fd());
-        run(&resolved)
+        let exit = run(&resolved);
+        // Ends here, its log flushed by the run: what it would free on the way out lies in
+        // pages it shares with the starter, and each one written to would be copied first.
+        std::process::exit(exit.code().into())
     }
 }

@@ -197,7 +197,7 @@ fn no_import_cycle_between_files() {
 fn layer(module: &str) -> Option<(u8, &str)> {
     let wing = module.split("::").next().unwrap_or_default();
     let rank = match wing {
-        "clock" | "duration" | "files" | "host" | "log" | "exit" | "signals" => 0,
+        "clock" | "duration" | "files" | "host" | "log" | "exit" | "memory" | "signals" => 0,
         "lease" | "record" => 1,
         "store" | "command" => 2,
         "fleet" => 3,

@@ -93,3 +93,44 @@ fn a_killed_replicas_guards_stop_their_commands_in_time() {
         r.keys()
     );
 }
+
+/// A starter with nothing to start is let go (here after 500 ms, a test hook; 60 s otherwise),
+/// so a replica whose jobs are far apart keeps no second process; the next run gets a new one.
+#[test]
+fn an_idle_starter_is_let_go_and_the_next_run_gets_a_new_one() {
+    let r = Redis::start();
+    let dir = scratch("starter-idle");
+    let d = dir.display();
+    let file = crontab(
+        &dir,
+        &format!("CRON_TZ=UTC\n*/6 * * * * * tick echo $CRONLOCK_INSTANT >> {d}/ticks\n"),
+    );
+    let mut c = replica_with(
+        &r.url(),
+        &file,
+        &[],
+        &[("CRONLOCK_TEST_STARTER_IDLE_MS", "500")],
+    );
+    let ticks = dir.join("ticks");
+    assert!(
+        wait_for(Duration::from_secs(10), || !instants(&ticks).is_empty()),
+        "{}",
+        replica_err(&file)
+    );
+    let first = starter_of(c.id());
+    // Idle from its run's end: let go within a turn of the loop (2 s) after the 500 ms.
+    assert!(
+        wait_for(Duration::from_secs(5), || starter_of(c.id()).is_none()),
+        "the idle starter was kept\n{}",
+        replica_err(&file)
+    );
+    let before = instants(&ticks).len();
+    assert!(
+        wait_for(Duration::from_secs(10), || instants(&ticks).len() > before),
+        "no run after the starter was let go\n{}",
+        replica_err(&file)
+    );
+    assert!(first.is_none() || starter_of(c.id()) != first);
+    signal(c.id() as i32, libc::SIGTERM);
+    c.wait().unwrap();
+}
