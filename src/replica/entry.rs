@@ -88,6 +88,11 @@ impl Entry {
         });
     }
 
+    /// When it next comes due (Unix ms): its next instant less its lead.
+    pub(super) fn comes_due(&self) -> Option<i64> {
+        self.next.map(|n| n - self.early)
+    }
+
     /// Its `--jitter` offset after each instant (ms; 0 without).
     pub(super) fn offset(&self) -> i64 {
         self.cron.config.jitter_offset().as_millis() as i64

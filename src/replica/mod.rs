@@ -33,6 +33,7 @@
 //! when its leave could not be confirmed. SIGHUP, or a change of the
 //! file, reads it again: a file with an error keeps the table that runs, in one line.
 
+mod agenda;
 mod answers;
 mod beat;
 mod claim;

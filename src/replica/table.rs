@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
+use super::agenda::Agenda;
 use super::rank::{self, checker, fnv, owner, rank};
 use crate::clock::Instant;
 use crate::replica::claim::{group, Group};
@@ -78,6 +79,12 @@ pub struct Table {
     made: Instant,
     /// How many times the file was read again (and a new table made from it).
     pub loaded: u64,
+    /// Which jobs a turn looks at: those come due, those with an instant waiting.
+    agenda: Agenda,
+    /// Its groups, each with one of its jobs' configuration (to reach its servers), and the
+    /// shortest `--ttl`: read at each heartbeat, found once.
+    groups: Vec<(Group, std::sync::Arc<crate::config::RunConfig>)>,
+    shortest_ttl: Duration,
 }
 
 impl Table {
@@ -113,7 +120,7 @@ impl Table {
             .enumerate()
             .map(|(i, j)| (j.cron.key.clone(), i))
             .collect();
-        Table {
+        let mut table = Table {
             jobs,
             index,
             me: me.to_string(),
@@ -124,24 +131,48 @@ impl Table {
             gave_up: Vec::new(),
             left: Vec::new(),
             loaded: 0,
+            agenda: Agenda::default(),
+            groups: Vec::new(),
+            shortest_ttl: Duration::from_secs(30),
+        };
+        for job in &table.jobs {
+            if !table.groups.iter().any(|(g, _)| *g == job.group) {
+                table
+                    .groups
+                    .push((job.group.clone(), job.cron.config.clone()));
+            }
+        }
+        let ttls = table.jobs.iter().map(|j| j.cron.config.timing.ttl);
+        table.shortest_ttl = ttls.min().unwrap_or(Duration::from_secs(30));
+        table.reindex();
+        table
+    }
+
+    /// The agenda again from every job (a new table, a reload that kept jobs' times).
+    fn reindex(&mut self) {
+        let jobs = self.jobs.iter().map(|j| (j.comes_due(), j.due.is_some()));
+        self.agenda.rebuild(jobs);
+    }
+
+    /// Job `i`'s time or waiting instant changed: the agenda follows.
+    fn noted(&mut self, i: usize) {
+        if let Some(at) = self.jobs[i].comes_due() {
+            self.agenda.comes_due(i, at);
+        }
+        self.agenda.set_waiting(i, self.jobs[i].due.is_some());
+        if self.agenda.crowded(self.jobs.len()) {
+            self.reindex();
         }
     }
 
     /// The shortest `--ttl` of the jobs (the heartbeats' period follows it: `beat::period`).
     pub fn shortest_ttl(&self) -> Duration {
-        let ttls = self.jobs.iter().map(|j| j.cron.config.timing.ttl);
-        ttls.min().unwrap_or(Duration::from_secs(30))
+        self.shortest_ttl
     }
 
     /// The groups the jobs claim in, each with a job's configuration to reach it.
     pub fn groups(&self) -> Vec<(Group, std::sync::Arc<crate::config::RunConfig>)> {
-        let mut out: Vec<(Group, std::sync::Arc<crate::config::RunConfig>)> = Vec::new();
-        for job in &self.jobs {
-            if !out.iter().any(|(g, _)| *g == job.group) {
-                out.push((job.group.clone(), job.cron.config.clone()));
-            }
-        }
-        out
+        self.groups.clone()
     }
 
     /// A heartbeat's view of `group`. With `--retries`, a job whose latest instant belonged to a
@@ -154,7 +185,13 @@ impl Table {
             let gone: Vec<&String> = old.live.iter().filter(|m| !view.live.contains(m)).collect();
             if !gone.is_empty() {
                 let at = unix_millis() as i64;
-                for job in self.jobs.iter_mut().filter(|j| j.group == group) {
+                let mut again = Vec::new();
+                for (i, job) in self
+                    .jobs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, j)| j.group == group)
+                {
                     let Some(last) = job.last.filter(|_| job.cron.retries > 0) else {
                         continue;
                     };
@@ -162,8 +199,12 @@ impl Table {
                     if gone.contains(&&was)
                         && owner(&view, &self.me, &job.cron.key, last, job.shares) == self.me
                     {
-                        job.look_at(at);
+                        again.push(i);
                     }
+                }
+                for i in again {
+                    self.jobs[i].look_at(at);
+                    self.noted(i);
                 }
             }
         }
@@ -227,8 +268,9 @@ impl Table {
 
     /// How many instants wait for a claim.
     pub fn waiting(&self) -> usize {
-        self.jobs
-            .iter()
+        self.agenda
+            .waiting()
+            .map(|i| &self.jobs[i])
             .filter(|j| !j.claiming && j.due.is_some_and(|d| self.claims(j, &d)))
             .count()
     }
@@ -238,7 +280,7 @@ impl Table {
     pub fn due_checks(&mut self) -> Vec<CheckBatch> {
         let now = unix_millis() as i64;
         let mut out: Vec<CheckBatch> = Vec::new();
-        for i in 0..self.jobs.len() {
+        for i in self.agenda.waiting().collect::<Vec<_>>() {
             let job = &self.jobs[i];
             let Some(d) = job.due.filter(|d| d.check == Check::Ahead && !job.claiming) else {
                 continue;
@@ -265,14 +307,16 @@ impl Table {
     /// A check's answer for instant `at` of KEY: decided (its run started, or it was recorded)
     /// or not, in which case this replica claims it.
     pub fn checked(&mut self, key: &str, at: i64, decided: bool) {
-        let Some(job) = self.job(key) else {
+        let Some(i) = self.index.get(key).copied() else {
             return;
         };
+        let job = &mut self.jobs[i];
         match &mut job.due {
             Some(d) if d.at == at && decided => job.due = None,
             Some(d) if d.at == at => d.check = Check::Open,
             _ => {}
         }
+        self.noted(i);
     }
 
     /// Whether KEY is one of its jobs.
@@ -280,9 +324,9 @@ impl Table {
         self.index.contains_key(key)
     }
 
-    pub fn job(&mut self, key: &str) -> Option<&mut Entry> {
+    pub fn job(&self, key: &str) -> Option<&Entry> {
         let i = *self.index.get(key)?;
-        self.jobs.get_mut(i)
+        self.jobs.get(i)
     }
 
     /// When something next needs the loop: an instant comes due, a waiting one can be tried
@@ -295,8 +339,9 @@ impl Table {
     /// sent in the turn that computes this.
     pub fn next_wake(&self) -> Option<i64> {
         let now = unix_millis() as i64;
-        self.jobs
-            .iter()
+        self.agenda
+            .waiting()
+            .map(|i| &self.jobs[i])
             .flat_map(|j| {
                 let waiting = j.due.filter(|_| !j.claiming);
                 let retry = waiting.map(|_| j.not_before).filter(|t| *t > now);
@@ -304,14 +349,10 @@ impl Table {
                     .filter(|d| d.check == Check::Ahead && !self.claims(j, d))
                     .and_then(|d| self.check_at(j, &d))
                     .map(|t| t.max(now));
-                [
-                    j.next.map(|n| n - j.early),
-                    waiting.map(|d| d.until),
-                    retry,
-                    check,
-                ]
+                [waiting.map(|d| d.until), retry, check]
             })
             .flatten()
+            .chain(self.agenda.next_come())
             .min()
     }
 
@@ -320,7 +361,7 @@ impl Table {
     /// to too late (it was frozen, or the machine saturated) are given up as late.
     pub fn advance(&mut self, log: &Log) {
         let now = unix_millis() as i64;
-        for i in 0..self.jobs.len() {
+        for i in self.agenda.waiting().collect::<Vec<_>>() {
             let job = &self.jobs[i];
             if let Some(d) = job.due.filter(|d| d.until <= now && !job.claiming) {
                 if self.answers_for(job, &d) {
@@ -328,46 +369,58 @@ impl Table {
                     self.gave_up.push((job.cron.key.clone(), d.at, d.reason));
                 }
                 self.jobs[i].due = None;
+                self.noted(i);
             }
-            let job = &mut self.jobs[i];
-            let Some(mut at) = job.next.filter(|n| *n - job.early <= now) else {
-                continue;
-            };
-            let mut late = 0;
-            while deadline(job, at) <= now {
-                let scheduled = job.cron.schedule.next_after(at - 1) == Some(at);
-                if scheduled && late < MAX_LATE && now - at <= LATE_WINDOW_MS {
-                    late += 1;
-                    missed(job, at, MissedReason::Late, log);
-                    self.gave_up
-                        .push((job.cron.key.clone(), at, MissedReason::Late));
-                }
-                match job.cron.schedule.next_after(at) {
-                    Some(n) if n - job.early <= now => at = n,
-                    _ => break,
-                }
+        }
+        let jobs = &self.jobs;
+        for i in self.agenda.take_come(now, |i| jobs[i].comes_due()) {
+            self.come_due(i, now, log);
+            self.noted(i);
+        }
+    }
+
+    /// Job `i` came due (its next instant, less its lead, is past `now`): its instants the loop
+    /// came too late to are given up as late, the one that can still start waits, and its next
+    /// one is scheduled.
+    fn come_due(&mut self, i: usize, now: i64, log: &Log) {
+        let job = &mut self.jobs[i];
+        let Some(mut at) = job.next.filter(|n| *n - job.early <= now) else {
+            return;
+        };
+        let mut late = 0;
+        while deadline(job, at) <= now {
+            let scheduled = job.cron.schedule.next_after(at - 1) == Some(at);
+            if scheduled && late < MAX_LATE && now - at <= LATE_WINDOW_MS {
+                late += 1;
+                missed(job, at, MissedReason::Late, log);
+                self.gave_up
+                    .push((job.cron.key.clone(), at, MissedReason::Late));
             }
-            job.schedule_after(at.max(now));
-            if deadline(job, at) <= now {
-                continue;
+            match job.cron.schedule.next_after(at) {
+                Some(n) if n - job.early <= now => at = n,
+                _ => break,
             }
-            // Fired at start or looked at again: not an instant of the schedule's (Redis picks the
-            // instant due), and this replica claims it whatever the rank.
-            let anyone = job.cron.schedule.next_after(at - 1) != Some(at);
-            job.last = Some(at);
-            if job.claiming {
-                job.queued = Some((at, anyone));
-                continue;
-            }
-            let old = job.due.replace(Due::new(at, deadline(job, at), anyone));
-            // The instant this one replaces can no longer start on time.
-            if let Some(old) = old {
-                let job = &self.jobs[i];
-                if self.answers_for(job, &old) {
-                    missed(job, old.at, old.reason, log);
-                    self.gave_up
-                        .push((job.cron.key.clone(), old.at, old.reason));
-                }
+        }
+        job.schedule_after(at.max(now));
+        if deadline(job, at) <= now {
+            return;
+        }
+        // Fired at start or looked at again: not an instant of the schedule's (Redis picks the
+        // instant due), and this replica claims it whatever the rank.
+        let anyone = job.cron.schedule.next_after(at - 1) != Some(at);
+        job.last = Some(at);
+        if job.claiming {
+            job.queued = Some((at, anyone));
+            return;
+        }
+        let old = job.due.replace(Due::new(at, deadline(job, at), anyone));
+        // The instant this one replaces can no longer start on time.
+        if let Some(old) = old {
+            let job = &self.jobs[i];
+            if self.answers_for(job, &old) {
+                missed(job, old.at, old.reason, log);
+                self.gave_up
+                    .push((job.cron.key.clone(), old.at, old.reason));
             }
         }
     }
@@ -381,9 +434,9 @@ impl Table {
         let now = unix_millis() as i64;
         // Oldest first; at one instant, in an order of this replica's own.
         let mut ready: Vec<(i64, u64, usize)> = self
-            .jobs
-            .iter()
-            .enumerate()
+            .agenda
+            .waiting()
+            .map(|i| (i, &self.jobs[i]))
             .filter(|(_, j)| !j.claiming && j.not_before <= now)
             .filter_map(|(i, j)| j.due.map(|d| (i, j, d)))
             .filter(|(_, j, d)| self.claims(j, d))
@@ -400,9 +453,10 @@ impl Table {
     /// A claim of KEY came back: `done` unless it failed (Redis could not be asked), in which case
     /// the instant waits again, for a while.
     pub fn answered(&mut self, key: &str, done: bool, log: &Log) {
-        let Some(job) = self.job(key) else {
+        let Some(i) = self.index.get(key).copied() else {
             return;
         };
+        let job = &mut self.jobs[i];
         job.claiming = false;
         let mut superseded = None;
         if !done {
@@ -423,13 +477,15 @@ impl Table {
             job.not_before = unix_millis() as i64 + RETRY_MS;
         }
         self.gave_up.extend(superseded);
+        self.noted(i);
     }
 
     /// Look at KEY again at `at` (Unix ms): a run of it failed, or the lock of the run that holds
     /// it elsewhere lapses then (with `--retries`, an abandoned attempt is due again).
     pub fn look_again(&mut self, key: &str, at: i64) {
-        if let Some(job) = self.job(key) {
-            job.look_at(at);
+        if let Some(i) = self.index.get(key).copied() {
+            self.jobs[i].look_at(at);
+            self.noted(i);
         }
     }
 
@@ -469,6 +525,7 @@ impl Table {
                         }
                     }
                 }
+                next.reindex();
                 log.info(
                     "reloaded",
                     &format!("read the crontab again: {} jobs", next.jobs.len()),

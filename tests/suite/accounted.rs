@@ -112,6 +112,32 @@ pub fn ledger(url: &str, key: &str) -> Vec<(i64, String, Option<String>)> {
         .collect()
 }
 
+/// Among 3,000 jobs due once a year, the few due every second all run at every instant, once,
+/// on a fleet of two: the replica's turns look at what is due (`replica/agenda.rs`), not at
+/// every job, and nothing due is left out of them.
+#[test]
+fn jobs_due_among_thousands_of_idle_ones_run_at_every_instant() {
+    let r = Redis::start();
+    let dir = scratch("acc-agenda");
+    let mut text = jobs(&dir, "due", 6, "", "");
+    for i in 0..3000 {
+        text += &format!("0 0 1 1 * idle-{i} true\n");
+    }
+    let file = crontab(&dir, &text);
+    let fleet: Vec<_> = (0..2).map(|_| replica(&r.url(), &file, &[])).collect();
+    let from = now_secs() + 3;
+    let began = Instant::now();
+    assert!(wait_for(Duration::from_secs(20), || began.elapsed()
+        >= Duration::from_secs(8)));
+    let to = now_secs() - 2;
+    for c in fleet {
+        assert_eq!(stop(c), Some(0), "{}", replica_err(&file));
+    }
+    let (count, _) = runs(&dir);
+    assert_none_twice(&count);
+    assert_all_ran(&count, ("due", 6), (from, to), &|| replica_err(&file));
+}
+
 /// More jobs than the replica has room for: each instant of each job either ran once (and the
 /// ledger says how it ended) or is recorded with a reason (`missed`, or `skipped` for an
 /// overlap); none ran twice.
