@@ -7,22 +7,41 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
 
-/// When each job next comes due (a heap of Unix ms and job index; an entry whose time is no
-/// longer its job's is stale and skipped), and the jobs with an instant waiting.
+/// When each job next comes due (Unix ms, by job index), a heap of those times (an entry whose
+/// time is no longer its job's is stale and skipped), and the jobs with an instant waiting.
 #[derive(Default)]
 pub struct Agenda {
+    times: Vec<Option<i64>>,
     coming: BinaryHeap<Reverse<(i64, usize)>>,
     waiting: BTreeSet<usize>,
 }
 
 impl Agenda {
-    /// Job `i` next comes due at `at` (an earlier time given for it is now stale).
-    pub fn comes_due(&mut self, i: usize, at: i64) {
-        self.coming.push(Reverse((at, i)));
+    /// An agenda of jobs given as (when it comes due, whether it has an instant waiting).
+    pub fn new(jobs: impl Iterator<Item = (Option<i64>, bool)>) -> Agenda {
+        let mut a = Agenda::default();
+        for (i, (at, waiting)) in jobs.enumerate() {
+            a.times.push(None);
+            a.set(i, at, waiting);
+        }
+        a
     }
 
-    /// Whether job `i` has an instant waiting.
-    pub fn set_waiting(&mut self, i: usize, waiting: bool) {
+    /// Job `i` comes due at `at` (none: not any more) and has an instant waiting or not.
+    pub fn set(&mut self, i: usize, at: Option<i64>, waiting: bool) {
+        if self.times[i] != at {
+            self.times[i] = at;
+            if let Some(at) = at {
+                self.coming.push(Reverse((at, i)));
+            }
+            // Stale times outnumber the jobs: the heap again from each job's time.
+            if self.coming.len() > 2 * self.times.len() + 1024 {
+                let times = self.times.iter().enumerate();
+                self.coming = times
+                    .filter_map(|(i, t)| t.map(|t| Reverse((t, i))))
+                    .collect();
+            }
+        }
         if waiting {
             self.waiting.insert(i);
         } else {
@@ -35,42 +54,26 @@ impl Agenda {
         self.waiting.iter().copied()
     }
 
-    /// Take the jobs that came due by `now`, each once, in table order: those whose time, by
-    /// `due_at` (the job's current one), is still the one given.
-    pub fn take_come(&mut self, now: i64, due_at: impl Fn(usize) -> Option<i64>) -> Vec<usize> {
+    /// Take the jobs that came due by `now`, each once, in table order (each is due no more
+    /// until it is [`Agenda::set`] again).
+    pub fn take_come(&mut self, now: i64) -> Vec<usize> {
         let mut come = BTreeSet::new();
         while let Some(Reverse((at, i))) = self.coming.peek().copied() {
             if at > now {
                 break;
             }
             self.coming.pop();
-            if due_at(i) == Some(at) {
+            if self.times[i] == Some(at) {
+                self.times[i] = None;
                 come.insert(i);
             }
         }
         come.into_iter().collect()
     }
 
-    /// The earliest time a job comes due (stale times included: an early wake-up finds nothing).
+    /// The earliest time a job comes due (a stale one included: an early wake-up finds nothing).
     pub fn next_come(&self) -> Option<i64> {
         self.coming.peek().map(|Reverse((at, _))| *at)
-    }
-
-    /// Whether the stale times outnumber the jobs (then [`Agenda::rebuild`]).
-    pub fn crowded(&self, jobs: usize) -> bool {
-        self.coming.len() > 2 * jobs + 1024
-    }
-
-    /// Start again from each job's time and waiting state (`(time, waiting)` by index).
-    pub fn rebuild(&mut self, jobs: impl Iterator<Item = (Option<i64>, bool)>) {
-        self.coming.clear();
-        self.waiting.clear();
-        for (i, (at, waiting)) in jobs.enumerate() {
-            if let Some(at) = at {
-                self.comes_due(i, at);
-            }
-            self.set_waiting(i, waiting);
-        }
     }
 }
 
@@ -80,31 +83,38 @@ mod tests {
 
     #[test]
     fn a_job_comes_once_at_its_current_time() {
-        let mut a = Agenda::default();
-        let mut times = [Some(100), Some(300), Some(200)];
-        for (i, t) in times.iter().enumerate() {
-            a.comes_due(i, t.unwrap());
-        }
+        let mut a =
+            Agenda::new([(Some(100), false), (Some(300), false), (Some(200), false)].into_iter());
         // Job 1 moved earlier: its first time (300) is stale.
-        times[1] = Some(150);
-        a.comes_due(1, 150);
+        a.set(1, Some(150), false);
         assert_eq!(a.next_come(), Some(100));
-        assert_eq!(a.take_come(160, |i| times[i]), vec![0, 1]);
-        assert_eq!(a.take_come(250, |i| times[i]), vec![2]);
-        assert_eq!(a.take_come(1000, |i| times[i]), Vec::<usize>::new());
+        assert_eq!(a.take_come(160), vec![0, 1]);
+        assert_eq!(a.take_come(250), vec![2]);
+        assert_eq!(a.take_come(1000), Vec::<usize>::new());
         assert_eq!(a.next_come(), None);
+        // The same time given again is one entry, not two.
+        a.set(0, Some(2000), false);
+        a.set(0, Some(2000), true);
+        assert_eq!(a.take_come(2000), vec![0]);
     }
 
     #[test]
     fn waiting_jobs_in_table_order() {
-        let mut a = Agenda::default();
-        a.set_waiting(5, true);
-        a.set_waiting(2, true);
-        a.set_waiting(5, false);
-        a.set_waiting(9, true);
+        let mut a = Agenda::new((0..10).map(|_| (None, false)));
+        a.set(5, None, true);
+        a.set(2, None, true);
+        a.set(5, None, false);
+        a.set(9, None, true);
         assert_eq!(a.waiting().collect::<Vec<_>>(), vec![2, 9]);
-        a.rebuild([(Some(5), true), (None, false)].into_iter());
-        assert_eq!(a.waiting().collect::<Vec<_>>(), vec![0]);
-        assert_eq!(a.take_come(5, |_| Some(5)), vec![0]);
+    }
+
+    #[test]
+    fn stale_times_never_outgrow_the_jobs() {
+        let mut a = Agenda::new([(Some(0), false)].into_iter());
+        for t in 1..5000 {
+            a.set(0, Some(t), false);
+        }
+        assert!(a.coming.len() <= 2 + 1024);
+        assert_eq!(a.take_come(10_000), vec![0]);
     }
 }

@@ -151,18 +151,13 @@ impl Table {
     /// The agenda again from every job (a new table, a reload that kept jobs' times).
     fn reindex(&mut self) {
         let jobs = self.jobs.iter().map(|j| (j.comes_due(), j.due.is_some()));
-        self.agenda.rebuild(jobs);
+        self.agenda = Agenda::new(jobs);
     }
 
-    /// Job `i`'s time or waiting instant changed: the agenda follows.
+    /// Job `i`'s time or waiting instant may have changed: the agenda follows.
     fn noted(&mut self, i: usize) {
-        if let Some(at) = self.jobs[i].comes_due() {
-            self.agenda.comes_due(i, at);
-        }
-        self.agenda.set_waiting(i, self.jobs[i].due.is_some());
-        if self.agenda.crowded(self.jobs.len()) {
-            self.reindex();
-        }
+        let job = &self.jobs[i];
+        self.agenda.set(i, job.comes_due(), job.due.is_some());
     }
 
     /// The shortest `--ttl` of the jobs (the heartbeats' period follows it: `beat::period`).
@@ -372,8 +367,7 @@ impl Table {
                 self.noted(i);
             }
         }
-        let jobs = &self.jobs;
-        for i in self.agenda.take_come(now, |i| jobs[i].comes_due()) {
+        for i in self.agenda.take_come(now) {
             self.come_due(i, now, log);
             self.noted(i);
         }
