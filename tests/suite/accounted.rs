@@ -624,7 +624,7 @@ mod alone {
     }
 
     /// Three replicas, one started from a copy of the binary that then loses its run bit, and whose
-    /// starter is then killed (so a run needs a new one, which cannot start): it claims
+    /// starter, if it has one yet, is then killed (so a run needs a new one, which cannot start): it claims
     /// nothing more and says so on /readyz (503 within 15 s: at its next won claim, or at the probe
     /// of a replica that started no run for 10 s, as the instants' owners are drawn by lot), every
     /// later instant runs all jobs on the others, and once the bit is back it is ready again (200
@@ -653,8 +653,11 @@ mod alone {
         }));
         serve_for(Instant::now(), 2);
         std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let starter = starter_of(fleet[2].id()).expect("the replica's starter");
-        signal(starter as i32, libc::SIGKILL);
+        // Its starter, if it has started runs yet (it is spawned at the first), is killed: the
+        // next run needs a new one either way.
+        if let Some(starter) = starter_of(fleet[2].id()) {
+            signal(starter as i32, libc::SIGKILL);
+        }
         let fell = now_secs() + 1;
         assert_readyz(port, 503, Duration::from_secs(15), &file);
         // What is timed starts once it knows it is sick (the bound above is generous); the
