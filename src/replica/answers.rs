@@ -1,6 +1,10 @@
 //! What the claims thread's answers mean beyond the claim itself: a lost claim (its line under
 //! `-v`, the job's metrics file, when to look again for `--retries`) and an instant recorded missed
-//! (its line, the job's metrics file, the page).
+//! (its line, the job's metrics file, the page), or kept to record again once Redis answers
+//! ([`Unrecorded`]).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
 
 use crate::clock::{rfc3339, unix_millis};
 use crate::config::{CronJob, RunConfig};
@@ -11,7 +15,54 @@ use crate::record::ledger::MissedReason;
 use super::claim::ClaimVerdict;
 use super::watched::Shown;
 
-/// An instant recorded missed: one line, and the job's metrics file says so.
+/// Missed instants whose record Redis did not take (no primary answered: a failover, an
+/// outage): asked again every [`AGAIN_MS`] until one answers, so an instant lost while Redis was
+/// away is in the ledger once it is back (on the new primary after a failover). Bounded: the
+/// newest [`MAX_UNRECORDED`], none older than [`KEPT_MS`] (the ledger keeps 64 instants a job).
+#[derive(Default)]
+pub(super) struct Unrecorded {
+    pending: VecDeque<Pending>,
+    next_try: i64,
+}
+
+/// One missed instant to record.
+pub(super) struct Pending {
+    pub key: String,
+    pub config: Arc<RunConfig>,
+    pub instant: i64,
+    pub reason: MissedReason,
+}
+
+const MAX_UNRECORDED: usize = 1024;
+const AGAIN_MS: i64 = 1000;
+const KEPT_MS: i64 = 600_000;
+
+impl Unrecorded {
+    /// Keep `missed` to record later.
+    pub fn keep(&mut self, missed: Pending) {
+        if self.pending.len() >= MAX_UNRECORDED {
+            self.pending.pop_front();
+        }
+        if self.pending.is_empty() {
+            self.next_try = unix_millis() as i64 + AGAIN_MS;
+        }
+        self.pending.push_back(missed);
+    }
+
+    /// Those to ask again now (the others come back through [`Unrecorded::keep`] if Redis still
+    /// does not take them).
+    pub fn due(&mut self) -> Vec<Pending> {
+        let now = unix_millis() as i64;
+        if self.pending.is_empty() || now < self.next_try {
+            return Vec::new();
+        }
+        self.pending.retain(|p| now - p.instant <= KEPT_MS);
+        self.pending.drain(..).collect()
+    }
+}
+
+/// An instant recorded missed: one line, and the job's metrics file says so. (One Redis did not
+/// take is the caller's to keep, in [`Unrecorded`].)
 pub(super) fn missed(
     key: &str,
     config: &RunConfig,
@@ -40,7 +91,10 @@ pub(super) fn missed(
         Err(text) => log.event(
             Level::Debug,
             "missed_unrecorded",
-            &format!("{key}: cannot record the {at} instant missed: {text}"),
+            &format!(
+                "{key}: cannot record the {at} instant missed yet: {text}; trying again once \
+                 Redis answers"
+            ),
             &[],
         ),
     }

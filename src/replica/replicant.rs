@@ -14,7 +14,7 @@ use crate::config::{CronJob, Replica, RunConfig};
 use crate::log::Log;
 use crate::store::lock::{Held, InstantKind, Overlap, Undo};
 
-use super::answers;
+use super::answers::{self, Pending, Unrecorded};
 use super::beat::Heartbeats;
 use super::claim::{self, Answer, Ask, ClaimVerdict};
 use super::claimer::Claims;
@@ -58,6 +58,8 @@ pub(super) struct Replicant<'a> {
     trouble_told: bool,
     /// The manual instants (`--trigger`) that wait here.
     manuals: Manuals,
+    /// Missed instants Redis did not take yet.
+    unrecorded: Unrecorded,
 }
 
 /// An instant a claim named: KEY's, scheduled, manual or the one that waits (`instant` 0).
@@ -93,6 +95,7 @@ impl<'a> Replicant<'a> {
             full_told: false,
             trouble_told: false,
             manuals: Manuals::default(),
+            unrecorded: Unrecorded::default(),
         })
     }
 
@@ -331,15 +334,26 @@ impl<'a> Replicant<'a> {
                     instant,
                     reason,
                     recorded,
-                } => answers::missed(
-                    &key,
-                    &config,
-                    instant,
-                    reason,
-                    recorded,
-                    &self.shown,
-                    self.log,
-                ),
+                } => {
+                    let unrecorded = recorded.is_err();
+                    answers::missed(
+                        &key,
+                        &config,
+                        instant,
+                        reason,
+                        recorded,
+                        &self.shown,
+                        self.log,
+                    );
+                    if unrecorded {
+                        self.unrecorded.keep(Pending {
+                            key,
+                            config,
+                            instant,
+                            reason,
+                        });
+                    }
+                }
                 Answer::Checked { items } => {
                     for (key, at, decided) in items {
                         table.checked(&key, at, decided);
@@ -418,13 +432,14 @@ impl<'a> Replicant<'a> {
                         "claim_failed",
                         &format!(
                             "{key}: cannot claim the {} instant: {text}; trying again every \
-                             second (said once until a claim goes through)",
+                             quarter second (said once until a claim goes through)",
                             rfc3339(instant.max(0) as u64)
                         ),
                     );
                 }
                 // (The table waits by itself after a failed claim.)
-                (claimed.kind != InstantKind::Scheduled).then_some(now + 1000)
+                (claimed.kind != InstantKind::Scheduled)
+                    .then_some(now + crate::replica::table::RETRY_MS)
             }
             // Nothing waits (any more): nothing to say.
             ClaimVerdict::AlreadyRan if claimed.kind == InstantKind::Queued => None,
@@ -502,6 +517,21 @@ impl<'a> Replicant<'a> {
                     reason,
                 });
             }
+        }
+        // Those Redis did not take before: again, once a second, until it does.
+        for Pending {
+            key,
+            config,
+            instant,
+            reason,
+        } in self.unrecorded.due()
+        {
+            self.claims.send(Ask::Missed {
+                key,
+                config,
+                instant,
+                reason,
+            });
         }
     }
 

@@ -26,6 +26,9 @@ pub enum Failure {
     Call(WireError),
     /// `--min-replicas`: fewer replicas than asked acknowledged the write in time.
     Replicas { acked: u32, wanted: u32 },
+    /// A write on a Sentinel's primary that a failover may drop (its replica was promoted, or
+    /// the replicas did not confirm it in time): see [`crate::store::durable`].
+    NotDurable(String),
 }
 
 impl Failure {
@@ -37,7 +40,7 @@ impl Failure {
     /// Worth another try on a new connection: the server or the network, not the request.
     pub fn transient(&self) -> bool {
         match self {
-            Failure::Connect(_) | Failure::Replicas { .. } => true,
+            Failure::Connect(_) | Failure::Replicas { .. } | Failure::NotDurable(_) => true,
             Failure::Refused(_) => false,
             Failure::Call(e) => e.transient(),
         }
@@ -53,6 +56,7 @@ impl Failure {
                 acked: *acked,
                 wanted: *wanted,
             },
+            Failure::NotDurable(text) => Failure::NotDurable(text.clone()),
         }
     }
 
@@ -113,6 +117,7 @@ impl fmt::Display for Failure {
                 f,
                 "only {acked} of the {wanted} replicas asked for (--min-replicas) confirmed it in time"
             ),
+            Failure::NotDurable(text) => f.write_str(text),
         }
     }
 }

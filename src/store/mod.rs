@@ -10,6 +10,7 @@
 pub mod acquire;
 pub mod cluster;
 pub mod dial;
+pub mod durable;
 pub mod failure;
 pub mod holder;
 pub mod inspect;

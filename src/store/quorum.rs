@@ -27,7 +27,9 @@ use crate::store::inspect::{self, Snapshot};
 use crate::store::keys::Keys;
 use crate::store::lock::{self, Held, Holder, ReleaseOptions, Released, Undo};
 use crate::store::members;
-use crate::store::round::{confirmed, failed, refused, split, Lost, MasterAnswer, MastersNamed};
+use crate::store::round::{
+    confirmed, failed, refused, split, unconfirmed, Lost, MasterAnswer, MastersNamed,
+};
 pub use crate::store::round::{Refused, RoundOutcome};
 use crate::store::topology::{Failure, Link, Redis};
 use crate::store::trigger;
@@ -163,6 +165,7 @@ impl Masters {
             budget,
         };
         let outcome = self.settle(&answers, round, ask);
+        self.unpin();
         // Split: busy with no holder on a majority, or failed (a master did not answer) after
         // a grant of ours that was undone: either way another round may win it.
         let ours = answers
@@ -192,15 +195,43 @@ impl Masters {
             within,
             budget: within,
         };
-        attempts
+        // One confirmation for the whole pipeline, on the connection that made its writes, before
+        // anything else is sent: a confirmation on another connection (another primary, during a
+        // failover) would vouch for writes it never carried. Falling short pins the connection
+        // until every undo of the batch is done there.
+        let held = attempts
+            .iter()
+            .position(|a| matches!(a, Ok(AcquireOutcome::Held(_))));
+        let confirmation = held.map(|i| {
+            let left = within.saturating_sub(sent_at.elapsed());
+            self.links[0].confirm(&claims[i].keys.lock, left)
+        });
+        let outcomes = attempts
             .into_iter()
             .zip(claims)
             .map(|(attempt, ask)| {
-                let left = within.saturating_sub(sent_at.elapsed());
-                let answer = confirmed(&mut self.links[0], attempt, &ask.keys.lock, left);
+                let answer = match (attempt, &confirmation) {
+                    (Ok(AcquireOutcome::Held(held)), Some(Ok(()))) => {
+                        Ok(AcquireOutcome::Held(held))
+                    }
+                    (Ok(AcquireOutcome::Held(_)), Some(Err(failure))) => Err(Lost {
+                        failure: failure.duplicate(),
+                        taken: true,
+                    }),
+                    (attempt, _) => unconfirmed(attempt),
+                };
                 self.settle(&[answer], round, *ask)
             })
-            .collect()
+            .collect();
+        self.unpin();
+        outcomes
+    }
+
+    /// A round's undos are done (see [`Link::unpin`]).
+    fn unpin(&mut self) {
+        for link in &mut self.links {
+            link.unpin();
+        }
     }
 
     /// The outcome of a round from the masters' answers: held when a majority granted it in
@@ -300,7 +331,10 @@ impl Masters {
         let mut answers = self.each(|_, link| {
             let ours = lock::renew(link, budget, held)?;
             if ours {
-                link.confirm(&held.keys.lock, budget.saturating_sub(start.elapsed()))?;
+                let confirmed =
+                    link.confirm(&held.keys.lock, budget.saturating_sub(start.elapsed()));
+                link.unpin();
+                confirmed?;
             }
             Ok(ours)
         });

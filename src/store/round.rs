@@ -159,6 +159,14 @@ pub(super) fn confirmed(
                 taken: true,
             }),
         },
+        other => unconfirmed(other),
+    }
+}
+
+/// A master's answer to an attempt that needs no confirmation (not a grant): a failure may have
+/// taken the lock when the call may have run.
+pub(super) fn unconfirmed(attempt: Result<AcquireOutcome, Failure>) -> MasterAnswer {
+    match attempt {
         Ok(other) => Ok(other),
         Err(failure) => Err(Lost {
             taken: failure.maybe_ran(),

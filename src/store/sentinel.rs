@@ -17,6 +17,7 @@ use anyhow::{anyhow, bail, Result};
 use redis::Value;
 
 use crate::clock::Instant;
+use crate::store::durable::{Replicas, Shortfall};
 use crate::store::failure::Failure;
 use crate::store::resp::{Bad, Reply};
 use crate::store::tls::TlsOptions;
@@ -37,6 +38,8 @@ pub struct Service {
     data: Session,
     /// For the sentinels (`?sentinel_username=...&sentinel_password=...`, TLS).
     sentinel: Session,
+    /// The replicas the primary reported attached, which a claim waits for.
+    replicas: Replicas,
 }
 
 /// What one sentinel said.
@@ -98,6 +101,7 @@ impl Service {
                 tls: tls_config,
                 ..Session::default()
             },
+            replicas: Replicas::default(),
         };
         for (k, v) in u.query {
             match k.as_str() {
@@ -119,6 +123,10 @@ impl Service {
         let asked = Instant::now();
         let addr = self.primary(deadline)?;
         let wire = self.connect_to(&addr, deadline)?;
+        // The replicas the sentinels know for it, beside those it lists: one promoted before this
+        // process first met the primary has left its list, not theirs.
+        self.replicas
+            .known_to_sentinels(&addr, &self.sentinels_replicas(&addr, deadline));
         // A node that took long to answer (frozen, then woken) may have been replaced meanwhile:
         // the primary is the node the sentinels name now, not the one they named before.
         if asked.elapsed() > RECHECK_AFTER && self.primary(deadline)? != addr {
@@ -134,6 +142,30 @@ impl Service {
     /// again, so that no lock is ever renewed on a node the sentinels no longer name.
     pub fn still_primary(&self, addr: &Addr, deadline: Instant) -> Result<bool> {
         Ok(self.primary(deadline)? == *addr)
+    }
+
+    /// Wait (by `deadline`) until the writes made on `wire`, a connection to the primary at
+    /// `addr`, are held by the replicas a failover could promote ([`crate::store::durable`]).
+    /// `at_least`: `--min-replicas`.
+    pub fn durable(
+        &self,
+        wire: &mut Wire,
+        addr: &Addr,
+        at_least: u32,
+        deadline: Instant,
+    ) -> Result<(), Failure> {
+        self.replicas
+            .confirm(wire, addr, &self.data, at_least, deadline)
+            .map_err(|shortfall| match shortfall {
+                Shortfall::Call(e) => Failure::Call(e),
+                Shortfall::Behind { acked, wanted } if at_least > 0 => {
+                    Failure::Replicas { acked, wanted }
+                }
+                other => Failure::NotDurable(format!(
+                    "the primary of service '{}' ({addr}): {other}",
+                    self.name
+                )),
+            })
     }
 
     /// The primary the sentinels name now, and how to open a session on it (for a connection of
@@ -159,8 +191,10 @@ impl Service {
             .call(&[b"ROLE"], deadline)
             .and_then(|r| r.ok())
             .map_err(|e| named(&e))?;
-        match role {
-            Value::Array(parts) if matches!(parts.first(), Some(Value::BulkString(r)) if r == b"master") => {
+        match &role {
+            Value::Array(parts) if matches!(parts.first(), Some(Value::BulkString(r)) if r == b"master") =>
+            {
+                self.replicas.reported(addr, &role);
                 Ok(wire)
             }
             _ => Err(Failure::unreachable(format!(
@@ -238,6 +272,36 @@ impl Service {
         )
     }
 
+    /// The replicas (not believed down) that the sentinels naming `primary` know for it, asked of
+    /// every sentinel at once for at most a quarter second (within `deadline`); none when none
+    /// answers.
+    fn sentinels_replicas(&self, primary: &Addr, deadline: Instant) -> Vec<Addr> {
+        let by = deadline.min(Instant::now() + Duration::from_millis(250));
+        let (tx, rx) = mpsc::channel();
+        let name = Arc::new(self.name.clone());
+        for (host, port) in &self.sentinels {
+            let (tx, name, session) = (tx.clone(), Arc::clone(&name), self.sentinel.clone());
+            let addr = Addr::Tcp(host.clone(), *port);
+            let primary = primary.clone();
+            let _ = std::thread::Builder::new()
+                .name("sentinel".into())
+                .stack_size(256 * 1024)
+                .spawn(move || {
+                    let _ = tx.send(replicas_of(&addr, &session, &name, &primary, by));
+                });
+        }
+        drop(tx);
+        let mut all: Vec<Addr> = Vec::new();
+        while let Ok(found) = rx.recv_timeout(by.saturating_duration_since(Instant::now())) {
+            for r in found.unwrap_or_default() {
+                if !all.contains(&r) {
+                    all.push(r);
+                }
+            }
+        }
+        all
+    }
+
     /// ` (host:port: what went wrong; ...)` for the sentinels that failed.
     fn list(&self, errors: &[(usize, Result<Named, WireError>)]) -> String {
         if errors.is_empty() {
@@ -272,6 +336,24 @@ fn ask(addr: &Addr, session: &Session, name: &str, deadline: Instant) -> Result<
         r => r.ok()?,
     };
     let bad = || WireError::Bad(Bad::Protocol("a SENTINEL MASTER reply of the wrong shape"));
+    let fields = fields_of(reply).ok_or_else(bad)?;
+    let field = |k: &str| fields.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    let (Some(ip), Some(port)) = (field("ip"), field("port").and_then(|p| p.parse().ok())) else {
+        return Err(bad());
+    };
+    // A primary this sentinel believes down is no primary to use (a failover is coming).
+    if field("flags").is_some_and(|f| f.split(',').any(|f| f == "s_down" || f == "o_down")) {
+        return Ok(Named::Unknown);
+    }
+    let epoch = field("config-epoch")
+        .and_then(|e| e.parse().ok())
+        .unwrap_or(0);
+    Ok(Named::Primary(Addr::Tcp(ip.to_string(), port), epoch))
+}
+
+/// A sentinel's flat field list (`SENTINEL MASTER`, or one replica of `SENTINEL REPLICAS`) as
+/// pairs; `None` for another shape.
+fn fields_of(reply: Value) -> Option<Vec<(String, String)>> {
     let fields: Vec<(String, String)> = match reply {
         Value::Array(flat) => flat
             .chunks(2)
@@ -293,18 +375,53 @@ fn ask(addr: &Addr, session: &Session, name: &str, deadline: Instant) -> Result<
                 _ => None,
             })
             .collect(),
-        _ => return Err(bad()),
+        _ => return None,
     };
-    let field = |k: &str| fields.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
-    let (Some(ip), Some(port)) = (field("ip"), field("port").and_then(|p| p.parse().ok())) else {
-        return Err(bad());
+    Some(fields)
+}
+
+/// The replicas one sentinel knows for `name`, not believed down, if it names `primary` as its
+/// primary (`SENTINEL MASTER` and `SENTINEL REPLICAS`, as one pipeline).
+fn replicas_of(
+    addr: &Addr,
+    session: &Session,
+    name: &str,
+    primary: &Addr,
+    deadline: Instant,
+) -> Result<Vec<Addr>, WireError> {
+    let mut wire = Wire::connect(addr, session, deadline)?;
+    let mut replies = wire
+        .call_many(
+            &[
+                &[b"SENTINEL", b"MASTER", name.as_bytes()],
+                &[b"SENTINEL", b"REPLICAS", name.as_bytes()],
+            ],
+            deadline,
+        )?
+        .into_iter();
+    let (Some(master), Some(replicas)) = (replies.next(), replies.next()) else {
+        return Ok(Vec::new());
     };
-    // A primary this sentinel believes down is no primary to use (a failover is coming).
-    if field("flags").is_some_and(|f| f.split(',').any(|f| f == "s_down" || f == "o_down")) {
-        return Ok(Named::Unknown);
+    let address = |fields: &[(String, String)]| {
+        let field = |k: &str| fields.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        let ip = field("ip")?;
+        let port = field("port")?.parse().ok()?;
+        // (One flagged `disconnected` still counts: the promotion kills the sentinels' own links
+        // to the promoted replica. One that is gone is forgotten when its connection is refused.)
+        let down =
+            field("flags").is_some_and(|f| f.split(',').any(|f| matches!(f, "s_down" | "o_down")));
+        (!down).then(|| Addr::Tcp(ip.to_string(), port))
+    };
+    let names = fields_of(master.ok()?).and_then(|f| address(&f));
+    if names.as_ref() != Some(primary) {
+        return Ok(Vec::new());
     }
-    let epoch = field("config-epoch")
-        .and_then(|e| e.parse().ok())
-        .unwrap_or(0);
-    Ok(Named::Primary(Addr::Tcp(ip.to_string(), port), epoch))
+    let Value::Array(list) = replicas.ok()? else {
+        return Ok(Vec::new());
+    };
+    Ok(list
+        .into_iter()
+        .take(64)
+        .filter_map(|r| fields_of(r).and_then(|f| address(&f)))
+        .collect())
 }

@@ -8,8 +8,10 @@
 //! a failed call drops the connection, so the next call starts from a fresh lookup. That is how a renewal follows a
 //! failover: the watchdog simply retries within the lock's deadline, as for any failed call.
 //!
-//! With `--min-replicas N`, every write (acquire, renewal) counts only once `WAIT` says N replicas
-//! have it, asked on the same connection (on a cluster, on the KEY's slot owner).
+//! A grant or a renewal counts only once it is confirmed ([`Link::confirm`]): on a Sentinel's
+//! primary, once the replicas a failover could promote hold it ([`crate::store::durable`]); with
+//! `--min-replicas N`, once `WAIT` says N replicas have it, asked on the same connection (on a
+//! cluster, on the KEY's slot owner).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -179,6 +181,10 @@ pub type Call<'a> = (&'a str, &'a [&'a [u8]]);
 pub struct Link {
     redis: Redis,
     con: Option<Con>,
+    /// The connection carries a write that did not count (its confirmation fell short): it is
+    /// used as it is, without asking the sentinels again, until [`Link::unpin`], so that the
+    /// undo reaches the node that took the write, not the one the sentinels name a moment later.
+    pinned: bool,
 }
 
 impl Link {
@@ -187,6 +193,7 @@ impl Link {
         Link {
             redis: redis.clone(),
             con: None,
+            pinned: false,
         }
     }
 
@@ -294,6 +301,11 @@ impl Link {
     /// is used again only if the sentinels still name its node as the primary: otherwise a lock
     /// could be kept alive on a node they demoted, while it expires on the new primary.
     fn reuse_or_connect(&mut self, deadline: Instant) -> Result<Con, Failure> {
+        if self.pinned {
+            if let Some(con) = self.con.take() {
+                return Ok(con);
+            }
+        }
         match (self.con.take(), &*self.redis.target) {
             (Some(Con::Primary(w, addr)), Topology::Sentinel(service)) => {
                 match service.still_primary(&addr, deadline) {
@@ -310,23 +322,44 @@ impl Link {
         }
     }
 
-    /// With `--min-replicas N`: wait (within `within`) until N replicas acknowledged every write
-    /// made on this connection, on the node that serves `key`. Nothing to do without it. Falling
-    /// short drops the connection, so the next try looks the primary up again (a failover may
-    /// have left it on a node whose replicas are gone).
+    /// Confirm the writes made on this connection, on the node that serves `key`, within
+    /// `within`. On a Sentinel's primary: once the replicas a failover could promote hold them
+    /// (and `--min-replicas N` of them), see [`crate::store::durable`]. Elsewhere, with
+    /// `--min-replicas N`: once `WAIT` says N replicas have them; nothing to do without it.
+    /// Falling short pins the connection ([`Link::unpin`] ends it): the undo goes to the node that
+    /// took the write; the next call after it looks the primary up again (a failover may have
+    /// left it on a node whose replicas are gone). A connection that failed is dropped.
     pub fn confirm(&mut self, key: &str, within: Duration) -> Result<(), Failure> {
         let wanted = self.redis.min_replicas;
-        if wanted == 0 {
-            return Ok(());
-        }
-        let Some(mut con) = self.con.take() else {
+        let deadline = Instant::now() + within;
+        let con = match (self.con.take(), &*self.redis.target) {
+            (Some(Con::Primary(mut w, addr)), Topology::Sentinel(service)) => {
+                let confirmed = service.durable(&mut w, &addr, wanted, deadline);
+                if !matches!(confirmed, Err(Failure::Call(_))) {
+                    self.con = Some(Con::Primary(w, addr));
+                    self.pinned = confirmed.is_err();
+                }
+                return confirmed;
+            }
             // The write's connection is gone: its replication cannot be confirmed.
-            return Err(Failure::Replicas { acked: 0, wanted });
+            (None, Topology::Sentinel(_)) => {
+                return Err(Failure::NotDurable(format!(
+                    "the connection to the primary of {} closed before its replicas \
+                     confirmed the claim",
+                    self.redis.shown_url
+                )))
+            }
+            (con, _) if wanted == 0 => {
+                self.con = con;
+                return Ok(());
+            }
+            (None, _) => return Err(Failure::Replicas { acked: 0, wanted }),
+            (Some(con), _) => con,
         };
+        let mut con = con;
         // WAIT's own timeout ends before our deadline, so its count is what we read.
         let wait_ms = (within.as_millis() as u64 * 3 / 4).max(1).to_string();
         let wanted_s = wanted.to_string();
-        let deadline = Instant::now() + within;
         let acked = con
             .call(
                 key,
@@ -339,12 +372,24 @@ impl Link {
                 self.con = Some(con);
                 Ok(())
             }
-            Ok(Value::Int(n)) => Err(Failure::Replicas {
-                acked: n.max(0) as u32,
-                wanted,
-            }),
+            Ok(Value::Int(n)) => {
+                self.con = Some(con);
+                self.pinned = true;
+                Err(Failure::Replicas {
+                    acked: n.max(0) as u32,
+                    wanted,
+                })
+            }
             Ok(_) => Err(Failure::shape("a WAIT reply that is not a count")),
             Err(e) => Err(Failure::Call(e)),
+        }
+    }
+
+    /// The undos of a write that did not count are done: the next call looks the primary up again
+    /// (a connection that carried such a write is not used again).
+    pub fn unpin(&mut self) {
+        if std::mem::take(&mut self.pinned) {
+            self.con = None;
         }
     }
 

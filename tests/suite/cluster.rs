@@ -269,6 +269,60 @@ fn crontab_replicas_run_each_instant_once_on_a_cluster() {
     replicas::each_instant_once(&cluster().url(), "cl-rep", 20);
 }
 
+/// A fleet on a Cluster with a replica per primary: a primary SIGKILLed (its replica promoted
+/// after `cluster-node-timeout`), then a coordinated `CLUSTER FAILOVER` of another: no instant
+/// runs twice. A killed primary takes no write after it died, and a coordinated failover pauses
+/// the primary's clients until its replica has every write, so nothing a claim wrote is dropped.
+#[test]
+fn crontab_a_killed_primary_and_a_cluster_failover_run_no_instant_twice() {
+    let mut c = Cluster::start(1);
+    let url = c.url();
+    let replica_of = |c: &Cluster, primary: u16| {
+        c.nodes
+            .iter()
+            .find(|n| {
+                n.port != primary && n.running() && n.role() == "slave" && {
+                    let info: String = n.query(redis::cmd("INFO").arg("replication"));
+                    info.contains(&format!("master_port:{primary}"))
+                        && info.contains("master_link_status:up")
+                }
+            })
+            .map(|n| n.port)
+    };
+    let fleet = replicas::through(&url, "cl-fail", 9, "", || {
+        let serving = std::time::Instant::now() + Duration::from_secs(3);
+        assert!(wait_for(
+            Duration::from_secs(10),
+            || std::time::Instant::now() >= serving
+        ));
+        let lock = format!("cronlock:{{{}}}", replicas::Through::key("cl-fail", 0));
+        let killed = c.owner(&lock).port;
+        let heir = replica_of(&c, killed).expect("a replica of the killed primary");
+        c.node_mut(killed).kill();
+        assert!(
+            wait_for(Duration::from_secs(30), || c.node(heir).role() == "master"),
+            "the replica was not promoted"
+        );
+        c.wait_ok();
+        let other = c.primaries().into_iter().find(|p| *p != heir).unwrap();
+        let mut next = None;
+        assert!(wait_for(Duration::from_secs(30), || {
+            next = replica_of(&c, other);
+            next.is_some()
+        }));
+        let next = next.unwrap();
+        let _: () = c.node(next).query(redis::cmd("CLUSTER").arg("FAILOVER"));
+        assert!(
+            wait_for(Duration::from_secs(30), || c.node(next).role() == "master"),
+            "CLUSTER FAILOVER did not promote the replica"
+        );
+        c.wait_ok();
+    });
+    fleet.assert_none_twice();
+    let lost = fleet.not_run(fleet.served.clone());
+    eprintln!("cluster failovers: {} job-instants not run", lost.len());
+}
+
 /// `--trigger` on a Cluster: the request in KEY's slot, the pokes in each fleet's, the fleets
 /// found with SCAN on every primary.
 #[test]

@@ -433,6 +433,52 @@ fn replace_and_allow_through_the_sentinels() {
     crate::policies::replace_and_allow_on(&topology().url(SERVICE), "sn-overlap");
 }
 
+/// A primary frozen past `down-after` (the sentinels promote its replica), then woken: no instant
+/// runs twice, and every instant that did not run is recorded on the new primary (missed, or
+/// skipped behind a lock a lost release left), also those lost while no primary answered
+/// (recorded once one does).
+#[test]
+fn crontab_a_frozen_primary_runs_no_instant_twice_and_every_instant_is_accounted() {
+    let t = Replicated::start();
+    let fleet = replicas::through(&t.url(SERVICE), "sn-frozen", 4, "", || {
+        let serving = Instant::now() + Duration::from_secs(3);
+        assert!(wait_for(Duration::from_secs(10), || Instant::now() >= serving));
+        t.primary.pause();
+        let frozen = Instant::now();
+        assert!(
+            wait_for(Duration::from_secs(30), || t.primary_port()
+                == Some(t.replica.port)
+                && t.replica.role() == "master"),
+            "the sentinels did not promote the replica"
+        );
+        let woken = frozen + Duration::from_secs(6);
+        assert!(wait_for(Duration::from_secs(10), || Instant::now() >= woken));
+        t.primary.resume();
+        // Until the unrecorded instants were recorded (every second) and Sentinel demoted it.
+        let settled = Instant::now() + Duration::from_secs(4);
+        assert!(wait_for(Duration::from_secs(10), || Instant::now() >= settled));
+    });
+    fleet.assert_none_twice();
+    let now = t.current();
+    let unaccounted: Vec<(usize, i64)> = fleet
+        .not_run(fleet.served.clone())
+        .into_iter()
+        .filter(|(job, at)| {
+            let ledger = format!(
+                "cronlock:{{{}}}:ledger",
+                replicas::Through::key("sn-frozen", *job)
+            );
+            let entry: Option<String> = now.query(redis::cmd("HGET").arg(ledger).arg(at * 1000));
+            !entry.is_some_and(|e| e.contains("\"missed\"") || e.contains("\"skipped\""))
+        })
+        .collect();
+    assert!(
+        unaccounted.is_empty(),
+        "instants neither run nor recorded: {unaccounted:?}\n{}",
+        fleet.said
+    );
+}
+
 /// `--crontab` through the sentinels: three replicas, three jobs every second for 20 s, each instant once.
 #[test]
 fn crontab_replicas_run_each_instant_once_through_the_sentinels() {

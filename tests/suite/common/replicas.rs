@@ -310,3 +310,97 @@ pub fn starter_of(pid: u32) -> Option<u32> {
             .is_ok_and(|cmd| cmd.split(|b| *b == 0).next() == Some(b"cronlock-starter"))
     })
 }
+
+/// What a fleet of three replicas did with `jobs` jobs due every second while `disturb` ran
+/// (see [`through`]).
+pub struct Through {
+    /// Each job's runs: how many times each instant (Unix seconds) ran.
+    pub runs: Vec<BTreeMap<i64, usize>>,
+    /// The instants every replica served: from the fleet's third second to its last but one.
+    pub served: std::ops::RangeInclusive<i64>,
+    /// What the replicas said, for failure messages.
+    pub said: String,
+}
+
+impl Through {
+    /// Each job's KEY.
+    pub fn key(name: &str, job: usize) -> String {
+        format!("{name}-{job}")
+    }
+
+    /// Fails when an instant of a job ran more than once.
+    pub fn assert_none_twice(&self) {
+        for (job, runs) in self.runs.iter().enumerate() {
+            let twice: Vec<_> = runs.iter().filter(|(_, n)| **n > 1).collect();
+            assert!(
+                twice.is_empty(),
+                "job {job} ran an instant twice: {twice:?}\n{}",
+                self.said
+            );
+        }
+    }
+
+    /// Each job's served instants that did not run, in `range`, as (job, Unix seconds).
+    pub fn not_run(&self, range: std::ops::RangeInclusive<i64>) -> Vec<(usize, i64)> {
+        let mut lost = Vec::new();
+        for (job, runs) in self.runs.iter().enumerate() {
+            for at in range.clone() {
+                if self.served.contains(&at) && !runs.contains_key(&at) {
+                    lost.push((job, at));
+                }
+            }
+        }
+        lost
+    }
+}
+
+/// Three replicas serving `jobs` jobs due every second (`extra`: options on each line), while
+/// `disturb` runs (failovers, kills), and 2 s more; then stopped. Each job's command appends its
+/// instant to a file of its own; [`Through`] counts them.
+pub fn through(url: &str, name: &str, jobs: usize, extra: &str, disturb: impl FnOnce()) -> Through {
+    let dir = scratch(name);
+    let d = dir.display();
+    let mut text = "CRON_TZ=UTC\n".to_string();
+    for j in 0..jobs {
+        let key = Through::key(name, j);
+        text +=
+            &format!("* * * * * * {extra} {key} sh -c 'echo $CRONLOCK_INSTANT >> {d}/{j}.ran'\n");
+    }
+    let file = crontab(&dir, &text);
+    let replicas: Vec<Child> = (0..3).map(|_| replica(url, &file, &["-v"])).collect();
+    let started = unix_secs();
+    disturb();
+    let until = Instant::now() + Duration::from_secs(2);
+    assert!(wait_for(Duration::from_secs(10), || Instant::now() >= until));
+    let stopped = unix_secs();
+    for (i, c) in replicas.into_iter().enumerate() {
+        assert_eq!(stop(c), Some(0), "replica {i}: {}", replica_err(&file));
+    }
+    let runs = (0..jobs)
+        .map(|j| {
+            let mut counts = BTreeMap::new();
+            for t in instants(&dir.join(format!("{j}.ran"))) {
+                let at = humantime::parse_rfc3339(&t)
+                    .unwrap()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs() as i64;
+                *counts.entry(at).or_insert(0) += 1;
+            }
+            counts
+        })
+        .collect();
+    Through {
+        runs,
+        served: started + 3..=stopped - 2,
+        said: replica_err(&file),
+    }
+}
+
+/// Now, in whole Unix seconds.
+pub fn unix_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}

@@ -114,8 +114,8 @@ impl Drop for Sentinel {
 pub struct Replicated {
     pub primary: Redis,
     pub replica: Redis,
-    /// Replicas beyond the first: kept running as long as the topology, never read.
-    _more: Vec<Redis>,
+    /// Replicas beyond the first.
+    pub more: Vec<Redis>,
     pub sentinels: Vec<Sentinel>,
 }
 
@@ -140,7 +140,7 @@ impl Replicated {
         Replicated {
             primary,
             replica,
-            _more: more,
+            more,
             sentinels,
         }
     }
@@ -156,6 +156,28 @@ impl Replicated {
     pub fn url(&self, service: &str) -> String {
         let ports = self.sentinels.iter().map(|s| s.port);
         format!("{}/{service}", hosts_url("redis+sentinel", ports))
+    }
+
+    /// The server of the topology listening on `port`.
+    pub fn server(&self, port: u16) -> &Redis {
+        std::iter::once(&self.primary)
+            .chain(std::iter::once(&self.replica))
+            .chain(&self.more)
+            .find(|r| r.port == port)
+            .expect("a server of the topology")
+    }
+
+    /// The server the sentinels agree is the primary, once they agree and it says so.
+    pub fn current(&self) -> &Redis {
+        let mut port = None;
+        assert!(
+            wait_for(Duration::from_secs(30), || {
+                port = self.primary_port();
+                port.is_some_and(|p| self.server(p).role() == "master")
+            }),
+            "the sentinels agree on no primary"
+        );
+        self.server(port.unwrap())
     }
 
     /// The server the sentinels agree is the primary now, if they agree on one.

@@ -264,6 +264,11 @@ impl Redis {
         }
     }
 
+    /// Whether the server runs (it was not killed).
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+
     /// SIGSTOP: the server hangs (connections are accepted by the kernel, nothing answers).
     pub fn pause(&self) {
         self.send(libc::SIGSTOP);
