@@ -58,7 +58,6 @@ pub struct Replicas {
 }
 
 /// The replicas a primary listed.
-#[derive(Clone)]
 struct Reported {
     replicas: Vec<Addr>,
     /// Replicas that did not follow it when asked, and since when.
@@ -98,7 +97,16 @@ impl Replicas {
     /// `primary` answered `ROLE` with this reply: remember the replicas it lists, beside those
     /// it listed before.
     pub fn reported(&self, primary: &Addr, role: &Value) {
-        let listed = attached(role);
+        self.remember(primary, attached(role));
+    }
+
+    /// The sentinels that name `primary` know these replicas for it: remember them too.
+    pub fn known_to_sentinels(&self, primary: &Addr, replicas: &[Addr]) {
+        self.remember(primary, replicas.to_vec());
+    }
+
+    /// Remember `listed` as replicas of `primary`, beside those remembered before.
+    fn remember(&self, primary: &Addr, listed: Vec<Addr>) {
         let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
         let at = match known.iter().position(|(p, _)| p == primary) {
             Some(at) => at,
@@ -124,36 +132,12 @@ impl Replicas {
         }
     }
 
-    /// The sentinels that name `primary` know these replicas for it: remember them too.
-    pub fn known_to_sentinels(&self, primary: &Addr, replicas: &[Addr]) {
-        let listed: Vec<Value> = replicas
-            .iter()
-            .filter_map(|r| match r {
-                Addr::Tcp(host, port) => Some(Value::Array(vec![
-                    Value::BulkString(host.as_bytes().to_vec()),
-                    Value::BulkString(port.to_string().into_bytes()),
-                ])),
-                Addr::Unix(_) => None,
-            })
-            .collect();
-        let role = Value::Array(vec![
-            Value::BulkString(b"master".to_vec()),
-            Value::Int(0),
-            Value::Array(listed),
-        ]);
-        self.reported(primary, &role);
-    }
-
     fn of(&self, primary: &Addr) -> Vec<Addr> {
-        self.reading(primary).map_or_else(Vec::new, |r| r.replicas)
-    }
-
-    fn reading(&self, primary: &Addr) -> Option<Reported> {
         let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
         known
             .iter()
             .find(|(p, _)| p == primary)
-            .map(|(_, r)| r.clone())
+            .map_or_else(Vec::new, |(_, r)| r.replicas.clone())
     }
 
     fn forget(&self, primary: &Addr, gone: &[Addr]) {
