@@ -7,7 +7,9 @@
 #   - doubles: job-instants that ran more than once;
 #   - lost: job-instants from the fleet's third second to its last but one that did not run,
 #     and of those how many the ledger of the primary in charge at the end records (missed or
-#     skipped, with its reason); SHOW=1 prints what the ledger holds for the others.
+#     skipped, with its reason); SHOW=1 prints what the ledger holds for the others, and when
+#     the sentinels named the new primary.
+# KEEP: a directory to copy each try's files to (the fleet's logs, the jobs' files).
 # REPLICA_ARGS: options of every replica (for example -v). SERVER_ARGS: options of every
 # redis-server (for example `--repl-diskless-sync-delay 0`).
 # KIND: planned (SENTINEL FAILOVER, the default), frozen (the primary SIGSTOPped for 6 s, the
@@ -131,6 +133,9 @@ def one(binary, name):
         time.sleep(max(0, failed_at + 6 - time.time()))
         pc.send_signal(signal.SIGCONT)
     promoted = kind == "none" or wait(lambda: primary(sents) not in (None, pp), 20)
+    if os.environ.get("SHOW") and kind != "none":
+        print(f"failover at {failed_at:.1f}, the sentinels named the new primary at "
+              f"{time.time():.1f}", file=sys.stderr)
     time.sleep(max(0, started + secs - time.time()))
     for c in fleet: c.send_signal(signal.SIGTERM)
     for c in fleet:
@@ -162,6 +167,9 @@ def one(binary, name):
         if c.poll() is None:
             c.send_signal(signal.SIGCONT); c.kill(); c.wait()
     procs.clear()
+    if os.environ.get("KEEP"):
+        import shutil
+        shutil.copytree(d, os.path.join(os.environ["KEEP"], name), dirs_exist_ok=True)
     return doubles, lost, recorded, promoted
 
 totals = {b: [0, 0, 0, 0] for b in bins}

@@ -7,24 +7,29 @@
 //! in that second is lost, and the instant would run again on the new primary. So a grant on a
 //! Sentinel's primary is confirmed (see [`crate::store::topology::Link::confirm`]):
 //!
-//! - [`Replicas`] remembers the replicas each primary reported attached (`ROLE`, asked at every
-//!   connection and with every confirmation, in the pipeline of its first `WAIT`: a replica
-//!   attached a moment ago is waited for too): a replica that was promoted has left the old primary's own list, so its list
-//!   alone would say "no replica, nothing to wait for". It is kept per primary, since while a
-//!   failover is under way the sentinels may name the old primary and the new one in turn;
+//! - [`Replicas`] remembers the replicas each primary reported attached (`ROLE`, asked with
+//!   every confirmation, in the pipeline of its first `WAIT`: a replica attached a moment ago is
+//!   waited for too) and those the sentinels list for it: a replica that was promoted has left
+//!   the old primary's own list, so its list alone would say "no replica, nothing to wait for".
+//!   It is kept per primary, since while a failover is under way the sentinels may name the old
+//!   primary and the new one in turn;
 //! - the write counts once `WAIT` says every replica remembered has it (one round trip to them,
 //!   well under a millisecond on a LAN);
-//! - when fewer acknowledge it, each one remembered is asked its `ROLE` at once. One that says it
+//! - when fewer acknowledge it, each one remembered is asked where it stands (`INFO replication`) at once. One that says it
 //!   is a primary was promoted, and one that follows another primary was moved there by a
 //!   failover: this primary's writes may be dropped, so the write does not count
 //!   ([`Shortfall::FailingOver`]) and is tried again, on the new primary once the sentinels name
-//!   it. One that gives the same answer for [`MISSING_FOR`] is forgotten: a failover would have
-//!   named another primary by then. One that does not answer (nothing listens, frozen, too slow),
-//!   or whose link to this primary is down, can no longer be promoted with its writes:
-//!   forgotten at once, and the write counts on those left; so is the old primary this one took
-//!   over from (its `master_replid` is this one's `master_replid2`), which says it is a primary
-//!   until Sentinel reconfigures it seconds later: its writes are the ones a failover drops. One
-//!   attached but behind is waited for, within the bound.
+//!   it. One that gives the same answer for [`MISSING_FOR`] no longer holds writes back: a
+//!   failover would have named another primary by then. One whose link to this primary is down,
+//!   the old primary this one took over from (its `master_replid` is this one's
+//!   `master_replid2`), which says it is a primary until Sentinel reconfigures it seconds later,
+//!   and one that does not answer in a quarter second (nothing listens, frozen, a host that is
+//!   down) cannot be promoted with this primary's writes: the write counts on those left, and
+//!   it is not waited for a moment ([`EXCUSED_FOR`], longer while it stays silent). One
+//!   attached but behind is waited for, within the bound; one that the deadline leaves no time
+//!   to ask holds the write back.
+//! - a replica is never forgotten (only excused a while), so a connection that made no write
+//!   while it was attached again still waits for it, and still sees it promoted.
 //!
 //! Without replicas (none ever reported), nothing is waited for: no failover can lose the write.
 
@@ -40,9 +45,27 @@ use crate::store::wire::{Addr, Session, Wire, WireError};
 /// How long one `WAIT` may take before the replicas that did not acknowledge are asked why.
 const STEP: Duration = Duration::from_millis(50);
 
-/// How long a replica may be promoted, follow another primary or not answer before it is
-/// forgotten (meanwhile the primary's writes do not count).
+/// How long a replica may be promoted or follow another primary before it no longer holds the
+/// primary's writes back (meanwhile they do not count).
 pub const MISSING_FOR: Duration = Duration::from_secs(10);
+
+/// The longest gap between two findings of a replica missing that still counts as one stretch:
+/// a replica found promoted now and long ago may have followed this primary in between.
+const MISSING_GAP: Duration = Duration::from_secs(2);
+
+/// How long a replica that cannot be promoted with this primary's writes (see [`Role::Gone`]) is
+/// not waited for. Then it is waited for, and asked, again: a replica is never forgotten, since
+/// a connection that makes no write for a while would otherwise not know it when it is attached
+/// again and promoted.
+const EXCUSED_FOR: Duration = Duration::from_secs(1);
+
+/// The longest a replica that does not answer is not waited for (its excuse doubles from
+/// [`EXCUSED_FOR`] while it stays silent): a host that is down costs a confirmation a quarter
+/// second that often.
+const SILENT_FOR: Duration = Duration::from_secs(4);
+
+/// How long a replica is given to say where it stands.
+const ASK_FOR: Duration = Duration::from_millis(250);
 
 /// The most replicas remembered of one primary (a bound on what a hostile `ROLE` reply can add).
 const MAX_REPLICAS: usize = 64;
@@ -53,22 +76,27 @@ const MAX_PRIMARIES: usize = 16;
 /// The replicas each primary reported attached.
 #[derive(Default)]
 pub struct Replicas {
-    /// Each primary (the newest last) and what it reported.
-    known: Mutex<Vec<(Addr, Reported)>>,
+    /// Each primary (the newest last) and its replicas.
+    known: Mutex<Vec<(Addr, Vec<Standby>)>>,
 }
 
-/// The replicas a primary listed.
-struct Reported {
-    replicas: Vec<Addr>,
-    /// Replicas that did not follow it when asked, and since when.
-    missing: Vec<(Addr, Instant)>,
+/// A replica of a primary (one that could replace it), as this process last found it.
+struct Standby {
+    addr: Addr,
+    /// Since when it has not followed the primary (promoted, or following another one), and
+    /// when it was last found so.
+    missing: Option<(Instant, Instant)>,
+    /// Not waited for until then (it cannot be promoted with the primary's writes).
+    excused_until: Option<Instant>,
+    /// How long its last excuse for not answering was.
+    silent: Duration,
 }
 
 /// Why a write on the primary does not count yet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Shortfall {
-    /// A replica of this primary is a primary itself, follows another one, or does not answer:
-    /// a failover may be under way, and what this primary takes now may be dropped.
+    /// A replica of this primary is a primary itself or follows another one: a failover may be
+    /// under way, and what this primary takes now may be dropped.
     FailingOver { replica: Addr, says: &'static str },
     /// `acked` of the `wanted` replicas attached acknowledged it in time.
     Behind { acked: u32, wanted: u32 },
@@ -81,12 +109,12 @@ impl std::fmt::Display for Shortfall {
         match self {
             Shortfall::FailingOver { replica, says } => write!(
                 f,
-                "its replica {replica} {says} (a failover under way?): a claim there may be \
+                "its replica {replica} {says} (a failover under way?): a write there may be \
                  dropped"
             ),
             Shortfall::Behind { acked, wanted } => write!(
                 f,
-                "only {acked} of its {wanted} replicas confirmed the claim in time"
+                "only {acked} of its {wanted} replicas confirmed the write in time"
             ),
             Shortfall::Call(e) => write!(f, "WAIT failed: {e}"),
         }
@@ -95,18 +123,41 @@ impl std::fmt::Display for Shortfall {
 
 impl Replicas {
     /// `primary` answered `ROLE` with this reply: remember the replicas it lists, beside those
-    /// it listed before.
+    /// it listed before; those it lists are attached, so waited for again.
     pub fn reported(&self, primary: &Addr, role: &Value) {
-        self.remember(primary, attached(role));
+        self.remember(primary, attached(role), true);
     }
 
     /// The sentinels that name `primary` know these replicas for it: remember them too.
     pub fn known_to_sentinels(&self, primary: &Addr, replicas: &[Addr]) {
-        self.remember(primary, replicas.to_vec());
+        self.remember(primary, replicas.to_vec(), false);
     }
 
-    /// Remember `listed` as replicas of `primary`, beside those remembered before.
-    fn remember(&self, primary: &Addr, listed: Vec<Addr>) {
+    /// Remember `listed` as replicas of `primary`, beside those remembered before; `attached`:
+    /// the primary itself lists them, and their excuses end.
+    fn remember(&self, primary: &Addr, listed: Vec<Addr>, attached: bool) {
+        self.with(primary, |replicas| {
+            for r in listed {
+                if let Some(known) = replicas.iter_mut().find(|k| k.addr == r) {
+                    if attached {
+                        known.missing = None;
+                        known.excused_until = None;
+                        known.silent = Duration::ZERO;
+                    }
+                } else if replicas.len() < MAX_REPLICAS && r != *primary {
+                    replicas.push(Standby {
+                        addr: r,
+                        missing: None,
+                        excused_until: None,
+                        silent: Duration::ZERO,
+                    });
+                }
+            }
+        });
+    }
+
+    /// Run `f` on the replicas remembered of `primary` (a new, empty entry if none).
+    fn with<T>(&self, primary: &Addr, f: impl FnOnce(&mut Vec<Standby>) -> T) -> T {
         let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
         let at = match known.iter().position(|(p, _)| p == primary) {
             Some(at) => at,
@@ -114,60 +165,61 @@ impl Replicas {
                 if known.len() >= MAX_PRIMARIES {
                     known.remove(0);
                 }
-                known.push((
-                    primary.clone(),
-                    Reported {
-                        replicas: Vec::new(),
-                        missing: Vec::new(),
-                    },
-                ));
+                known.push((primary.clone(), Vec::new()));
                 known.len() - 1
             }
         };
-        let replicas = &mut known[at].1.replicas;
-        for r in listed {
-            if !replicas.contains(&r) && replicas.len() < MAX_REPLICAS && r != *primary {
-                replicas.push(r);
-            }
-        }
+        f(&mut known[at].1)
     }
 
+    /// The replicas of `primary` to wait for now: those remembered and not excused.
     fn of(&self, primary: &Addr) -> Vec<Addr> {
-        let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
-        known
-            .iter()
-            .find(|(p, _)| p == primary)
-            .map_or_else(Vec::new, |(_, r)| r.replicas.clone())
+        let now = Instant::now();
+        self.with(primary, |replicas| {
+            replicas
+                .iter()
+                .filter(|r| r.excused_until.is_none_or(|until| until <= now))
+                .map(|r| r.addr.clone())
+                .collect()
+        })
     }
 
-    fn forget(&self, primary: &Addr, gone: &[Addr]) {
-        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, reported)) = known.iter_mut().find(|(p, _)| p == primary) {
-            reported.replicas.retain(|r| !gone.contains(r));
-            reported.missing.retain(|(r, _)| !gone.contains(r));
-        }
+    /// `replica` cannot be promoted with `primary`'s writes now (`silent`: it did not answer):
+    /// not waited for a while.
+    fn excuse(&self, primary: &Addr, replica: &Addr, silent: bool) {
+        self.with(primary, |replicas| {
+            if let Some(r) = replicas.iter_mut().find(|r| r.addr == *replica) {
+                let excused = if silent {
+                    r.silent = (r.silent * 2).clamp(EXCUSED_FOR, SILENT_FOR);
+                    r.silent
+                } else {
+                    r.silent = Duration::ZERO;
+                    EXCUSED_FOR
+                };
+                r.excused_until = Some(Instant::now() + excused);
+            }
+        })
     }
 
     /// `replica` did (`false`) or did not (`true`) follow `primary` when asked: how long it has
-    /// not, without a break.
+    /// not, as found without a break (asked again within [`MISSING_GAP`] each time).
     fn missing(&self, primary: &Addr, replica: &Addr, now_missing: bool) -> Duration {
-        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
-        let Some((_, reported)) = known.iter_mut().find(|(p, _)| p == primary) else {
-            return Duration::ZERO;
-        };
-        let at = reported.missing.iter().position(|(r, _)| r == replica);
-        match (now_missing, at) {
-            (false, Some(at)) => {
-                reported.missing.remove(at);
-                Duration::ZERO
-            }
-            (false, None) => Duration::ZERO,
-            (true, Some(at)) => reported.missing[at].1.elapsed(),
-            (true, None) => {
-                reported.missing.push((replica.clone(), Instant::now()));
-                Duration::ZERO
-            }
-        }
+        let now = Instant::now();
+        self.with(primary, |replicas| {
+            let Some(r) = replicas.iter_mut().find(|r| r.addr == *replica) else {
+                return Duration::ZERO;
+            };
+            let since = match r.missing {
+                Some((since, seen))
+                    if now_missing && now.saturating_duration_since(seen) <= MISSING_GAP =>
+                {
+                    since
+                }
+                _ => now,
+            };
+            r.missing = now_missing.then_some((since, now));
+            now.saturating_duration_since(since)
+        })
     }
 
     /// Wait (by `deadline`) until every write made on `wire`, a connection to `primary`, is held
@@ -220,7 +272,7 @@ impl Replicas {
             }
             // Fewer than all: ask each one why, at once.
             let ours = replication(wire, deadline);
-            let mut gone = Vec::new();
+            let mut excused = 0;
             for r in &replicas {
                 let says = match role_of(r, primary, ours.as_ref(), session, deadline) {
                     Role::Following => {
@@ -228,9 +280,17 @@ impl Replicas {
                         continue;
                     }
                     Role::Gone => {
-                        gone.push(r.clone());
+                        self.excuse(primary, r, false);
+                        excused += 1;
                         continue;
                     }
+                    Role::Silent => {
+                        self.excuse(primary, r, true);
+                        excused += 1;
+                        continue;
+                    }
+                    // Out of time: nothing can excuse it.
+                    Role::Unasked => return Err(Shortfall::Behind { acked, wanted }),
                     Role::Promoted => "was promoted",
                     Role::Elsewhere => "follows another primary",
                 };
@@ -240,10 +300,10 @@ impl Replicas {
                         says,
                     });
                 }
-                gone.push(r.clone());
+                self.excuse(primary, r, false);
+                excused += 1;
             }
-            self.forget(primary, &gone);
-            let left = (replicas.len() - gone.len()) as u32;
+            let left = (replicas.len() - excused) as u32;
             if acked >= left && acked >= at_least {
                 return Ok(());
             }
@@ -316,9 +376,13 @@ enum Role {
     Following,
     /// It replicates another primary.
     Elsewhere,
-    /// It did not answer (nothing listens, frozen, too slow), its link to this primary is down,
-    /// or it is the old primary this one took over from, not yet reconfigured.
+    /// Nothing listens there, its link to this primary is down, or it is the old primary this
+    /// one took over from, not yet reconfigured.
     Gone,
+    /// It did not answer in time (frozen, too slow, a host that is down), or nothing listens.
+    Silent,
+    /// Not asked: the confirmation's deadline leaves it less than [`ASK_FOR`] to answer.
+    Unasked,
 }
 
 /// A server's replication history (`INFO replication`): its role, the primary it follows, and the
@@ -381,14 +445,17 @@ fn role_of(
     session: &Session,
     deadline: Instant,
 ) -> Role {
-    let by = deadline.min(Instant::now() + Duration::from_millis(250));
-    // Silent (refused, frozen, too slow): it cannot be promoted with anything while it says
-    // nothing, and once it answers again it is asked again.
+    let by = Instant::now() + ASK_FOR;
+    if deadline < by {
+        return Role::Unasked;
+    }
+    // Silent (refused, frozen, too slow): the sentinels cannot promote it either while it says
+    // nothing, and it is asked again soon.
     let Some(theirs) = Wire::connect(replica, session, by)
         .ok()
         .and_then(|mut wire| replication(&mut wire, by))
     else {
-        return Role::Gone;
+        return Role::Silent;
     };
     if theirs.master {
         // The old primary this one replaced, not yet told: nothing of ours is there to lose.
@@ -483,7 +550,11 @@ mod tests {
         // The old primary, named again while the sentinels disagree, keeps its promoted replica.
         assert_eq!(r.of(&one), vec![Addr::Tcp("127.0.0.1".into(), 7)]);
         assert_eq!(r.of(&two), vec![Addr::Tcp("127.0.0.1".into(), 1)]);
-        r.forget(&two, &[Addr::Tcp("127.0.0.1".into(), 1)]);
+        // Excused a while (it cannot be promoted with this primary's writes), never forgotten:
+        // listed attached again, it is waited for at once.
+        r.excuse(&two, &Addr::Tcp("127.0.0.1".into(), 1), false);
         assert!(r.of(&two).is_empty());
+        r.reported(&two, &role("1"));
+        assert_eq!(r.of(&two), vec![Addr::Tcp("127.0.0.1".into(), 1)]);
     }
 }

@@ -381,10 +381,33 @@ impl Masters {
                 .map(|(held, opts)| self.release(within, held, opts))
                 .collect();
         }
-        lock::release_many(&mut self.links[0], within, items)
+        let start = Instant::now();
+        let link = &mut self.links[0];
+        let released = lock::release_many(link, within, items);
+        // One confirmation for the pipeline, on its connection, as for claims.
+        let Some(i) = released.iter().position(Result::is_ok) else {
+            return released;
+        };
+        let confirmed = link.confirm_kept(
+            &items[i].0.keys.lock,
+            within.saturating_sub(start.elapsed()),
+        );
+        link.unpin();
+        match confirmed {
+            Ok(()) => released,
+            Err(e) => released
+                .into_iter()
+                .map(|r| r.and_then(|_| Err(dropped(&e))))
+                .collect(),
+        }
     }
 
-    /// Release on every master: deleted (or kept for `--min-hold`) if it was ours anywhere.
+    /// Release on every master: deleted (or kept for `--min-hold`) if it was ours anywhere. A
+    /// release's answer counts once it is confirmed as a grant is ([`Link::confirm_kept`]): on a
+    /// primary being replaced, a release may be dropped and "not ours" may be the old primary's
+    /// stale word, so either is a (transient) failure. Made again, on the new primary once it is
+    /// named, the release frees the lock there instead of leaving it for its TTL
+    /// (compare-and-delete: a release made twice deletes nothing of anyone else's).
     pub fn release(
         &mut self,
         within: Duration,
@@ -392,7 +415,15 @@ impl Masters {
         opts: &ReleaseOptions,
     ) -> Result<Released, Failure> {
         let budget = self.budget(within, held.ttl);
-        let mut answers = self.each(|_, link| lock::release(link, budget, held, opts));
+        let start = Instant::now();
+        let mut answers = self.each(|_, link| {
+            let released = lock::release(link, budget, held, opts)?;
+            let confirmed =
+                link.confirm_kept(&held.keys.lock, budget.saturating_sub(start.elapsed()));
+            link.unpin();
+            confirmed.map_err(|e| dropped(&e))?;
+            Ok(released)
+        });
         if answers.len() == 1 {
             return answers.remove(0);
         }
@@ -609,6 +640,17 @@ impl Masters {
 fn blpop_timeout(block: Duration) -> String {
     let ms = block.as_millis().max(10);
     format!("{}.{:03}", ms / 1000, ms % 1000)
+}
+
+/// A release's answer that was not confirmed: a failover may drop the release, or the answer is
+/// an old primary's, so it is to be made again (a transient failure).
+fn dropped(e: &Failure) -> Failure {
+    match e {
+        Failure::NotDurable(text) => {
+            Failure::NotDurable(format!("{text}; the release is made again"))
+        }
+        other => other.duplicate(),
+    }
 }
 
 #[cfg(test)]

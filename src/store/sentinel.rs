@@ -1,10 +1,11 @@
 //! Finding the primary through Redis Sentinel: `redis+sentinel://` and `rediss+sentinel://`.
 //!
 //! Every sentinel is asked at once (`SENTINEL MASTER`), each from a short-lived thread, every
-//! exchange bounded by the time we have ([`crate::store::wire`]). Once a majority has answered, the
-//! primary named with the highest configuration epoch wins (after a failover, the new
-//! configuration's epoch is higher); that node must say with `ROLE` that it is a primary. A hung
-//! sentinel costs one thread until the deadline, never the lookup.
+//! exchange bounded by the time we have ([`crate::store::wire`]). Once a majority has answered
+//! and the others had [`STRAGGLERS`] more, the primary named with the highest configuration epoch
+//! wins (after a failover, the new configuration's epoch is higher); that node must say with
+//! `ROLE` that it is a primary. A hung sentinel costs one thread until the deadline, and the
+//! lookup at most [`STRAGGLERS`].
 //!
 //! The primary is the node the sentinels name *now*: a connection to it is used again only after
 //! the sentinels have named it once more ([`Service::still_primary`]), so a holder moves to the
@@ -29,6 +30,11 @@ const RECHECK_AFTER: Duration = Duration::from_millis(200);
 
 /// Sentinel's default port.
 const PORT: u16 = 26379;
+
+/// How long the sentinels that did not answer with a majority are waited for (see
+/// [`Service::primary`]): a sentinel on the network answers in well under that; a frozen one or a
+/// host that is down costs a lookup that much.
+const STRAGGLERS: Duration = Duration::from_millis(50);
 
 /// A service (a primary and its replicas) watched by sentinels.
 pub struct Service {
@@ -205,8 +211,11 @@ impl Service {
         }
     }
 
-    /// Ask every sentinel at once; once a majority of them answered (or all that can, by the
-    /// deadline), the primary named with the highest configuration epoch wins.
+    /// Ask every sentinel at once; once a majority of them answered and the others had
+    /// [`STRAGGLERS`] more to answer (or all that can, by the deadline), the primary named with
+    /// the highest configuration epoch wins. The others are waited for a moment since in a
+    /// failover the sentinel that led it names the new primary a second or two before the others
+    /// learn it: a majority of those would send a lock's release or renewal to the old primary.
     fn primary(&self, deadline: Instant) -> Result<Addr> {
         let (tx, rx) = mpsc::channel();
         let name = Arc::new(self.name.clone());
@@ -228,8 +237,9 @@ impl Service {
         let mut best: Option<(Addr, u64)> = None;
         let mut answered = 0;
         let mut errors: Vec<(usize, Result<Named, WireError>)> = Vec::new();
+        let mut until = deadline;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = until.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
                 Ok((_, Ok(Named::Primary(addr, epoch)))) => {
                     answered += 1;
@@ -251,8 +261,8 @@ impl Service {
                 ),
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
             }
-            if answered >= majority && best.is_some() {
-                break;
+            if answered >= majority && best.is_some() && until == deadline {
+                until = deadline.min(Instant::now() + STRAGGLERS);
             }
         }
         if let Some((addr, _)) = best {

@@ -330,7 +330,17 @@ impl Link {
     /// took the write; the next call after it looks the primary up again (a failover may have
     /// left it on a node whose replicas are gone). A connection that failed is dropped.
     pub fn confirm(&mut self, key: &str, within: Duration) -> Result<(), Failure> {
-        let wanted = self.redis.min_replicas;
+        self.confirm_with(key, within, self.redis.min_replicas)
+    }
+
+    /// [`Link::confirm`] an answer that must only outlive a failover (a release's): on a
+    /// Sentinel's primary, as a grant is, but without `--min-replicas`; nothing to do elsewhere.
+    pub fn confirm_kept(&mut self, key: &str, within: Duration) -> Result<(), Failure> {
+        self.confirm_with(key, within, 0)
+    }
+
+    /// [`Link::confirm`], with `wanted` replicas (`--min-replicas`).
+    fn confirm_with(&mut self, key: &str, within: Duration, wanted: u32) -> Result<(), Failure> {
         let deadline = Instant::now() + within;
         let con = match (self.con.take(), &*self.redis.target) {
             (Some(Con::Primary(mut w, addr)), Topology::Sentinel(service)) => {
@@ -345,7 +355,7 @@ impl Link {
             (None, Topology::Sentinel(_)) => {
                 return Err(Failure::NotDurable(format!(
                     "the connection to the primary of {} closed before its replicas \
-                     confirmed the claim",
+                     confirmed the write",
                     self.redis.shown_url
                 )))
             }

@@ -479,6 +479,31 @@ fn crontab_a_frozen_primary_runs_no_instant_twice_and_every_instant_is_accounted
     );
 }
 
+/// Five planned failovers in a row under a fleet with five jobs every second, each once the
+/// previous one settled (the sentinels agree on the new primary and the old one follows it, in
+/// sync): no instant runs twice.
+#[test]
+fn crontab_five_planned_failovers_run_no_instant_twice() {
+    let t = Replicated::start();
+    let fleet = replicas::through(&t.url(SERVICE), "sn-planned", 5, "", || {
+        for n in 0..5 {
+            let from = t.current().port;
+            let serving = Instant::now() + Duration::from_secs(2);
+            assert!(wait_for(Duration::from_secs(10), || Instant::now() >= serving));
+            t.failover();
+            assert!(
+                wait_for(Duration::from_secs(60), || {
+                    t.primary_port().is_some_and(|p| p != from)
+                        && t.server(from).role() == "slave"
+                        && t.server(from).synced()
+                }),
+                "failover {n}: the old primary did not follow the new one"
+            );
+        }
+    });
+    fleet.assert_none_twice();
+}
+
 /// `--crontab` through the sentinels: three replicas, three jobs every second for 20 s, each instant once.
 #[test]
 fn crontab_replicas_run_each_instant_once_through_the_sentinels() {

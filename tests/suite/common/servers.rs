@@ -329,12 +329,15 @@ impl Redis {
     /// Wait until this replica's link to its primary is up.
     pub fn wait_synced(&self) {
         assert!(
-            wait_for(Duration::from_secs(20), || {
-                let info: String = self.query(redis::cmd("INFO").arg("replication"));
-                info.contains("master_link_status:up")
-            }),
+            wait_for(Duration::from_secs(20), || self.synced()),
             "replica did not sync"
         );
+    }
+
+    /// Whether this replica's link to its primary is up.
+    pub fn synced(&self) -> bool {
+        let info: String = self.query(redis::cmd("INFO").arg("replication"));
+        info.contains("master_link_status:up")
     }
 
     /// The server's role: "master" or "slave".
