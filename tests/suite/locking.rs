@@ -361,7 +361,8 @@ fn errors_print_even_when_quiet() {
 fn release_survives_a_dropped_connection() {
     let r = Redis::start();
     let (child, go) = start_gated(&r, "dropped");
-    // Drop every client connection but ours, as a server-side idle timeout would.
+    // Drop every client connection but ours, as a server-side idle timeout would (cronlock's,
+    // and on a loaded machine maybe a test connection whose close the server has not read yet).
     let mut con = r.con();
     let killed: i64 = redis::cmd("CLIENT")
         .arg("KILL")
@@ -371,7 +372,7 @@ fn release_survives_a_dropped_connection() {
         .arg("yes")
         .query(&mut con)
         .unwrap();
-    assert_eq!(killed, 1);
+    assert!(killed >= 1, "no connection of cronlock's to drop");
     let out = open_gate(child, &go);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(stderr(&out), "", "the release must recover quietly");
