@@ -50,11 +50,22 @@ pub struct Service {
 
 /// What one sentinel said.
 enum Named {
-    /// The primary it names, and the configuration epoch it knows it from: after a failover the
-    /// new configuration has a higher epoch, and the highest one wins (Sentinel's own rule).
-    Primary(Addr, u64),
+    /// The primary it names, and how current that is: after a failover the new configuration has
+    /// a higher epoch, and the highest one wins (Sentinel's own rule).
+    Primary(Addr, Current),
     /// It knows no primary of that name.
     Unknown,
+}
+
+/// How current a sentinel's answer is, in the order answers are preferred: the configuration
+/// epoch first; on a tie, a sentinel not leading a failover of the primary. The one that leads it
+/// gives its configuration the new epoch at the start but names the old primary until the
+/// failover ends, while the others already name the promoted replica with that epoch (measured:
+/// for about a second in a planned failover).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Current {
+    epoch: u64,
+    settled: bool,
 }
 
 impl Service {
@@ -234,17 +245,17 @@ impl Service {
         }
         drop(tx);
         let majority = self.sentinels.len() / 2 + 1;
-        let mut best: Option<(Addr, u64)> = None;
+        let mut best: Option<(Addr, Current)> = None;
         let mut answered = 0;
         let mut errors: Vec<(usize, Result<Named, WireError>)> = Vec::new();
         let mut until = deadline;
         loop {
             let left = until.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
-                Ok((_, Ok(Named::Primary(addr, epoch)))) => {
+                Ok((_, Ok(Named::Primary(addr, current)))) => {
                     answered += 1;
-                    if best.as_ref().is_none_or(|(_, e)| epoch > *e) {
-                        best = Some((addr, epoch));
+                    if best.as_ref().is_none_or(|(_, c)| current > *c) {
+                        best = Some((addr, current));
                     }
                 }
                 Ok(answer) => {
@@ -358,7 +369,12 @@ fn ask(addr: &Addr, session: &Session, name: &str, deadline: Instant) -> Result<
     let epoch = field("config-epoch")
         .and_then(|e| e.parse().ok())
         .unwrap_or(0);
-    Ok(Named::Primary(Addr::Tcp(ip.to_string(), port), epoch))
+    let settled =
+        !field("flags").is_some_and(|f| f.split(',').any(|f| f == "failover_in_progress"));
+    Ok(Named::Primary(
+        Addr::Tcp(ip.to_string(), port),
+        Current { epoch, settled },
+    ))
 }
 
 /// A sentinel's flat field list (`SENTINEL MASTER`, or one replica of `SENTINEL REPLICAS`) as
@@ -434,4 +450,17 @@ fn replicas_of(
         .take(64)
         .filter_map(|r| fields_of(r).and_then(|f| address(&f)))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Current;
+
+    #[test]
+    fn a_higher_epoch_wins_and_on_a_tie_a_sentinel_not_leading_a_failover() {
+        let current = |epoch, settled| Current { epoch, settled };
+        assert!(current(2, false) > current(1, true));
+        // The leader of the failover to epoch 1 still names the old primary.
+        assert!(current(1, true) > current(1, false));
+    }
 }

@@ -504,6 +504,43 @@ fn crontab_five_planned_failovers_run_no_instant_twice() {
     fleet.assert_none_twice();
 }
 
+/// `--min-replicas 1` with two replicas (the servers at `repl-diskless-sync-delay 0`, as
+/// docs/deployments.md advises: a replica that needs a full resync reattaches at once): a planned
+/// failover runs no instant twice and loses at most the instants of its own second or two (here
+/// those due within 3 s of asking for it).
+#[test]
+fn crontab_min_replicas_loses_at_most_a_planned_failovers_own_seconds() {
+    let t = Replicated::with_servers(2, &["--repl-diskless-sync-delay", "0"]);
+    let mut failed_at = 0;
+    let fleet = replicas::through(&t.url(SERVICE), "sn-minrep", 5, "--min-replicas 1", || {
+        let from = t.current().port;
+        let serving = Instant::now() + Duration::from_secs(3);
+        assert!(wait_for(Duration::from_secs(10), || Instant::now() >= serving));
+        failed_at = replicas::unix_secs();
+        t.failover();
+        assert!(
+            wait_for(Duration::from_secs(30), || t
+                .primary_port()
+                .is_some_and(|p| p != from)),
+            "the sentinels did not name a new primary"
+        );
+        let settled = Instant::now() + Duration::from_secs(4);
+        assert!(wait_for(Duration::from_secs(10), || Instant::now() >= settled));
+    });
+    fleet.assert_none_twice();
+    let lost = fleet.not_run(fleet.served.clone());
+    let outside: Vec<&(usize, i64)> = lost
+        .iter()
+        .filter(|(_, at)| *at < failed_at || *at > failed_at + 3)
+        .collect();
+    assert!(
+        outside.is_empty(),
+        "instants lost outside the failover's seconds ({failed_at}..={}): {outside:?}\n{}",
+        failed_at + 3,
+        fleet.said
+    );
+}
+
 /// `--crontab` through the sentinels: three replicas, three jobs every second for 20 s, each instant once.
 #[test]
 fn crontab_replicas_run_each_instant_once_through_the_sentinels() {

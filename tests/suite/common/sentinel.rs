@@ -125,9 +125,16 @@ impl Replicated {
     }
 
     pub fn with_replicas(n: usize) -> Replicated {
-        let primary = Redis::start_tcp();
-        let replica = Redis::replica_of(&primary);
-        let more: Vec<Redis> = (1..n).map(|_| Redis::replica_of(&primary)).collect();
+        Replicated::with_servers(n, &[])
+    }
+
+    /// [`Replicated::with_replicas`], every server with more options.
+    pub fn with_servers(n: usize, extra: &[&str]) -> Replicated {
+        let primary = Redis::start_tcp_with(extra);
+        let replica = Redis::replica_with(&primary, extra);
+        let more: Vec<Redis> = (1..n)
+            .map(|_| Redis::replica_with(&primary, extra))
+            .collect();
         let sentinels: Vec<Sentinel> = (0..3).map(|_| Sentinel::start(primary.port)).collect();
         // Ready for a failover once every sentinel knows the replicas and the two other
         // sentinels (they meet through hello messages every 2 s).

@@ -320,8 +320,15 @@ impl Redis {
 
     /// A replica of `primary` (over TCP), up once its link to the primary is.
     pub fn replica_of(primary: &Redis) -> Redis {
+        Redis::replica_with(primary, &[])
+    }
+
+    /// [`Redis::replica_of`], with more server options.
+    pub fn replica_with(primary: &Redis, extra: &[&str]) -> Redis {
         let port = primary.port.to_string();
-        let r = Redis::start_tcp_with(&["--replicaof", "127.0.0.1", &port]);
+        let mut args = vec!["--replicaof", "127.0.0.1", &port];
+        args.extend_from_slice(extra);
+        let r = Redis::start_tcp_with(&args);
         r.wait_synced();
         r
     }
