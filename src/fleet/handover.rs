@@ -211,7 +211,9 @@ impl RunReport {
                 ending,
                 duration: Duration::from_millis(duration_ms),
             })),
-            Message::Lock(_) | Message::Released(_) | Message::Changed => bail!("not a report"),
+            Message::Lock(_) | Message::Releasing | Message::Released(_) | Message::Changed => {
+                bail!("not a report")
+            }
         }
     }
 }
@@ -254,6 +256,17 @@ fn release_options(m: ReleaseMessage) -> ReleaseOptions {
 pub fn changed_line() -> String {
     Message::Changed.line()
 }
+
+/// The replica's `releasing` message, one line.
+pub fn releasing_line() -> String {
+    Message::Releasing.line()
+}
+
+/// How long a run waits for the replica's `releasing` before it releases by itself: the thread
+/// that reads the run's channel sends it at once, so only a replica that is frozen or gone (or a
+/// machine starved for this long) misses it. The lock of a run whose replica is frozen is free
+/// this long after its command ended, not `--connect-timeout` later.
+pub const RELEASING_WITHIN: Duration = Duration::from_millis(50);
 
 /// The replica's `released` message, one line.
 pub fn released_line(answer: &ReleaseAnswer) -> String {
@@ -345,8 +358,9 @@ impl RunSide {
         }
     }
 
-    /// Ask the replica to release the lock, recording `opts`, and wait at most `within` for its
-    /// answer. `None`: no answer (the replica is gone, hangs, or answered out of shape): the run
+    /// Ask the replica to release the lock, recording `opts`, and wait at most
+    /// [`RELEASING_WITHIN`] for its `releasing`, then at most `within` in all for its answer.
+    /// `None`: no answer (the replica is gone, frozen, hangs, or answered out of shape): the run
     /// releases by itself.
     pub fn release_by_replica(
         &mut self,
@@ -354,28 +368,36 @@ impl RunSide {
         within: Duration,
     ) -> Option<ReleaseAnswer> {
         self.send(&RunReport::Release(Box::new(opts.clone())));
-        let wait = within.max(Duration::from_millis(1));
-        // (Read already by the replica's watch, if it came while the command ran.)
-        if let Some(line) = self.answers.as_ref().and_then(|a| a.try_recv().ok()) {
-            return parse_released(line.trim_end()).ok();
-        }
-        // Read here: the `released` line, past any `changed` the replica sent before it.
-        let by = Instant::now() + wait;
+        let sent = Instant::now();
+        let mut taken = false;
         let mut reader = BufReader::new(&self.stream);
         loop {
-            let left = by.saturating_duration_since(Instant::now());
-            reader
-                .get_ref()
-                .set_read_timeout(Some(left.max(Duration::from_millis(1))))
-                .ok()?;
-            let mut line = String::new();
-            match (&mut reader).take(MAX_MESSAGE as u64).read_line(&mut line) {
-                Ok(_) if line.ends_with('\n') => {
-                    if let Ok(answer) = parse_released(line.trim_end()) {
-                        return Some(answer);
+            // Read already by the replica's watch, if it came while the command ran; else here,
+            // past any `changed` the replica sent before.
+            let line = match self.answers.as_ref().and_then(|a| a.try_recv().ok()) {
+                Some(line) => line,
+                None => {
+                    let patience = if taken {
+                        within
+                    } else {
+                        RELEASING_WITHIN.min(within)
+                    };
+                    let left = (sent + patience).saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return None;
+                    }
+                    reader.get_ref().set_read_timeout(Some(left)).ok()?;
+                    let mut line = String::new();
+                    match (&mut reader).take(MAX_MESSAGE as u64).read_line(&mut line) {
+                        Ok(_) if line.ends_with('\n') => line,
+                        _ => return None,
                     }
                 }
-                _ => return None,
+            };
+            match Message::parse(line.trim_end()) {
+                Ok(Message::Releasing) => taken = true,
+                Ok(Message::Released(_)) => return parse_released(line.trim_end()).ok(),
+                _ => {}
             }
         }
     }

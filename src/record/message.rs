@@ -1,7 +1,8 @@
 //! The messages between a replica (`--crontab`) and a run it started, one line of JSON each
 //! with a version (`"v"`) and a kind: the replica sends one `lock` (and `changed` whenever its
 //! watch saw the lock change); the run sends `started`,
-//! then `release` (what to record) and waits for the replica's `released`, then `ended`
+//! then `release` (what to record) and waits for the replica's `releasing`, then `released`,
+//! then `ended`
 //! (`fleet/handover.rs` carries them).
 
 use anyhow::{anyhow, bail, Result};
@@ -22,6 +23,11 @@ pub enum Message {
     Started { pid: u32 },
     /// Release the lock for the run, recording this.
     Release(ReleaseMessage),
+    /// The replica read a `release` and is carrying it out: the run waits for its `released`
+    /// (without it, soon, the run releases by itself). Sent at once by the thread that reads the
+    /// run's channel, so a frozen or dead replica is told from a busy one in milliseconds. (A
+    /// run of an earlier version skips it: no new version.)
+    Releasing,
     /// The replica's answer to a `release`.
     Released(ReleasedMessage),
     /// The replica's watch saw the lock change (or the watch broke): renew now.

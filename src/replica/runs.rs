@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
@@ -22,7 +22,9 @@ use anyhow::{anyhow, Result};
 
 use crate::clock::Instant;
 use crate::config::CronJob;
-use crate::fleet::handover::{report_in, Handover, RunReport, MAX_MESSAGE, MAX_REPORTS};
+use crate::fleet::handover::{
+    releasing_line, report_in, Handover, RunReport, MAX_MESSAGE, MAX_REPORTS,
+};
 use crate::log::Log;
 use crate::replica::output;
 use crate::replica::relay::{Relay, Source};
@@ -410,6 +412,7 @@ impl Relays<'_> {
             });
         }
         let heard = self.heard.clone();
+        let answering = channel.try_clone().ok();
         self.reports.add(Source {
             fd: OwnedFd::from(channel),
             on_line: Box::new(move |line| {
@@ -421,6 +424,16 @@ impl Relays<'_> {
                     },
                     None => None,
                 };
+                // Told at once that the replica lives and carries its release out (never
+                // blocking this thread: a run that does not read loses only this line).
+                if let (Some(RunReport::Release(_)), Some(stream)) = (&report, &answering) {
+                    let _ = nix::sys::socket::send(
+                        stream.as_raw_fd(),
+                        releasing_line().as_bytes(),
+                        nix::sys::socket::MsgFlags::MSG_DONTWAIT
+                            | nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+                    );
+                }
                 let _ = heard.send((pid, report));
                 signals::wake_main();
             }),

@@ -422,6 +422,13 @@ impl Table {
             }
             return;
         }
+        // A look again (a run failed, a lock lapses) while an instant still waits here: that
+        // instant is the one the look is for (Redis picks the instant due), claimed now whatever
+        // the rank; giving it up would record it missed before its claim.
+        if let Some(waiting) = job.due.as_mut().filter(|d| anyone && d.until > now) {
+            waiting.anyone = true;
+            return;
+        }
         let old = job.due.replace(Due::new(at, deadline(job, at), anyone));
         // The instant this one replaces can no longer start on time.
         if let Some(old) = old {

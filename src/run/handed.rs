@@ -11,22 +11,26 @@ use crate::config::RunConfig;
 use crate::fleet::handover::{Handover, RunSide};
 use crate::log::Log;
 use crate::store::keys::Keys;
-use crate::store::lock::{Held, ReleaseOptions};
+use crate::store::lock::{Held, ReleaseOptions, Undo};
 use crate::store::quorum::Masters;
 
 /// The handed-over lock, the masters to keep it with, and the channel to report on.
 pub(super) fn receive(config: &RunConfig, fd: i32, log: &Log) -> Result<(Held, Masters, RunSide)> {
     let mut side = RunSide::adopt(fd)?;
-    crate::command::guard::die_with_parent();
+    crate::command::guard::stop_with_parent();
     let handed = side.receive(config.connect_timeout)?;
-    // A starter (and so its replica) that died before the line above would leave this run to
-    // nobody: not run. (The lock it claimed lapses by itself.)
-    if handed.parent_pid != 0 && !crate::command::guard::parent_is(handed.parent_pid) {
-        bail!("the replica that started this run is gone; not running the command");
-    }
+    // A starter (and so its replica) that died before the line above sent no SIGTERM: nobody
+    // would follow this run. The lock is ours by handover: given back, and the command not run.
+    let gone = handed.parent_pid != 0 && !crate::command::guard::parent_is(handed.parent_pid);
     let why = mismatch(config, &handed);
     let held = handed.into_held(Keys::new(&config.prefix, &config.key));
-    let masters = Masters::new(&config.servers);
+    let mut masters = Masters::new(&config.servers);
+    if gone {
+        // Undone, not released as spent: the instant runs elsewhere (the claim never became a
+        // run; an undo that does not reach Redis leaves the lock to lapse).
+        let _ = masters.unclaim(config.connect_timeout, &held, Undo::RollBack);
+        bail!("the replica that started this run is gone; not running the command");
+    }
     if let Some(why) = why {
         let until = held.sent_at + held.ttl;
         let opts = ReleaseOptions::default();

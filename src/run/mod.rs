@@ -26,7 +26,7 @@ use crate::lease::{self, LockState, Validity};
 use crate::log::Log;
 use crate::record::run::Ending;
 use crate::signals;
-use crate::store::lock::{Held, LedgerEnd, ReleaseOptions};
+use crate::store::lock::{Held, LedgerEnd, ReleaseOptions, Undo};
 use crate::store::quorum::Masters;
 use crate::store::tracking;
 use crate::watchdog::Watchdog;
@@ -219,6 +219,13 @@ impl<'a> Run<'a> {
     /// (a scheduled run's release retries until its lock would lapse). Returns the command's
     /// run for the reports, if it started.
     fn finish(self, end: CommandEnd) -> Option<metrics::Ran> {
+        if end.ending == Ending::NotStarted
+            && matches!(end.exit, Exit::Signal(_))
+            && self.channel.is_some()
+            && self.held.instant.is_some()
+        {
+            return self.undo(end);
+        }
         let Run {
             config,
             log,
@@ -307,6 +314,32 @@ impl<'a> Run<'a> {
             }));
         }
         run
+    }
+
+    /// A replica's run asked to end before its command started (its starter died, with its
+    /// replica or alone; a drain's end): the claim never became a run, so it is undone (the
+    /// lock, the schedule record and the ledger entry rolled back), not released as spent, and
+    /// the instant runs elsewhere at once. The replica, if it is there, is told how it ended.
+    fn undo(self, end: CommandEnd) -> Option<metrics::Ran> {
+        let Run {
+            config,
+            held,
+            mut channel,
+            watchdog,
+            ..
+        } = self;
+        let mut masters = watchdog
+            .stop(Duration::ZERO)
+            .unwrap_or_else(|| Masters::new(&config.servers));
+        let _ = masters.unclaim(config.connect_timeout, &held, Undo::RollBack);
+        if let Some(c) = channel.as_mut() {
+            c.send(&RunReport::Ended(RunEnd {
+                status: end.exit.code(),
+                ending: end.ending,
+                duration: held.sent_at.elapsed(),
+            }));
+        }
+        None
     }
 
     /// Start the command, if the lock leaves time to stop it; the exit status if it did not

@@ -248,10 +248,10 @@ impl StarterState<'_> {
 }
 
 impl Forked {
-    /// Become the run: tied to the starter, its stdout and stderr the replica's pipes, its
+    /// Become the run: stopped when the starter dies, its stdout and stderr the replica's pipes, its
     /// command's crontab variables set, handed its channel; then the run's own steps.
     fn run(self, run: &dyn Fn(&Resolved) -> Exit) -> Exit {
-        crate::command::guard::die_with_parent();
+        crate::command::guard::stop_with_parent();
         let mut fds = self.fds.into_iter();
         let (Some(channel), Some(out), Some(err)) = (fds.next(), fds.next(), fds.next()) else {
             return Exit::Failure;

@@ -87,10 +87,12 @@ pub enum AcquireOutcome {
     /// Held elsewhere; the holder's lock expires in this much (None: no expiry set), the
     /// holder's value, and (with a schedule) the instant this attempt was for.
     Busy(Option<Duration>, String, Option<i64>),
-    /// The run for this instant already started (at `ran`, the recorded instant).
+    /// The run for this instant already started (at `ran`, the recorded instant); `holder`: the
+    /// lock's value, while it is held (by that run, or by a contender's grant not yet decided).
     AlreadyRan {
         instant: i64,
         ran: i64,
+        holder: Option<String>,
     },
     /// The current holders hold KEY with this other `--limit`: refused, nothing touched.
     Mismatch(u32),
@@ -176,6 +178,7 @@ fn attempt(
         return Ok(AcquireOutcome::AlreadyRan {
             instant: instant.unwrap_or(reply.ran),
             ran: reply.ran,
+            holder: reply.holder,
         });
     }
     if reply.fence <= 0 {

@@ -35,7 +35,11 @@ use crate::store::topology::{Failure, Link, Redis};
 use crate::store::trigger;
 
 /// How many rounds one acquisition takes at most when the votes split (see [`Masters::acquire`]).
-const SPLIT_ROUNDS: u32 = 3;
+const SPLIT_ROUNDS: u32 = 4;
+
+/// The most one call to one of several masters may take (see [`Masters::budget`]): a frozen
+/// master costs a round this much, whatever the TTL.
+const MASTER_CALL: Duration = Duration::from_millis(100);
 
 /// The masters, each with its own link.
 pub struct Masters {
@@ -110,13 +114,14 @@ impl Masters {
         })
     }
 
-    /// The bound on one call: `within` for one master; for several, a thirtieth of the TTL (at
-    /// least 50 ms), so one hung master delays a round by little.
+    /// The bound on one call: `within` for one master; for several, a thirtieth of the TTL, at
+    /// least 50 ms and at most [`MASTER_CALL`], so one hung master delays a round by little
+    /// (Redlock's guidance: milliseconds against a TTL of seconds).
     fn budget(&self, within: Duration, ttl: Duration) -> Duration {
         if self.links.len() == 1 {
             within
         } else {
-            within.min((ttl / 30).max(Duration::from_millis(50)))
+            within.min((ttl / 30).clamp(Duration::from_millis(50), MASTER_CALL))
         }
     }
 
@@ -166,14 +171,17 @@ impl Masters {
         };
         let outcome = self.settle(&answers, round, ask);
         self.unpin();
-        // Split: busy with no holder on a majority, or failed (a master did not answer) after
-        // a grant of ours that was undone: either way another round may win it.
+        // Split: busy or already run with no holder on a majority, or failed (a master did not
+        // answer) after a grant of ours that was undone: either way another round may win it.
         let ours = answers
             .iter()
             .any(|a| matches!(a, Ok(AcquireOutcome::Held(_))));
         let split = ask.limit == 1
             && self.len() > 1
-            && (matches!(outcome, Ok(AcquireOutcome::Busy(..))) || (outcome.is_err() && ours))
+            && (matches!(
+                outcome,
+                Ok(AcquireOutcome::Busy(..) | AcquireOutcome::AlreadyRan { .. })
+            ) || (outcome.is_err() && ours))
             && split(&answers, self.majority());
         (outcome, split)
     }

@@ -53,13 +53,18 @@ pub(super) fn refused(answers: &[MasterAnswer], majority: usize) -> Option<Round
     let busy = count(|a| matches!(a, Ok(AcquireOutcome::Busy(..))));
     let ran = count(|a| matches!(a, Ok(AcquireOutcome::AlreadyRan { .. })));
     if ran >= majority || (ran > 0 && ran + busy >= majority) {
-        if let Some(Ok(AcquireOutcome::AlreadyRan { instant, ran })) = answers
+        if let Some(Ok(AcquireOutcome::AlreadyRan {
+            instant,
+            ran,
+            holder,
+        })) = answers
             .iter()
             .find(|a| matches!(a, Ok(AcquireOutcome::AlreadyRan { .. })))
         {
             return Some(Ok(AcquireOutcome::AlreadyRan {
                 instant: *instant,
                 ran: *ran,
+                holder: holder.clone(),
             }));
         }
     }
@@ -227,13 +232,16 @@ pub(super) fn failed(
     })
 }
 
-/// Whether a round that found the lock busy did so only because the contenders' votes split: no
-/// one holder (by its value) was answered by a majority of the masters.
+/// Whether a round that found the lock busy, or the instant already run, did so only because the
+/// contenders' votes split: no one holder (by its value; a finished run's free lock is one value
+/// too) was answered by a majority of the masters. A grant held on a minority, undone a moment
+/// later, is then not read as decided: the round is asked again.
 pub(super) fn split(answers: &[MasterAnswer], majority: usize) -> bool {
     let holders: Vec<&str> = answers
         .iter()
         .filter_map(|a| match a {
             Ok(AcquireOutcome::Busy(_, value, _)) => Some(value.as_str()),
+            Ok(AcquireOutcome::AlreadyRan { holder, .. }) => Some(holder.as_deref().unwrap_or("")),
             _ => None,
         })
         .collect();

@@ -132,7 +132,7 @@ pub fn acquire(
                     keys.name
                 ))
             }
-            Ok(AcquireOutcome::AlreadyRan { instant, ran }) => {
+            Ok(AcquireOutcome::AlreadyRan { instant, ran, .. }) => {
                 return Ok(Acquired::AlreadyRan { instant, ran })
             }
             Ok(AcquireOutcome::Suspended { record, instant }) => {

@@ -62,6 +62,11 @@ pub fn secs(rfc: &str) -> i64 {
         .as_secs() as i64
 }
 
+/// Unix seconds as RFC 3339 (`2026-11-28T17:17:43Z`), as the replicas' lines name instants.
+pub fn rfc3339_secs(secs: u64) -> String {
+    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_secs(secs)).to_string()
+}
+
 /// Now, in Unix seconds.
 pub fn now_secs() -> i64 {
     std::time::SystemTime::now()
@@ -188,8 +193,9 @@ fn overload_records_every_instant_it_cannot_start() {
     );
 }
 
-/// A replica SIGKILLed mid-run: its runs die with it, and their instants read `abandoned` (once
-/// the job runs again), never `running`; every instant of every job is in the ledger.
+/// A replica SIGKILLed mid-run: its runs stop their commands and record their instants
+/// `interrupted` (or `abandoned`, once the job runs again, for a run that died before it could),
+/// never `running`; every instant of every job is in the ledger.
 #[test]
 fn a_killed_replicas_runs_never_read_running() {
     let r = Redis::start();
@@ -236,10 +242,10 @@ fn a_killed_replicas_runs_never_read_running() {
 
 /// A small generator for the chaos test, seeded from the clock (the seed is printed, so a failure
 /// can be told again).
-struct Dice(u64);
+pub struct Dice(pub u64);
 
 impl Dice {
-    fn roll(&mut self, n: u64) -> u64 {
+    pub fn roll(&mut self, n: u64) -> u64 {
         self.0 = self
             .0
             .wrapping_mul(6_364_136_223_846_793_005)

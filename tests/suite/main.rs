@@ -16,6 +16,7 @@ mod dst;
 mod edges;
 mod examples;
 mod fleet;
+mod gone;
 mod guard;
 mod hostile;
 mod layers;

@@ -14,7 +14,8 @@ use crate::store::tracking::{Listener, Watch, Watching};
 /// The replica's watch of a run's lock, as the run hears it: from 20 ms into the command (the
 /// watchdog starts it, as a run's own watch), the kernel wakes the run's main loop whenever the
 /// channel is readable (`O_ASYNC`), and each wake-up reads what came without waiting: a
-/// `changed` asks the lock's validity to renew now; a `released` is kept for the release. No
+/// `changed` asks the lock's validity to renew now; a `releasing` or `released` is kept for the
+/// release. No
 /// thread and no connection of the run's own.
 pub struct ReplicaWatch {
     pub(super) stream: UnixStream,
@@ -72,7 +73,7 @@ impl Watching for HearingReplica {
                 let text = String::from_utf8_lossy(&line);
                 match Message::parse(text.trim_end()) {
                     Ok(Message::Changed) => self.listener.changed(),
-                    Ok(Message::Released(_)) => {
+                    Ok(Message::Releasing | Message::Released(_)) => {
                         let _ = self.answers.send(text.into_owned());
                     }
                     _ => {}

@@ -212,7 +212,9 @@ if ARGV[3] ~= '' then
   end
   if window == 0 and not manual then
     if ran and ran >= instant then
-      return {0, 0, false, instant, ran, -1, 0, 0, false, 0}
+      -- With the lock's holder: on several masters, a grant held on a minority (and undone a
+      -- moment later) must not read as "already ran" to a contender (store/round.rs).
+      return {0, 0, redis.call('GET', lock), instant, ran, -1, 0, 0, false, 0}
     end
     attempt = 1
   else

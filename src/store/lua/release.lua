@@ -49,8 +49,14 @@ else
   redis.call('HDEL', KEYS[6], ARGV[1])
 end
 -- The run's record, once: a release asked again (the replica's answer was lost, the run then
--- released by itself) finds its record already there and writes nothing.
-if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[3] then
+-- released by itself; or a replica frozen past its run's own release woke and carried it out)
+-- finds its record already there, the last one or (not ours: later runs may have followed) in
+-- the history, and writes nothing.
+local recorded = ARGV[3] == '' or redis.call('GET', KEYS[2]) == ARGV[3]
+if not recorded and result == 0 and tonumber(ARGV[4]) > 0 then
+  recorded = redis.call('LPOS', KEYS[3], ARGV[3]) ~= false
+end
+if not recorded then
   local ttl = tonumber(ARGV[5])
   if ttl > 0 then
     redis.call('SET', KEYS[2], ARGV[3], 'PX', ttl)
