@@ -351,8 +351,8 @@ fn trigger_of_a_busy_job_follows_its_overlap_policy() {
 }
 
 /// A manual instant whose replica is SIGKILLed mid-run is retried like any instant (`--retries
-/// 1`): another replica runs attempt 2 once the dead one's lock lapses, and `--trigger --wait`
-/// exits with its status.
+/// 1`): its run stops its command and records attempt 1 `interrupted`, another replica runs
+/// attempt 2, and `--trigger --wait` exits with its status.
 #[test]
 fn a_triggered_run_whose_replica_dies_is_retried() {
     let r = Redis::start();
@@ -409,7 +409,7 @@ fn a_triggered_run_whose_replica_dies_is_retried() {
     let v: serde_json::Value = serde_json::from_str(&stdout(&status)).unwrap();
     let entry = &v["ledger"][0];
     assert_eq!(entry["attempts"].as_array().unwrap().len(), 2, "{v}");
-    assert_eq!(entry["attempts"][0]["state"], "abandoned", "{v}");
+    assert_eq!(entry["attempts"][0]["state"], "interrupted", "{v}");
     assert_eq!(runs(&dir).0.len(), 1);
     for c in fleet {
         stop(c);
