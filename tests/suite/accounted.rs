@@ -242,15 +242,29 @@ fn a_killed_replicas_runs_never_read_running() {
 
 /// A small generator for the chaos test, seeded from the clock (the seed is printed, so a failure
 /// can be told again).
-pub struct Dice(pub u64);
+pub struct Dice {
+    state: u64,
+    /// The seed, for failure messages.
+    pub seed: u64,
+}
 
 impl Dice {
+    /// Seeded from the clock; the seed is printed as `NAME seed SEED`.
+    pub fn from_clock(name: &str) -> Dice {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        println!("{name} seed {seed}");
+        Dice { state: seed, seed }
+    }
+
     pub fn roll(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
+        self.state = self
+            .state
             .wrapping_mul(6_364_136_223_846_793_005)
             .wrapping_add(1_442_695_040_888_963_407);
-        (self.0 >> 33) % n
+        (self.state >> 33) % n
     }
 }
 
@@ -289,12 +303,8 @@ fn chaos_loses_no_instant_and_runs_no_success_twice() {
     let url = r.url();
     let start = || replica(&url, &file, &["--drain", "5s"]);
     let mut fleet: Vec<std::process::Child> = (0..3).map(|_| start()).collect();
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    println!("chaos seed {seed}");
-    let mut dice = Dice(seed);
+    let mut dice = Dice::from_clock("chaos");
+    let seed = dice.seed;
     let from = now_secs() + 3;
     let began = Instant::now();
     let mut done = Vec::new();
@@ -359,21 +369,27 @@ fn chaos_loses_no_instant_and_runs_no_success_twice() {
                 panic!("not accounted for: {}", why());
             };
             assert_ne!(entry["state"], "running", "{}", why());
-            let attempts = entry["attempts"].as_array().map_or(0, Vec::len);
-            assert!(
-                ran <= attempts.max(1),
-                "ran more often than attempted: {}",
-                why()
-            );
-            let succeeded = entry["attempts"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|a| a["state"] == "succeeded")
-                .count();
-            assert!(succeeded <= 1, "succeeded twice: {}", why());
+            assert_ran_as_attempted(entry, ran, &why);
         }
     }
+}
+
+/// An instant's ledger `entry` and how often it ran: never more often than attempted, and never
+/// succeeded twice.
+pub fn assert_ran_as_attempted(entry: &serde_json::Value, ran: usize, why: &dyn Fn() -> String) {
+    let attempts = entry["attempts"].as_array().map_or(0, Vec::len);
+    assert!(
+        ran <= attempts.max(1),
+        "ran more often than attempted: {}",
+        why()
+    );
+    let succeeded = entry["attempts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|a| a["state"] == "succeeded")
+        .count();
+    assert!(succeeded <= 1, "succeeded twice: {}", why());
 }
 
 /// The runs of a replica SIGKILLed as soon as they appear (before or just after they take the

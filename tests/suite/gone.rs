@@ -10,34 +10,67 @@ use crate::accounted::{ledger, now_secs, runs, Counts};
 use crate::common::replicas::{children_of, crontab, replica, replica_err, starter_of, stop};
 use crate::common::*;
 
-/// One job every second with the default TTL (30 s), its command `0.3 s` long.
-fn one_job(dir: &Path, key: &str) -> std::path::PathBuf {
-    let runs = dir.join("runs");
-    crontab(
-        dir,
-        &format!(
-            "CRON_TZ=UTC\n* * * * * * {key} echo {key} $CRONLOCK_INSTANT $(date +%s%N) >> {}; \
-             sleep 0.3\n",
-            runs.display()
-        ),
-    )
+/// Three replicas serving one job every second with the default TTL (30 s), its command 0.3 s
+/// long (KEY `key`), once it has run twice.
+struct OneJob {
+    r: Redis,
+    dir: Scratch,
+    file: std::path::PathBuf,
+    fleet: Vec<Child>,
 }
 
-/// The index of the replica of `fleet` that has a run in flight (its starter has a child), once
-/// one has (within 10 s).
-fn running_one(fleet: &[Child], file: &Path) -> usize {
-    let mut found = None;
-    assert!(
-        wait_for(Duration::from_secs(10), || {
-            found = fleet
-                .iter()
-                .position(|c| starter_of(c.id()).is_some_and(|s| !children_of(s).is_empty()));
-            found.is_some()
-        }),
-        "no run in flight\n{}",
-        replica_err(file)
-    );
-    found.unwrap()
+impl OneJob {
+    fn start(key: &str) -> OneJob {
+        let r = Redis::start();
+        let dir = scratch(key);
+        let file = crontab(
+            &dir,
+            &format!(
+                "CRON_TZ=UTC\n* * * * * * {key} echo {key} $CRONLOCK_INSTANT $(date +%s%N) >> \
+                 {}; sleep 0.3\n",
+                dir.join("runs").display()
+            ),
+        );
+        let fleet = (0..3).map(|_| replica(&r.url(), &file, &[])).collect();
+        assert!(wait_for(Duration::from_secs(15), || runs(&dir).0.len() >= 2));
+        OneJob {
+            r,
+            dir,
+            file,
+            fleet,
+        }
+    }
+
+    /// The index of the replica that has a run in flight (its starter has a child), once one
+    /// has (within 10 s).
+    fn running_one(&self) -> usize {
+        let mut found = None;
+        assert!(
+            wait_for(Duration::from_secs(10), || {
+                found = self
+                    .fleet
+                    .iter()
+                    .position(|c| starter_of(c.id()).is_some_and(|s| !children_of(s).is_empty()));
+                found.is_some()
+            }),
+            "no run in flight\n{}",
+            replica_err(&self.file)
+        );
+        found.unwrap()
+    }
+
+    /// SIGTERM every replica: their exit statuses.
+    fn stop_all(&mut self) -> Vec<Option<i32>> {
+        self.fleet.drain(..).map(stop).collect()
+    }
+}
+
+/// Let the fleet serve for `secs` seconds (bounded polling, no bare sleep).
+fn serve_for(secs: u64) {
+    let since = Instant::now();
+    assert!(wait_for(Duration::from_secs(secs * 2 + 10), || since
+        .elapsed()
+        >= Duration::from_secs(secs)));
 }
 
 /// Every instant of `key` from `from` to `to` (Unix seconds) ran exactly once.
@@ -59,26 +92,18 @@ fn each_ran_once(count: &Counts, key: &str, (from, to): (i64, i64), why: &dyn Fn
 /// lock stayed for its TTL and about 29 instants were skipped).
 #[test]
 fn a_killed_replicas_run_frees_its_job_at_once() {
-    let r = Redis::start();
-    let dir = scratch("gone-kill");
-    let file = one_job(&dir, "gone-kill");
-    let mut fleet: Vec<Child> = (0..3).map(|_| replica(&r.url(), &file, &[])).collect();
-    assert!(wait_for(Duration::from_secs(15), || runs(&dir).0.len() >= 2));
-    let i = running_one(&fleet, &file);
-    let mut victim = fleet.remove(i);
+    let mut job = OneJob::start("gone-kill");
+    let mut victim = job.fleet.remove(job.running_one());
     signal(victim.id() as i32, libc::SIGKILL);
     let killed_at = now_secs();
     victim.wait().unwrap();
-    let since = Instant::now();
-    assert!(wait_for(Duration::from_secs(20), || since.elapsed()
-        >= Duration::from_secs(5)));
+    serve_for(5);
     let to = now_secs() - 1;
-    for c in fleet {
-        assert_eq!(stop(c), Some(0), "{}", replica_err(&file));
-    }
-    let (count, _) = runs(&dir);
-    let book = ledger(&r.url(), "gone-kill");
-    let why = || format!("{book:?}\n{}", replica_err(&file));
+    let codes = job.stop_all();
+    let (count, _) = runs(&job.dir);
+    let book = ledger(&job.r.url(), "gone-kill");
+    let why = || format!("{codes:?} {book:?}\n{}", replica_err(&job.file));
+    assert!(codes.iter().all(|c| *c == Some(0)), "{}", why());
     each_ran_once(&count, "gone-kill", (killed_at + 1, to), &why);
     assert!(
         book.iter().all(|(_, state, _)| state != "running"),
@@ -100,31 +125,19 @@ fn a_killed_replicas_run_frees_its_job_at_once() {
 /// one wakes.
 #[test]
 fn a_frozen_replicas_run_frees_its_job_at_once() {
-    let r = Redis::start();
-    let dir = scratch("gone-stop");
-    let file = one_job(&dir, "gone-stop");
-    let mut fleet: Vec<Child> = (0..3).map(|_| replica(&r.url(), &file, &[])).collect();
-    assert!(wait_for(Duration::from_secs(15), || runs(&dir).0.len() >= 2));
-    let i = running_one(&fleet, &file);
-    let pid = fleet[i].id() as i32;
+    let mut job = OneJob::start("gone-stop");
+    let pid = job.fleet[job.running_one()].id() as i32;
     signal(pid, libc::SIGSTOP);
     let frozen_at = now_secs();
-    let since = Instant::now();
-    assert!(wait_for(Duration::from_secs(20), || since.elapsed()
-        >= Duration::from_secs(10)));
+    serve_for(10);
     let to = now_secs() - 1;
     signal(pid, libc::SIGCONT);
-    let woke = Instant::now();
-    assert!(wait_for(Duration::from_secs(10), || woke.elapsed()
-        >= Duration::from_secs(3)));
+    serve_for(3);
     let end = now_secs() - 1;
-    let mut codes = Vec::new();
-    for c in fleet.drain(..) {
-        codes.push(stop(c));
-    }
-    let (count, _) = runs(&dir);
-    let book = ledger(&r.url(), "gone-stop");
-    let why = || format!("{codes:?} {book:?}\n{}", replica_err(&file));
+    let codes = job.stop_all();
+    let (count, _) = runs(&job.dir);
+    let book = ledger(&job.r.url(), "gone-stop");
+    let why = || format!("{codes:?} {book:?}\n{}", replica_err(&job.file));
     each_ran_once(&count, "gone-stop", (frozen_at + 1, to), &why);
     assert!(
         count.values().all(|n| *n == 1),
@@ -248,12 +261,8 @@ fn chaos_of_kills_and_freezes_loses_at_most_one_instant_in_a_hundred() {
     let url = r.url();
     let start = || replica_grouped(&url, &file, &["--drain", "5s", "-v"]);
     let mut fleet: Vec<Child> = (0..3).map(|_| start()).collect();
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    println!("chaos seed {seed}");
-    let mut dice = Dice(seed);
+    let mut dice = Dice::from_clock("chaos");
+    let seed = dice.seed;
     let from = now_secs() + 3;
     let began = Instant::now();
     let mut done = Vec::new();
@@ -319,7 +328,7 @@ fn chaos_of_kills_and_freezes_loses_at_most_one_instant_in_a_hundred() {
             }
         }
     }
-    pause_for(6000);
+    serve_for(6);
     let to = now_secs() - 2;
     for c in fleet {
         stop(c);
@@ -348,19 +357,9 @@ fn chaos_of_kills_and_freezes_loses_at_most_one_instant_in_a_hundred() {
                 "{}",
                 why(&format!("{key}@{at} reads running"))
             );
-            let attempts = entry["attempts"].as_array().map_or(0, Vec::len);
-            assert!(
-                ran <= attempts.max(1),
-                "{}",
+            crate::accounted::assert_ran_as_attempted(entry, ran, &|| {
                 why(&format!("{key}@{at}: {entry}"))
-            );
-            let succeeded = entry["attempts"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|a| a["state"] == "succeeded")
-                .count();
-            assert!(succeeded <= 1, "{}", why(&format!("{key}@{at}: {entry}")));
+            });
             if excused {
                 continue;
             }
