@@ -11,7 +11,7 @@ use crate::config::RunConfig;
 use crate::fleet::handover::{Handover, RunSide};
 use crate::log::Log;
 use crate::store::keys::Keys;
-use crate::store::lock::{Held, ReleaseOptions, Undo};
+use crate::store::lock::{Held, ReleaseOptions};
 use crate::store::quorum::Masters;
 
 /// The handed-over lock, the masters to keep it with, and the channel to report on.
@@ -24,11 +24,15 @@ pub(super) fn receive(config: &RunConfig, fd: i32, log: &Log) -> Result<(Held, M
     let gone = handed.parent_pid != 0 && !crate::command::guard::parent_is(handed.parent_pid);
     let why = mismatch(config, &handed);
     let held = handed.into_held(Keys::new(&config.prefix, &config.key));
-    let mut masters = Masters::new(&config.servers);
+    let masters = Masters::new(&config.servers);
     if gone {
-        // Undone, not released as spent: the instant runs elsewhere (the claim never became a
-        // run; an undo that does not reach Redis leaves the lock to lapse).
-        let _ = masters.unclaim(config.connect_timeout, &held, Undo::RollBack);
+        // Undone, not released as spent: the claim never became a run.
+        super::release::undo(
+            &config.servers,
+            config.connect_timeout,
+            Some(masters),
+            &held,
+        );
         bail!("the replica that started this run is gone; not running the command");
     }
     if let Some(why) = why {

@@ -26,7 +26,7 @@ use crate::lease::{self, LockState, Validity};
 use crate::log::Log;
 use crate::record::run::Ending;
 use crate::signals;
-use crate::store::lock::{Held, LedgerEnd, ReleaseOptions, Undo};
+use crate::store::lock::{Held, LedgerEnd, ReleaseOptions};
 use crate::store::quorum::Masters;
 use crate::store::tracking;
 use crate::watchdog::Watchdog;
@@ -328,10 +328,8 @@ impl<'a> Run<'a> {
             watchdog,
             ..
         } = self;
-        let mut masters = watchdog
-            .stop(Duration::ZERO)
-            .unwrap_or_else(|| Masters::new(&config.servers));
-        let _ = masters.unclaim(config.connect_timeout, &held, Undo::RollBack);
+        let masters = watchdog.stop(Duration::ZERO);
+        release::undo(&config.servers, config.connect_timeout, masters, &held);
         if let Some(c) = channel.as_mut() {
             c.send(&RunReport::Ended(RunEnd {
                 status: end.exit.code(),

@@ -1,5 +1,6 @@
 //! The last step of a run: release the lock and record the run (with bounded retries while the
-//! lock can still be alive), and the line saying how it went.
+//! lock can still be alive), and the line saying how it went; or, for a claim that never became
+//! a run, undo it.
 
 use std::time::Duration;
 
@@ -8,9 +9,17 @@ use serde_json::Value;
 use crate::clock::Instant;
 use crate::duration::Span;
 use crate::log::{Level, Log};
-use crate::store::lock::{Held, ReleaseOptions, Released};
+use crate::store::lock::{Held, ReleaseOptions, Released, Undo};
 use crate::store::quorum::Masters;
 use crate::store::topology::Redis;
+
+/// Undo a replica's claim that never became a run (see [`Masters::unclaim`]): the lock, the
+/// schedule record and the ledger entry rolled back, so the instant runs elsewhere at once. An
+/// undo that does not reach Redis leaves the lock to lapse.
+pub(super) fn undo(redis: &[Redis], within: Duration, masters: Option<Masters>, held: &Held) {
+    let mut masters = masters.unwrap_or_else(|| Masters::new(redis));
+    let _ = masters.unclaim(within, held, Undo::RollBack);
+}
 
 /// Release our lock and record the run; problems are warnings, since the command's status is what
 /// matters now. Bounded by `--connect-timeout` in all (after the watchdog's stop, which has its
