@@ -15,8 +15,7 @@ use crate::store::tracking::{Listener, Watch, Watching};
 /// watchdog starts it, as a run's own watch), the kernel wakes the run's main loop whenever the
 /// channel is readable (`O_ASYNC`), and each wake-up reads what came without waiting: a
 /// `changed` asks the lock's validity to renew now; a `releasing` or `released` is kept for the
-/// release. No
-/// thread and no connection of the run's own.
+/// release. No thread and no connection of the run's own.
 pub struct ReplicaWatch {
     pub(super) stream: UnixStream,
     pub(super) answers: Sender<String>,

@@ -88,12 +88,16 @@ fn a_replica_killed_between_claim_and_spawn_loses_nothing() {
         &[],
         &[("CRONLOCK_TEST_HOLD_AFTER_CLAIM", hook)],
     );
+    // (The hook creates the file, then writes the KEY: read once it is there.)
+    let mut key = String::new();
     assert!(
-        wait_for(Duration::from_secs(10), || held.exists()),
+        wait_for(Duration::from_secs(10), || {
+            key = std::fs::read_to_string(&held).unwrap_or_default();
+            !key.is_empty()
+        }),
         "{}",
         replica_err(&file)
     );
-    let key = std::fs::read_to_string(&held).unwrap();
     signal(holder.id() as i32, libc::SIGKILL);
     holder.wait().unwrap();
     let killed = Instant::now();
