@@ -57,7 +57,8 @@ pub const EXAMPLES: &[(&str, &str)] = &[
 /// What the child finds in its environment.
 pub const CHILD_ENV: &str =
     "The command gets CRONLOCK_KEY, CRONLOCK_TOKEN, CRONLOCK_FENCING_TOKEN and CRONLOCK_RUN_ID in \
-     its environment; with --limit, CRONLOCK_SLOT; with --schedule, CRONLOCK_INSTANT and \
+     its environment; with --limit, CRONLOCK_SLOT; with --schedule, CRONLOCK_INSTANT (RFC 3339), \
+     CRONLOCK_INSTANT_MS (Unix ms), CRONLOCK_MANUAL (1 for a --trigger, else 0) and \
      CRONLOCK_ATTEMPT.";
 
 pub(super) fn after_long_help() -> String {

@@ -427,7 +427,9 @@ impl<'a> Run<'a> {
 }
 
 /// The variables the command gets: the lock's, and with `--schedule` which instant this run is
-/// for and which attempt at it.
+/// for (to the second and to the millisecond: a manual instant is named by the asking host's
+/// clock, and may share its second with a scheduled one), whether it is a manual one
+/// (`--trigger`), and which attempt at it.
 fn command_env(config: &RunConfig, held: &Held) -> Vec<(&'static str, String)> {
     let env = [
         ("CRONLOCK_KEY", config.key.clone()),
@@ -439,6 +441,8 @@ fn command_env(config: &RunConfig, held: &Held) -> Vec<(&'static str, String)> {
     let scheduled = held.instant.map(|i| {
         [
             ("CRONLOCK_INSTANT", crate::clock::rfc3339(i.max(0) as u64)),
+            ("CRONLOCK_INSTANT_MS", i.max(0).to_string()),
+            ("CRONLOCK_MANUAL", u8::from(held.manual).to_string()),
             ("CRONLOCK_ATTEMPT", held.attempt.to_string()),
         ]
     });

@@ -269,6 +269,62 @@ fn trigger_runs_a_job_once_now_on_a_fleet() {
     }
 }
 
+/// A manual run and a scheduled one can fall in the same second (a manual instant is named by the
+/// asking host's clock, to the millisecond): the command tells them apart by `CRONLOCK_MANUAL`
+/// (`1` for a `--trigger`, `0` for the schedule's) and `CRONLOCK_INSTANT_MS` (its instant to the
+/// millisecond, the ledger's name for it), beside the RFC 3339 `CRONLOCK_INSTANT`.
+#[test]
+fn a_manual_run_says_it_is_manual_and_names_its_instant_to_the_millisecond() {
+    let r = Redis::start();
+    let url = r.url();
+    let dir = scratch("policies-manual-env");
+    let d = dir.display();
+    let file = crontab(
+        &dir,
+        &format!(
+            "CRON_TZ=UTC\n\
+             0 0 1 1 * yearly echo $CRONLOCK_MANUAL $CRONLOCK_INSTANT_MS $CRONLOCK_INSTANT >> \
+             {d}/manual\n\
+             * * * * * * tick echo $CRONLOCK_MANUAL $CRONLOCK_INSTANT_MS $CRONLOCK_INSTANT >> \
+             {d}/scheduled\n"
+        ),
+    );
+    let c = replica(&url, &file, &[]);
+    let out = trigger_of(&url, &["--wait", "10s", "yearly"]);
+    assert_eq!(code(&out), 0, "{}\n{}", stderr(&out), replica_err(&file));
+    let said = std::fs::read_to_string(dir.join("manual")).unwrap_or_default();
+    let fields: Vec<&str> = said.split_whitespace().collect();
+    let entry = run(cronlock_at(&url).args(["--status", "--json", "yearly"]));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&entry)).unwrap();
+    let instant = v["ledger"][0]["instant"].as_i64().unwrap();
+    assert_eq!(fields.first(), Some(&"1"), "{said}");
+    assert_eq!(
+        fields.get(1),
+        Some(&instant.to_string().as_str()),
+        "{said} {v}"
+    );
+    assert_eq!(
+        fields.get(2).copied(),
+        v["ledger"][0]["instant_time"].as_str(),
+        "{said} {v}"
+    );
+    let scheduled = dir.join("scheduled");
+    assert!(wait_for(Duration::from_secs(5), || {
+        std::fs::read_to_string(&scheduled).is_ok_and(|s| !s.is_empty())
+    }));
+    let said = std::fs::read_to_string(&scheduled).unwrap();
+    let first: Vec<&str> = said.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(first[0], "0", "{said}");
+    let ms: i64 = first[1].parse().unwrap();
+    assert_eq!(ms % 1000, 0, "{said}");
+    assert_eq!(
+        crate::accounted::rfc3339_secs(ms as u64 / 1000),
+        first[2],
+        "{said}"
+    );
+    stop(c);
+}
+
 /// `--trigger` against a busy job (its first manual run still going) under each other policy,
 /// on a fleet of two replicas: under queue the second waits for the first to end, then runs;
 /// under replace it stops the first (recorded `replaced`) and runs; under allow it runs beside
