@@ -272,4 +272,23 @@ mod tests {
             3
         ));
     }
+
+    fn ran(holder: Option<&str>) -> MasterAnswer {
+        Ok(AcquireOutcome::AlreadyRan {
+            instant: 1000,
+            ran: 1000,
+            holder: holder.map(str::to_string),
+        })
+    }
+
+    /// "Already ran" is decided only when a majority names one holder: two contenders' grants,
+    /// each on one master, are a split; a finished run (its lock free) or one run holding it on
+    /// a majority is not.
+    #[test]
+    fn already_ran_is_a_split_unless_a_majority_names_one_holder() {
+        assert!(split(&[ran(Some("a")), ran(Some("b"))], 2));
+        assert!(split(&[ran(Some("a")), busy("b"), ran(None)], 2));
+        assert!(!split(&[ran(None), ran(None)], 2));
+        assert!(!split(&[ran(Some("a")), busy("a")], 2));
+    }
 }
