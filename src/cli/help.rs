@@ -9,7 +9,8 @@ pub const EXIT_STATUS: &[(&str, &str)] = &[
     (
         "-E (default 0)",
         "the lock is held elsewhere (or --wait ran out, the --schedule instant already ran, nothing \
-         is due, KEY is suspended); the command did not run",
+         is due, KEY is suspended; with --trigger: the manual instant was skipped, KEY suspended \
+         or busy with a run that started before the trigger); the command did not run",
     ),
     (
         "122",

@@ -119,8 +119,7 @@ pub fn trigger(
     if asked.wait.is_none() && request.state.as_deref() == Some("queued") {
         return Ok(Triggered {
             out: format!(
-                "lock '{name}': the manual instant {} waits for the run before it to end \
-                 (--overlap queue)\n",
+                "lock '{name}': the manual instant {} waits for the run before it to end\n",
                 rfc3339(instant.max(0) as u64)
             ),
             said: None,

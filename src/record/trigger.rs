@@ -1,8 +1,9 @@
 //! A request for a manual instant (`cronlock --trigger KEY`): who asked, from which host, why,
 //! when (`asked`, Redis's clock, set by `trigger.lua`), and where it stands (`state`: `asked`,
 //! then `accepted` by a replica's claim, with the host that took it, `by`, and the job's
-//! `--retries`; `queued`: busy under `--overlap queue`, waiting for the run before it; or
-//! `skipped`: suspended, or busy under `--overlap skip`).
+//! `--retries`; `queued`: waiting for the run before it, under `--overlap queue`, or under the
+//! others when that run started after the request was made; or `skipped`: suspended, or busy
+//! under `--overlap skip` or `allow` with a run that started before the request).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};

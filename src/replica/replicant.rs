@@ -445,11 +445,11 @@ impl<'a> Replicant<'a> {
             ClaimVerdict::AlreadyRan if claimed.kind == InstantKind::Queued => None,
             // The one that waits is taken care of above.
             ClaimVerdict::Busy { .. } if claimed.kind == InstantKind::Queued => None,
-            // A manual instant waits under --overlap queue: claimed again when the run before
-            // it ends here, or when that run's lock would lapse (its replica died).
-            ClaimVerdict::Busy { expires_in, .. }
-                if claimed.kind == InstantKind::Manual && job.config.overlap == Overlap::Queue =>
-            {
+            // A manual instant may wait (always under --overlap queue; under the others when
+            // the run before it started after it was asked for): claimed again when that run
+            // ends here, or when its lock would lapse (its replica died). One that was skipped
+            // instead reads "already ran" then.
+            ClaimVerdict::Busy { expires_in, .. } if claimed.kind == InstantKind::Manual => {
                 Some(now + expires_in.map_or(1000, |d| d.as_millis() as i64) + 250)
             }
             lost => answers::lost(&job, instant, lost, &self.shown, self.log),
@@ -557,11 +557,11 @@ impl<'a> Replicant<'a> {
                     self.claims.send(ask);
                 }
                 Followup::Ended { failed } => {
-                    // --overlap queue: the instant that waits (and any manual one) starts now.
+                    // The instant that waits (--overlap queue), and any manual one, start now.
                     if run.config.overlap == Overlap::Queue {
                         self.manuals.queued(&run.key, unix_millis() as i64);
-                        self.manuals.run_ended(&run.key, unix_millis() as i64);
                     }
+                    self.manuals.run_ended(&run.key, unix_millis() as i64);
                     let retries = table.job(&run.key).is_some_and(|j| j.cron.retries > 0);
                     let at = unix_millis() as i64 + 1000;
                     match (failed && retries, run.manual, run.instant) {

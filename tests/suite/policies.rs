@@ -1079,3 +1079,57 @@ pub fn replace_and_allow_on(url: &str, name: &str) {
     assert_eq!(runs.len(), 2, "{runs:?}");
     assert!(runs[0].2 > runs[1].1, "allow: not side by side: {runs:?}");
 }
+
+/// `--trigger` of jobs that run often (every second, every 2 s), 300 ms into an odd second when
+/// nothing of KEY runs: the replica learns of it with its heartbeat, in the slot where it also
+/// claims the next second's instants, and the manual instant must not be skipped for the run
+/// that slot starts after it was asked. Each `--trigger --wait` exits 0 and its command ran.
+#[test]
+fn trigger_runs_a_job_that_runs_often_at_once() {
+    let r = Redis::start();
+    let url = r.url();
+    let dir = scratch("policies-trigger-often");
+    let d = dir.display();
+    let file = crontab(
+        &dir,
+        &format!(
+            "CRON_TZ=UTC\n\
+             * * * * * * every1 echo $CRONLOCK_MANUAL >> {d}/every1\n\
+             */2 * * * * * every2 echo $CRONLOCK_MANUAL >> {d}/every2\n"
+        ),
+    );
+    let c = replica(&url, &file, &[]);
+    let manual = |key: &str| {
+        std::fs::read_to_string(dir.join(key))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| *l == "1")
+            .count()
+    };
+    for round in 1..=3 {
+        for key in ["every1", "every2"] {
+            // 300 ms into an odd second: the next second is every2's instant.
+            just_after_an_instant(1000);
+            if (now_secs() % 2) == 0 {
+                just_after_an_instant(1000);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            let out = trigger_of(&url, &["--wait", "10s", key]);
+            assert_eq!(
+                code(&out),
+                0,
+                "round {round}, {key}: {}{}\n{}",
+                stdout(&out),
+                stderr(&out),
+                replica_err(&file)
+            );
+            assert!(
+                stdout(&out).contains("succeeded"),
+                "round {round}, {key}: {}",
+                stdout(&out)
+            );
+            assert_eq!(manual(key), round, "{key}");
+        }
+    }
+    stop(c);
+}

@@ -119,6 +119,30 @@ local allow = ARGV[11] == 'allow'
 -- is known: lock_at, in KEYS[1]'s hash slot; Keys::at names it the same).
 local lock = KEYS[1]
 local function lock_at(field) return KEYS[1] .. ':at:' .. field end
+-- When the run of the instant `at` whose lock `by` holds started (Redis's clock), by its ledger
+-- entry (nil when the entry does not name it).
+local function started_at(at, by)
+  local ok, e = pcall(cjson.decode, redis.call('HGET', KEYS[6], string.format('%d', at)) or '')
+  if ok and type(e) == 'table' and e.holder == by and type(e.attempts) == 'table'
+    and type(e.attempts[#e.attempts]) == 'table' then
+    return tonumber(e.attempts[#e.attempts].started)
+  end
+  return nil
+end
+-- Whether one of the runs that make KEY busy (`held`: instant -> holder value) started after
+-- the manual instant was asked for: then the manual instant waits for it instead of being
+-- skipped (a replica learns of a trigger in the slot where it claims the next second's
+-- instants, so a job that runs often would skip every "run now"). (A rare path: cjson.)
+local function busy_since_asked(held)
+  local ok, r = pcall(cjson.decode, redis.call('HGET', KEYS[8], string.format('%d', instant)) or '')
+  local asked = ok and type(r) == 'table' and tonumber(r.asked)
+  if not asked then return false end
+  for at, by in pairs(held) do
+    local since = started_at(at, by)
+    if since and since >= asked then return true end
+  end
+  return false
+end
 -- Mark the manual instant's request `state` (a rare path: cjson).
 local function answer_request(state, by)
   if not manual then return end
@@ -282,6 +306,17 @@ if allow and not holder and instant ~= 0 then
     end
   end
   if live >= (tonumber(ARGV[12]) or 1) then
+    -- (A manual instant waits when a run that fills the limit started after it was asked.)
+    if manual and not entry then
+      local held = {}
+      for i = 1, #running, 2 do
+        if tonumber(running[i]) then held[tonumber(running[i])] = running[i + 1] end
+      end
+      if busy_since_asked(held) then
+        answer_request('queued')
+        return {0, soonest, by, instant, 0, -1, 0, 0, false, 0}
+      end
+    end
     overlapped()
     return {0, soonest, by, instant, 0, -1, 0, 0, false, 0}
   end
@@ -290,10 +325,12 @@ end
 -- one, whose entry names this holder) is replaced: its entry reads 'replaced' (release.lua ends
 -- it when its run stops), it is named in KEYS[9] until its lock would have lapsed, and its lock
 -- is taken below. Another holder (a run without --schedule, this instant's own attempt, a later
--- instant's run, a lock without an expiry to bound the wait) is not.
+-- instant's run, a lock without an expiry to bound the wait) is not. A manual instant ("run
+-- now") replaces the last started run whatever its instant.
 if replace and holder and instant ~= 0 and not take_queued then
   for _, last_started in pairs({scheduled_ran, manual_ran}) do
-    if holder and last_started < instant and redis.call('PTTL', lock) > 0 then
+    if holder and (last_started < instant or (manual and last_started ~= instant))
+      and redis.call('PTTL', lock) > 0 then
       local field = string.format('%d', last_started)
       local ok, e = pcall(cjson.decode, redis.call('HGET', KEYS[6], field) or '')
       if ok and type(e) == 'table' and e.state == 'running' and e.holder == holder
@@ -315,9 +352,14 @@ if replace and holder and instant ~= 0 and not take_queued then
   end
 end
 if holder then
-  -- --overlap queue: a manual instant waits too (its request reads 'queued'; the replicas claim
-  -- it again when the run before it ends), and is recorded once it runs or is given up.
-  if queue and manual and instant ~= 0 and not entry then
+  -- A manual instant waits (its request reads 'queued'; the replicas claim it again when the
+  -- run before it ends), and is recorded once it runs or is given up: under --overlap queue, and
+  -- under the others when the run that holds the lock started after it was asked for.
+  local held = {}
+  if manual and not queue and instant ~= 0 and not entry then
+    for _, at in pairs({scheduled_ran, manual_ran}) do held[at] = holder end
+  end
+  if manual and instant ~= 0 and not entry and (queue or busy_since_asked(held)) then
     answer_request('queued')
     return {0, redis.call('PTTL', lock), holder, instant, 0, -1, 0, 0, false, 0}
   end
