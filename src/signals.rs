@@ -162,6 +162,12 @@ pub fn wake_main() {
     unsafe { libc::kill(libc::getpid(), WAKEUP) };
 }
 
+/// Ask this process to end, as a SIGTERM from outside would (a replica's run whose replica is
+/// gone): taken by the main thread like any forwarded signal.
+pub fn ask_to_end() {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), Signal::SIGTERM);
+}
+
 /// `fcntl`'s `F_SETSIG` (Linux; not in the libc crate).
 const F_SETSIG: libc::c_int = 10;
 

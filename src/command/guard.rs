@@ -436,24 +436,7 @@ fn report(fd: libc::c_int, err: i32) {
 /// first thing in the starter (the replica spawns it without a `pre_exec` hook, so its spawn is a
 /// `posix_spawn`, not a fork of the whole replica), and the replica spawns it from its main
 /// thread, which lives as long as the replica (`PR_SET_PDEATHSIG` fires when the spawning thread
-/// ends). Whether the replica is still the parent is asked after ([`parent_is`]): one that died
-/// before this line would not be noticed.
+/// ends).
 pub fn die_with_parent() {
     sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
-}
-
-/// A run of a `--crontab` replica: be sent SIGTERM when its starter dies (with its replica, or
-/// alone), as a replica's drain or a shutdown would send it. The run is still alive to act on it:
-/// it stops its command (SIGTERM, then SIGKILL after `--grace`), and once the command is reaped it
-/// releases its lock itself (its replica no longer answers) and records the attempt
-/// `interrupted`, so the job's next instant runs on time elsewhere and `--retries` can run this
-/// one again. (Killed outright, the run's guard still stops the command by the lock's deadline.)
-pub fn stop_with_parent() {
-    sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong);
-}
-
-/// Whether `pid` is this process's parent: after [`die_with_parent`] or [`stop_with_parent`], that
-/// the process that started this one is alive and will be followed.
-pub fn parent_is(pid: u32) -> bool {
-    i64::from(sys::getppid()) == i64::from(pid)
 }

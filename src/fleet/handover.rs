@@ -31,6 +31,7 @@ use crate::record::run::Ending;
 use crate::store::holder::Holder;
 use crate::store::keys::Keys;
 use crate::store::lock::{Held, LedgerEnd, ReleaseOptions, Released};
+use crate::store::tracking::Watch;
 
 /// The longest message (a lock value is at most a few hundred bytes).
 pub const MAX_MESSAGE: usize = 16 * 1024;
@@ -53,7 +54,7 @@ pub struct Handover {
     pub sent_at: Instant,
     /// `--overlap allow`: the lock is the instant's own.
     pub own_lock: bool,
-    /// The process that must be the run's parent (the replica's starter; 0: not said).
+    /// The process that forked the run (the replica's starter; 0: not said), for diagnostics.
     pub parent_pid: u32,
     /// The replica watches the lock and says `changed` on the channel.
     pub watched: bool,
@@ -62,8 +63,8 @@ pub struct Handover {
 }
 
 impl Handover {
-    /// What the replica won, for KEY, handed to a run whose parent is `parent_pid` (the
-    /// replica's starter).
+    /// What the replica won, for KEY, handed to a run forked by `parent_pid` (the replica's
+    /// starter).
     pub fn from_held(key: &str, held: &Held, parent_pid: u32, watched: bool) -> Handover {
         Handover {
             key: key.to_string(),
@@ -402,16 +403,25 @@ impl RunSide {
         }
     }
 
-    /// The replica's watch of the lock, when the handover said the replica watches it: heard
-    /// on this channel once started ([`ReplicaWatch`]).
-    pub fn replica_watch(&mut self) -> Option<ReplicaWatch> {
-        if !self.watched {
-            return None;
-        }
-        let stream = self.stream.try_clone().ok()?;
+    /// What the run hears on this channel once its command started ([`ReplicaWatch`]): the
+    /// replica's watch of the lock when the handover said the replica watches it (else the
+    /// run's `own` watch runs beside it), and the replica's end.
+    pub fn replica_watch(&mut self, own: Box<dyn Watch>) -> ReplicaWatch {
         let (answers, heard) = mpsc::channel();
-        self.answers = Some(heard);
-        Some(ReplicaWatch { stream, answers })
+        let stream = self.stream.try_clone().ok();
+        if stream.is_some() {
+            self.answers = Some(heard);
+        }
+        ReplicaWatch {
+            stream,
+            answers,
+            own: (!self.watched).then_some(own),
+        }
+    }
+
+    /// Whether the replica is gone: its end of the channel closed (looked at without waiting).
+    pub fn replica_gone(&self) -> bool {
+        replica_gone(&self.stream)
     }
 
     /// Tell the replica; a replica that is gone is not an error (the run goes on).
@@ -431,6 +441,7 @@ pub fn report_in(line: &[u8]) -> Option<RunReport> {
 pub const MAX_REPORTS: usize = 4 * MAX_MESSAGE;
 
 mod heard;
+use heard::replica_gone;
 pub use heard::ReplicaWatch;
 
 #[cfg(test)]

@@ -62,8 +62,8 @@ pub struct LockMessage {
     pub ttl_ms: u64,
     /// When the claim was sent, on `CLOCK_BOOTTIME` (the same clock in every process).
     pub sent_boot_ns: u64,
-    /// The process that started the run (the replica's starter): the run checks it is still
-    /// its parent.
+    /// The process that started the run (the replica's starter), for diagnostics: a run lives on
+    /// when its starter dies, and follows its replica through this channel instead.
     #[serde(default)]
     pub parent_pid: u32,
     /// The replica watches the lock for changes and says `changed` (the run does not watch it

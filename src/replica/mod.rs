@@ -16,10 +16,12 @@
 //!
 //! `--max-jobs` counts the runs this replica won and its claims in flight; an instant that comes
 //! due while it is full waits for room (`table.rs`) and is given up only when it can no longer
-//! start. Runs are forked by the replica's starter (`starter.rs`, `run/starter.rs`) and tied to it
-//! with `PR_SET_PDEATHSIG`, as it is to the replica, so a replica that dies (SIGKILL, OOM) takes
-//! its starter and its runs with it and their instants become abandoned, for `--retries`
-//! elsewhere.
+//! start. Runs are forked by the replica's starter (`starter.rs`, `run/starter.rs`), which dies
+//! with the replica (`PR_SET_PDEATHSIG`); each run follows the replica through its channel, not
+//! the starter: a replica that dies (SIGKILL, OOM) closes every channel, and each run stops its
+//! command, gives its lock back and records the attempt `interrupted`, for `--retries`
+//! elsewhere; a starter that dies alone (or is replaced after a start it did not answer) leaves
+//! the runs it forked going.
 //!
 //! An instant is owned by one replica by preference only: any replica with room claims it when
 //! it is still undecided shortly after it is due (`table.rs`). A claim that does not become a

@@ -1,13 +1,14 @@
 //! The runs a replica started: each is the run `cronlock --schedule ... KEY -c ...` makes, forked
-//! by the replica's starter (`starter.rs`, `run/starter.rs`) and tied to it (`PR_SET_PDEATHSIG`,
-//! as the starter is to the replica), handed the lock the replica claimed on a channel of its own
-//! ([`crate::fleet::handover`]). Its reports (started, release, ended) are read on a thread and
-//! reach the loop as typed values; its output is relayed line by line with its KEY; its end
-//! comes from the starter, which reaps it.
+//! by the replica's starter (`starter.rs`, `run/starter.rs`), handed the lock the replica claimed
+//! on a channel of its own ([`crate::fleet::handover`]), and tied to the replica by that channel
+//! (its end asks the run to end), not to the starter: a starter replaced or killed leaves its
+//! runs going. Its reports (started, release, ended) are read on a thread and reach the loop as
+//! typed values; its output is relayed line by line with its KEY; its end comes from the
+//! starter, which reaps it, or, once that starter is gone, from its channel alone.
 //!
-//! A run is over when its process was reaped and its channel closed (the channel stays open
-//! while the run's guard lives, so a run killed with its command still alive keeps its place
-//! until the guard has stopped that command).
+//! A run is over when its process was reaped (or its starter is gone) and its channel closed
+//! (the channel stays open while the run's guard lives, so a run killed with its command still
+//! alive keeps its place until the guard has stopped that command).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -87,6 +88,8 @@ pub struct Spawned {
     pub ended: bool,
     /// Its process was reaped, with this status.
     pub exited: Option<ExitStatus>,
+    /// Its starter is gone: nobody says when its process ends (its channel's end does).
+    pub orphaned: bool,
     /// Its channel reached end of file.
     pub closed: bool,
 }
@@ -97,8 +100,11 @@ impl Spawned {
         self.pid
     }
 
+    /// Over: reaped (or orphaned, and reaped by another process than this replica) and its
+    /// channel closed.
     pub fn over(&self) -> bool {
-        self.exited.is_some() && self.closed
+        let reaped_elsewhere = self.orphaned && std::process::id() != 1;
+        (self.exited.is_some() || reaped_elsewhere) && self.closed
     }
 }
 
@@ -229,8 +235,8 @@ impl Runs {
         }
     }
 
-    /// Note the runs whose process ended (their starter says so; a starter that is gone took
-    /// its runs with it).
+    /// Note the runs whose process ended (their starter says so; once it is gone, their channel
+    /// says it, and this replica reaps those it inherited as PID 1).
     pub fn reap(&mut self) {
         while let Ok(news) = self.news.1.try_recv() {
             match news {
@@ -243,16 +249,32 @@ impl Runs {
                     if self.starter.as_ref().is_some_and(|s| s.pid() == pid) {
                         self.starter = None;
                     }
-                    let killed = std::os::unix::process::ExitStatusExt::from_raw(libc::SIGKILL);
                     for run in self.by_pid.values_mut() {
-                        if run.starter == pid && run.exited.is_none() {
-                            run.exited = Some(killed);
-                        }
+                        run.orphaned |= run.starter == pid && run.exited.is_none();
                     }
                 }
             }
         }
+        self.reap_orphans();
         self.let_idle_starter_go();
+    }
+
+    /// As PID 1 (a container's entrypoint), the runs whose starter is gone are this replica's
+    /// children: each is reaped once it ended (its channel closes as it ends), never waited for.
+    /// Any other replica's orphaned runs are reaped by whoever inherited them.
+    fn reap_orphans(&mut self) {
+        if std::process::id() != 1 {
+            return;
+        }
+        for (pid, run) in self.by_pid.iter_mut() {
+            if run.orphaned && run.closed && run.exited.is_none() {
+                let pid = nix::unistd::Pid::from_raw(*pid as i32);
+                let now = Some(nix::sys::wait::WaitPidFlag::WNOHANG);
+                if let Ok(status) = nix::sys::wait::waitpid(pid, now) {
+                    run.exited = wait_status(status);
+                }
+            }
+        }
     }
 
     /// Let the starter go once it has no run left and was asked for none for [`STARTER_IDLE`]:
@@ -370,6 +392,7 @@ fn spawn(
         started: false,
         ended: false,
         exited: None,
+        orphaned: false,
         closed: false,
     })
 }
@@ -440,5 +463,18 @@ impl Relays<'_> {
             max_line: MAX_MESSAGE,
             max_total: Some(MAX_REPORTS),
         });
+    }
+}
+
+/// A wait status as std's [`ExitStatus`] (an exit or a death by a signal; `None` for anything
+/// else).
+fn wait_status(status: nix::sys::wait::WaitStatus) -> Option<ExitStatus> {
+    use std::os::unix::process::ExitStatusExt;
+    match status {
+        nix::sys::wait::WaitStatus::Exited(_, code) => {
+            Some(ExitStatus::from_raw((code & 0xff) << 8))
+        }
+        nix::sys::wait::WaitStatus::Signaled(_, sig, _) => Some(ExitStatus::from_raw(sig as i32)),
+        _ => None,
     }
 }

@@ -17,14 +17,16 @@ use crate::record::start::StarterMessage;
 use crate::signals;
 
 /// How long a start may take to be answered: a starter slower than this is broken (it is
-/// stopped, and the run, if it exists, never gets its lock).
+/// stopped, and replaced at the next start; the run, if it exists, never gets its lock; the
+/// runs it forked before go on).
 const START_ANSWER: Duration = Duration::from_secs(2);
 
 /// What the starter's reader tells the loop.
 pub enum StarterNews {
     /// A run's process ended.
     Exited { pid: u32, status: ExitStatus },
-    /// The starter `pid` is gone: the runs it started died with it.
+    /// The starter `pid` is gone: the runs it started go on, and nobody says when they end
+    /// (their channels do).
     Gone { pid: u32 },
 }
 
@@ -128,7 +130,7 @@ impl Starter {
         }
     }
 
-    /// Stop it now (SIGKILL; its runs die with it) and reap it.
+    /// Stop it now (SIGKILL) and reap it: the runs it forked go on (they follow the replica).
     pub fn stop(&mut self) {
         self.broken = true;
         self.link.shutdown();

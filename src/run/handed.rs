@@ -17,24 +17,10 @@ use crate::store::quorum::Masters;
 /// The handed-over lock, the masters to keep it with, and the channel to report on.
 pub(super) fn receive(config: &RunConfig, fd: i32, log: &Log) -> Result<(Held, Masters, RunSide)> {
     let mut side = RunSide::adopt(fd)?;
-    crate::command::guard::stop_with_parent();
     let handed = side.receive(config.connect_timeout)?;
-    // A starter (and so its replica) that died before the line above sent no SIGTERM: nobody
-    // would follow this run. The lock is ours by handover: given back, and the command not run.
-    let gone = handed.parent_pid != 0 && !crate::command::guard::parent_is(handed.parent_pid);
     let why = mismatch(config, &handed);
     let held = handed.into_held(Keys::new(&config.prefix, &config.key));
     let masters = Masters::new(&config.servers);
-    if gone {
-        // Undone, not released as spent: the claim never became a run.
-        super::release::undo(
-            &config.servers,
-            config.connect_timeout,
-            Some(masters),
-            &held,
-        );
-        bail!("the replica that started this run is gone; not running the command");
-    }
     if let Some(why) = why {
         let until = held.sent_at + held.ttl;
         let opts = ReleaseOptions::default();

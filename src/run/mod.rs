@@ -195,17 +195,18 @@ impl<'a> Run<'a> {
         }
         let started = Instant::now();
         // Told at once when the lock key changes, once the command has run a little: by the
-        // replica's watch when it watches the lock, else by the run's own.
-        let plan: Box<dyn tracking::Watch> =
-            match self.channel.as_mut().and_then(RunSide::replica_watch) {
-                Some(watch) => Box::new(watch),
-                None => Box::new(tracking::WatchPlan {
-                    masters: self.config.servers.clone(),
-                    key: self.held.keys.lock.clone(),
-                    value: self.held.holder.value.clone(),
-                    log: self.log.clone(),
-                }),
-            };
+        // replica's watch when it watches the lock, else by the run's own; a replica's run also
+        // hears its replica's end on the channel.
+        let own = Box::new(tracking::WatchPlan {
+            masters: self.config.servers.clone(),
+            key: self.held.keys.lock.clone(),
+            value: self.held.holder.value.clone(),
+            log: self.log.clone(),
+        });
+        let plan: Box<dyn tracking::Watch> = match self.channel.as_mut() {
+            Some(channel) => Box::new(channel.replica_watch(own)),
+            None => own,
+        };
         self.watchdog.track(plan, started);
         let ended = supervise::supervise(child, &mut self.watchdog, self.limits, self.log);
         RUNNING_GROUP.store(0, Ordering::SeqCst);
@@ -346,6 +347,11 @@ impl<'a> Run<'a> {
     fn start(&self, shared: Shared) -> Result<(Child, Option<capture::Capture>), Exit> {
         let (config, held, log) = (self.config, &self.held, self.log);
         let validity = &self.watchdog.validity;
+        // A replica's run follows its replica, not the starter that forked it: a replica gone
+        // (its end of the channel closed) asks this run to end, as its drain would.
+        if self.channel.as_ref().is_some_and(RunSide::replica_gone) {
+            signals::ask_to_end();
+        }
         if let Some(sig) = signals::pending_forwarded() {
             log.info(
                 "signal",

@@ -10,9 +10,11 @@
 //! Its one thread is what makes the fork sound (a lock held by another thread would stay held in
 //! the child): the starter forks only while it has one (a job's resolution runs on a thread that
 //! is joined first, and is checked to start no other), and says its rare failures on stderr
-//! itself (the log has a writer thread). The child ties itself to the starter,
-//! which the lock message names as the run's parent; so a replica SIGKILLed takes the starter,
-//! and the starter its runs, and each run's guard stops its command by the lock's deadline.
+//! itself (the log has a writer thread). The child is not tied to the starter but to the
+//! replica, through its channel: a replica SIGKILLed takes the starter with it, and closes every
+//! run's channel, and each run then stops its command and gives its lock back
+//! ([`crate::fleet::handover`]); a starter that dies alone (killed, or replaced when a start went
+//! unanswered) leaves its runs going.
 //!
 //! It answers each `start` with `started` (the pid) or `refused`, and says `exited` with each
 //! run's wait status. At end of file (the replica is done, or let it go idle) it waits for the
@@ -248,10 +250,11 @@ impl StarterState<'_> {
 }
 
 impl Forked {
-    /// Become the run: stopped when the starter dies, its stdout and stderr the replica's pipes, its
-    /// command's crontab variables set, handed its channel; then the run's own steps.
+    /// Become the run: its stdout and stderr the replica's pipes, its command's crontab variables
+    /// set, handed its channel; then the run's own steps. It is not tied to the starter: it
+    /// follows its replica through the channel (a starter replaced for a slow start, or killed,
+    /// leaves the runs it forked going).
     fn run(self, run: &dyn Fn(&Resolved) -> Exit) -> Exit {
-        crate::command::guard::stop_with_parent();
         let mut fds = self.fds.into_iter();
         let (Some(channel), Some(out), Some(err)) = (fds.next(), fds.next(), fds.next()) else {
             return Exit::Failure;

@@ -448,3 +448,57 @@ fn assert_no_overlap(dir: &Path, why: &dyn Fn(&str) -> String) {
         }
     }
 }
+
+/// One slow start costs that start, never the runs already going: a replica's starter
+/// SIGSTOPped for 3 s while a long run works (a job every second asks it to start a run, gets no
+/// answer within 2 s, and the replica replaces that starter) leaves the long run alone: its
+/// command finishes and its instant reads `succeeded`; the job every second runs again.
+#[test]
+fn a_slow_start_never_stops_the_runs_already_going() {
+    let r = Redis::start();
+    let url = r.url();
+    let dir = scratch("gone-slow-start");
+    let d = dir.display();
+    let file = crontab(
+        &dir,
+        &format!(
+            "CRON_TZ=UTC\n\
+             0 0 1 1 * long echo began > {d}/began; sleep 6; echo done > {d}/done\n\
+             * * * * * * tick echo $CRONLOCK_INSTANT >> {d}/tick\n"
+        ),
+    );
+    let c = replica(&url, &file, &[]);
+    let ticks = || {
+        std::fs::read_to_string(dir.join("tick"))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    assert!(wait_for(Duration::from_secs(15), || ticks() >= 2));
+    let out = run(cronlock_at(&url).args(["--trigger", "long"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(wait_for(Duration::from_secs(10), || dir
+        .join("began")
+        .exists()));
+    let starter = starter_of(c.id()).expect("the replica's starter");
+    signal(starter as i32, libc::SIGSTOP);
+    let said = || replica_err(&file);
+    let unanswered = wait_for(Duration::from_secs(15), || {
+        said().contains("did not answer")
+    });
+    signal(starter as i32, libc::SIGCONT);
+    assert!(unanswered, "{}", said());
+    let after = ticks();
+    assert!(
+        wait_for(Duration::from_secs(15), || dir.join("done").exists()),
+        "the long command never finished\n{}",
+        said()
+    );
+    assert!(wait_for(Duration::from_secs(10), || ticks() >= after + 2));
+    assert!(wait_for(Duration::from_secs(10), || {
+        ledger(&url, "long")
+            .iter()
+            .any(|(_, state, _)| state == "succeeded")
+    }));
+    assert_eq!(stop(c), Some(0), "{}", said());
+}

@@ -249,8 +249,9 @@ fn children(pid: i32) -> Vec<(i32, String)> {
     out
 }
 
-#[test]
-fn as_pid_1_reaps_orphans_and_stops_on_sigterm() {
+/// What a PID 1 test needs: root (for `unshare --pid`) and a mount point at `/` (for
+/// `--mount-proc`); a suite run without them fails, never skips.
+fn pid_namespace_or_fail() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         lacks("root (unshare --pid needs CAP_SYS_ADMIN)", "the PID 1 test");
@@ -262,6 +263,42 @@ fn as_pid_1_reaps_orphans_and_stops_on_sigterm() {
             "unshare --mount-proc, for the PID 1 test,",
         );
     }
+}
+
+/// Every process under `root` and its state.
+fn subtree(root: i32) -> Vec<(i32, String)> {
+    let mut all = Vec::new();
+    let mut todo = vec![root];
+    while let Some(p) = todo.pop() {
+        for (c, state) in children(p) {
+            todo.push(c);
+            all.push((c, state));
+        }
+    }
+    all
+}
+
+/// The first child of `unshare` (the PID 1 it started), within 5 s.
+fn pid_1_under(c: &mut Child) -> i32 {
+    let unshare = c.id() as i32;
+    let mut pid1 = 0;
+    if !wait_for(Duration::from_secs(5), || {
+        pid1 = children(unshare).first().map(|c| c.0).unwrap_or(0);
+        pid1 > 0
+    }) {
+        let _ = c.kill();
+        let mut err = String::new();
+        if let Some(mut e) = c.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut err);
+        }
+        panic!("cronlock did not start under unshare: {}", err.trim());
+    }
+    pid1
+}
+
+#[test]
+fn as_pid_1_reaps_orphans_and_stops_on_sigterm() {
+    pid_namespace_or_fail();
     let r = Redis::start();
     let dir = scratch("pid1");
     let started = dir.join("started");
@@ -270,40 +307,17 @@ fn as_pid_1_reaps_orphans_and_stops_on_sigterm() {
         s = started.display()
     );
     let c = std::process::Command::new("unshare")
-        .args(["--pid", "--fork", "--mount-proc", BIN])
+        .args(["--pid", "--fork", "--mount-proc", &bin()])
         .env("CRONLOCK_REDIS_URL", r.url())
         .args(["k", "-c", &body])
         .stderr(Stdio::piped())
         .spawn()
         .expect("unshare (util-linux) is required");
-    let unshare = c.id() as i32;
-    let mut pid1 = 0;
     let mut c = c;
-    if !wait_for(Duration::from_secs(5), || {
-        pid1 = children(unshare).first().map(|c| c.0).unwrap_or(0);
-        pid1 > 0
-    }) {
-        let _ = c.kill();
-        let out = c.wait_with_output().unwrap();
-        panic!(
-            "cronlock did not start under unshare: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
+    let pid1 = pid_1_under(&mut c);
     assert!(wait_for(Duration::from_secs(5), || started.exists()));
     // The orphaned sleeps reparent (to the guard, a subreaper, or to cronlock as PID 1) and exit
     // after 0.1s: they must be reaped, leaving the guard, sh and `sleep 30`, and no zombie.
-    let subtree = |root: i32| {
-        let mut all = Vec::new();
-        let mut todo = vec![root];
-        while let Some(p) = todo.pop() {
-            for (c, state) in children(p) {
-                todo.push(c);
-                all.push((c, state));
-            }
-        }
-        all
-    };
     assert!(
         wait_for(Duration::from_secs(5), || {
             let t = subtree(pid1);
@@ -317,6 +331,60 @@ fn as_pid_1_reaps_orphans_and_stops_on_sigterm() {
     let (code, err) = finish(c);
     assert_eq!(code, 128 + libc::SIGTERM, "{err}");
     assert!(!r.exists(LOCK));
+}
+
+/// A `--crontab` replica as PID 1 (a container's entrypoint) whose starter is SIGKILLed while a
+/// run works: the run goes on (it follows the replica, not the starter), its command finishes
+/// and its instant reads `succeeded`; the run, now the replica's own child, is reaped (no zombie
+/// is left under PID 1), and the replica still drains and exits 0 on SIGTERM.
+#[test]
+fn as_pid_1_a_replica_reaps_the_runs_of_a_killed_starter() {
+    pid_namespace_or_fail();
+    let r = Redis::start();
+    let dir = scratch("pid1-replica");
+    let d = dir.display();
+    let file = dir.join("crontab");
+    std::fs::write(
+        &file,
+        format!(
+            "CRON_TZ=UTC\n0 0 1 1 * long echo began > {d}/began; sleep 3; echo done > {d}/done\n"
+        ),
+    )
+    .unwrap();
+    let mut c = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", &bin()])
+        .env("CRONLOCK_REDIS_URL", r.url())
+        .arg("--crontab")
+        .arg(&file)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("unshare (util-linux) is required");
+    let pid1 = pid_1_under(&mut c);
+    let out = run(cronlock(&r).args(["--trigger", "long"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(wait_for(Duration::from_secs(10), || dir
+        .join("began")
+        .exists()));
+    let starter = children(pid1).into_iter().find(|(p, _)| {
+        std::fs::read(format!("/proc/{p}/cmdline"))
+            .is_ok_and(|cmd| cmd.starts_with(b"cronlock-starter\0"))
+    });
+    let (starter, _) = starter.expect("the replica's starter");
+    signal(starter, libc::SIGKILL);
+    assert!(wait_for(Duration::from_secs(10), || dir
+        .join("done")
+        .exists()));
+    assert!(
+        wait_for(Duration::from_secs(10), || subtree(pid1).is_empty()),
+        "under the replica: {:?}",
+        subtree(pid1)
+    );
+    let status = run(cronlock(&r).args(["--status", "--json", "long"]));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&status)).unwrap();
+    assert_eq!(v["ledger"][0]["state"], "succeeded", "{v}");
+    signal(pid1, libc::SIGTERM);
+    let (code, err) = finish(c);
+    assert_eq!(code, 0, "{err}");
 }
 
 /// Parse a hex signal mask line (`SigBlk:`, `SigIgn:`) of /proc/self/status as printed by the child.

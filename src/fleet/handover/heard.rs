@@ -1,24 +1,33 @@
-//! The replica's watch of a run's lock as the run hears it, on its channel (see `replica/watches.rs`
-//! for the replica's side).
+//! What a run hears from its replica on its channel while its command runs (see
+//! `replica/watches.rs` for the replica's side): the replica's watch of the lock, its answers to
+//! the release, and its end.
 
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
+use nix::errno::Errno;
+use nix::sys::socket::{recv, MsgFlags};
+
 use super::MAX_MESSAGE;
 use crate::record::message::Message;
 use crate::signals;
 use crate::store::tracking::{Listener, Watch, Watching};
 
-/// The replica's watch of a run's lock, as the run hears it: from 20 ms into the command (the
-/// watchdog starts it, as a run's own watch), the kernel wakes the run's main loop whenever the
-/// channel is readable (`O_ASYNC`), and each wake-up reads what came without waiting: a
-/// `changed` asks the lock's validity to renew now; a `releasing` or `released` is kept for the
-/// release. No thread and no connection of the run's own.
+/// What a run hears on its channel: from 20 ms into the command (the watchdog starts it, as a
+/// run's own watch), the kernel wakes the run's main loop whenever the channel is readable
+/// (`O_ASYNC`), and each wake-up reads what came without waiting: a `changed` asks the lock's
+/// validity to renew now; a `releasing` or `released` is kept for the release; the end of the
+/// channel (the replica is gone: killed, or exited) asks the run to end, as a drain would, so
+/// it stops its command and gives its lock back itself. A run lives on when the starter that
+/// forked it dies: it follows its replica, through this channel. When the replica does not
+/// watch the lock (the handover says), the run's `own` watch runs beside it. No thread and no
+/// connection of the run's own for this.
 pub struct ReplicaWatch {
-    pub(super) stream: UnixStream,
+    pub(super) stream: Option<UnixStream>,
     pub(super) answers: Sender<String>,
+    pub(super) own: Option<Box<dyn Watch>>,
 }
 
 /// A [`ReplicaWatch`] that runs.
@@ -28,20 +37,33 @@ struct HearingReplica {
     listener: Arc<dyn Listener>,
     /// A line begun and not yet ended.
     partial: Vec<u8>,
+    /// The replica's end was heard (the run was asked to end once).
+    gone: bool,
+    own: Option<Box<dyn Watching>>,
 }
 
 impl Watch for ReplicaWatch {
     fn start(self: Box<Self>, listener: Arc<dyn Listener>) -> Box<dyn Watching> {
-        let ReplicaWatch { stream, answers } = *self;
-        if signals::wake_on_readable(stream.as_raw_fd(), true).is_err() {
-            // The release reads its answer itself; changes go unheard (renewals alone).
-            return Box::new(NotHearing);
-        }
+        let ReplicaWatch {
+            stream,
+            answers,
+            own,
+        } = *self;
+        let own = own.map(|w| w.start(listener.clone()));
+        let Some(stream) =
+            stream.filter(|s| signals::wake_on_readable(s.as_raw_fd(), true).is_ok())
+        else {
+            // (Not heard: the release reads its answer itself, and the replica's end is looked
+            // at before the command starts; changes go unheard, renewals alone.)
+            return own.unwrap_or_else(|| Box::new(NotHearing));
+        };
         let mut hearing = HearingReplica {
             stream,
             answers,
             listener,
             partial: Vec::new(),
+            gone: false,
+            own,
         };
         // What came before the wake-ups were on.
         hearing.look();
@@ -56,14 +78,18 @@ impl Watching for NotHearing {}
 
 impl Watching for HearingReplica {
     fn look(&mut self) {
+        if let Some(own) = self.own.as_mut() {
+            own.look();
+        }
         let mut chunk = [0u8; 4096];
-        loop {
-            let got = match nix::sys::socket::recv(
-                self.stream.as_raw_fd(),
-                &mut chunk,
-                nix::sys::socket::MsgFlags::MSG_DONTWAIT,
-            ) {
-                Ok(0) | Err(_) => return,
+        while !self.gone {
+            let got = match recv(self.stream.as_raw_fd(), &mut chunk, MsgFlags::MSG_DONTWAIT) {
+                Err(Errno::EAGAIN | Errno::EINTR) => return,
+                Ok(0) | Err(_) => {
+                    self.gone = true;
+                    signals::ask_to_end();
+                    return;
+                }
                 Ok(n) => n,
             };
             self.partial.extend_from_slice(&chunk[..got]);
@@ -89,4 +115,15 @@ impl Drop for HearingReplica {
     fn drop(&mut self) {
         let _ = signals::wake_on_readable(self.stream.as_raw_fd(), false);
     }
+}
+
+/// Whether the replica's end of `stream` is closed, looked at without waiting or reading (a
+/// message not yet read says it is there).
+pub(super) fn replica_gone(stream: &UnixStream) -> bool {
+    let mut byte = [0u8; 1];
+    let peek = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
+    !matches!(
+        recv(stream.as_raw_fd(), &mut byte, peek),
+        Ok(1..) | Err(Errno::EAGAIN | Errno::EINTR)
+    )
 }
