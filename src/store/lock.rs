@@ -189,6 +189,7 @@ pub fn abandon(
     holder: &Holder,
     ttl: Duration,
     undo: Undo,
+    slots: &[String],
 ) -> Result<bool, Failure> {
     let abandoned = keys.abandoned(&holder.token);
     let ttl = ms(ttl).to_string();
@@ -196,23 +197,24 @@ pub fn abandon(
         Undo::RollBack => b"undo",
         Undo::Abandoned => b"abandoned",
     };
-    let reply = link.call(
-        within,
-        &keys.lock,
-        &[
-            b"EVAL",
-            ABANDON_LUA.as_bytes(),
-            b"4",
-            keys.lock.as_bytes(),
-            abandoned.as_bytes(),
-            keys.schedule.as_bytes(),
-            keys.ledger.as_bytes(),
-            holder.value.as_bytes(),
-            ttl.as_bytes(),
-            holder.token.as_bytes(),
-            mode,
-        ],
-    )?;
+    let count = (4 + slots.len()).to_string();
+    let mut args: Vec<&[u8]> = vec![
+        b"EVAL",
+        ABANDON_LUA.as_bytes(),
+        count.as_bytes(),
+        keys.lock.as_bytes(),
+        abandoned.as_bytes(),
+        keys.schedule.as_bytes(),
+        keys.ledger.as_bytes(),
+    ];
+    args.extend(slots.iter().map(|s| s.as_bytes()));
+    args.extend([
+        holder.value.as_bytes(),
+        ttl.as_bytes(),
+        holder.token.as_bytes(),
+        mode,
+    ]);
+    let reply = link.call(within, &keys.lock, &args)?;
     link.read(reply, |v| {
         Ok(int(v, "an undo reply that is not 0 or 1")? == 1)
     })

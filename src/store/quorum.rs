@@ -251,11 +251,22 @@ impl Masters {
             budget,
         } = round;
         let Acquire {
-            keys, holder, ttl, ..
+            keys,
+            holder,
+            ttl,
+            limit,
+            ..
         } = ask;
         if let Some(held) = self.granted(answers, sent_at, ttl, budget) {
             return Ok(AcquireOutcome::Held(Box::new(held)));
         }
+        // The lock a master granted may be a slot (--limit above 1), or the instant's own
+        // (--overlap allow, which abandon.lua finds by the attempt's ledger entry).
+        let slots = if limit > 1 {
+            keys.slots(limit)
+        } else {
+            Vec::new()
+        };
         // Not ours: undo it wherever it may be ours.
         let undo: Vec<bool> = answers
             .iter()
@@ -270,7 +281,7 @@ impl Masters {
         // not hold the undo, and the next round, for all of --connect-timeout (its lock, if it
         // took one, lapses with the TTL; it is never a majority's).
         let undone = self.each(|i, link| {
-            undo[i].then(|| lock::abandon(link, budget, keys, holder, ttl, Undo::RollBack))
+            undo[i].then(|| lock::abandon(link, budget, keys, holder, ttl, Undo::RollBack, &slots))
         });
         if let Some(refusal) = refused(answers, self.majority()) {
             return refusal;
@@ -580,7 +591,8 @@ impl Masters {
     pub fn unclaim(&mut self, within: Duration, held: &Held, undo: Undo) -> Result<bool, Failure> {
         let budget = self.budget(within, held.ttl);
         let (keys, holder, ttl) = (&held.keys, &held.holder, held.ttl);
-        let mut answers = self.each(|_, link| lock::abandon(link, budget, keys, holder, ttl, undo));
+        let mut answers =
+            self.each(|_, link| lock::abandon(link, budget, keys, holder, ttl, undo, &[]));
         if answers.iter().any(|a| matches!(a, Ok(true))) {
             return Ok(true);
         }

@@ -527,3 +527,47 @@ mod alone {
         renewal_fails(Mischief::After(UNASKED[0]));
     }
 }
+
+/// A reply lost (the server too slow to answer within `--connect-timeout`, the script run all
+/// the same) is undone whatever lock the grant held: a `--limit 2` slot (`KEY:slot:N`), an
+/// `--overlap allow` instant's own lock (`KEY:at:INSTANT`). Before, the undo deleted the plain
+/// KEY and the grant stayed for its TTL (30 s), counting against the limit with nothing running.
+#[test]
+fn a_lost_reply_undoes_a_slot_and_an_instants_own_lock() {
+    let r = Redis::start_tcp();
+    let proxy = Hostile::start(r.port);
+    proxy.set(Mischief::Drip);
+    let dir = scratch("hostile-lost-grant");
+    let marker = dir.join("ran");
+    let attempts: [&[&str]; 2] = [
+        &["--limit", "2"],
+        &["--schedule", "* * * * * *", "--overlap", "allow"],
+    ];
+    for args in attempts {
+        // (Run once straight to the server first: its scripts are then cached there, and the
+        // slow one runs its script at once, as a server that answers late does.)
+        let out = run(cronlock_at(&r.url()).args(args).args(["k", "true"]));
+        assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
+        let out = run(cronlock_at(&proxy.url())
+            .args(["--connect-timeout", "500ms"])
+            .args(args)
+            .arg("k")
+            .arg("touch")
+            .arg(&marker));
+        assert_eq!(code(&out), 125, "{args:?}: {}", stderr(&out));
+        assert!(!marker.exists(), "{args:?}: the command ran");
+        let held = || -> Vec<String> {
+            r.keys()
+                .into_iter()
+                .filter(|k| {
+                    k.starts_with(&format!("{LOCK}:slot:")) || k.starts_with(&format!("{LOCK}:at:"))
+                })
+                .collect()
+        };
+        assert!(
+            wait_for(Duration::from_secs(3), || held().is_empty()),
+            "{args:?}: {:?}",
+            held()
+        );
+    }
+}

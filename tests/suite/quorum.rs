@@ -414,3 +414,40 @@ mod alone {
         }
     }
 }
+
+/// A split vote undoes the lock a master granted under `--overlap allow`: the instant's own lock
+/// (`KEY:at:INSTANT`), not the plain KEY. Two masters are busy (64 instants running, the
+/// default cap), the third grants: nobody has a majority, and the third is left with no lock of
+/// the attempt (before, the undo deleted the plain KEY, and the grant stayed for its TTL,
+/// counting against the cap with nothing running).
+#[test]
+fn a_split_vote_undoes_an_instants_own_lock() {
+    let m = three();
+    let running = format!("{LOCK}:running");
+    for (r, who) in m[..2].iter().zip(["a", "b"]) {
+        for at in 1..=64 {
+            let lock = format!("{LOCK}:at:{at}");
+            r.query::<()>(redis::cmd("SET").arg(lock).arg(who).arg("PX").arg(20_000));
+            r.query::<()>(redis::cmd("HSET").arg(&running).arg(at).arg(who));
+        }
+    }
+    let out = run(on(&m).args([
+        "-E",
+        "75",
+        "--schedule",
+        "* * * * * *",
+        "--overlap",
+        "allow",
+        "q",
+        "--",
+        "true",
+    ]));
+    assert_eq!(code(&out), 75, "{}", stderr(&out));
+    let left: Vec<String> = m[2]
+        .keys()
+        .into_iter()
+        .filter(|k| k.starts_with(&format!("{LOCK}:at:")))
+        .collect();
+    assert_eq!(left, Vec::<String>::new());
+    assert!(!m[2].exists(&running), "{:?}", m[2].keys());
+}

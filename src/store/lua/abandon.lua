@@ -2,20 +2,35 @@
 -- whether the acquire script ran, and may be about to run, on the server), a majority did not
 -- grant it, or the replica that won it could not start its run.
 -- KEYS[1] lock, KEYS[2] the attempt's "abandoned" marker, KEYS[3] the schedule record, KEYS[4] the
--- ledger; ARGV[1] holder value, ARGV[2] ttl in ms, ARGV[3] the attempt's run id (the holder's
+-- ledger, KEYS[5...] other locks the attempt may hold (the slots of a --limit above 1: a reply
+-- lost or a split vote does not say which one a master granted); ARGV[1] holder value, ARGV[2] ttl in ms, ARGV[3] the attempt's run id (the holder's
 -- token), ARGV[4] 'undo' (the claim is rolled back: the instant can be claimed again at once) or
 -- 'abandoned' (the attempt is ended as abandoned: its run died after its lock lapsed).
--- If the lock holds our value, delete it. Leave the marker for a TTL, so an acquire script of this
+-- If a lock holds our value, delete it. Leave the marker for a TTL, so an acquire script of this
 -- attempt that runs later takes nothing. Then the ledger entry whose last attempt is ours and
--- still running: undone, the attempt is removed (the entry with it when it was the first) and the
--- schedule record no longer names the instant; abandoned, the attempt and the entry are ended.
+-- still running: its instant's own lock (--overlap allow, KEYS[1] .. ':at:' .. instant, and its
+-- place among the instants running) deleted if it holds our value; undone, the attempt is
+-- removed (the entry with it when it was the first) and the schedule record no longer names the
+-- instant; abandoned, the attempt and the entry are ended.
 -- An entry that ended, or whose last attempt is another's, is never touched.
 -- Returns 1 when it deleted our lock, 0 otherwise.
 redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
 local result = 0
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  result = 1
+local slots_held = false
+for i = 1, #KEYS do
+  if i == 1 or i > 4 then
+    local v = redis.call('GET', KEYS[i])
+    if v == ARGV[1] then
+      redis.call('DEL', KEYS[i])
+      result = 1
+    elseif v and i > 4 then
+      slots_held = true
+    end
+  end
+end
+-- (The --limit record lives while holders exist: gone with the last slot.)
+if #KEYS > 4 and result == 1 and not slots_held then
+  redis.call('DEL', KEYS[1] .. ':limit')
 end
 if not KEYS[4] or not ARGV[3] or ARGV[3] == '' then
   return result
@@ -30,6 +45,12 @@ for i = 1, #all, 2 do
       and #e.attempts > 0 and type(e.attempts[#e.attempts]) == 'table'
       and e.attempts[#e.attempts].run_id == ARGV[3] then
       local last = e.attempts[#e.attempts]
+      local own = KEYS[1] .. ':at:' .. field
+      if redis.call('GET', own) == ARGV[1] then
+        redis.call('DEL', own)
+        redis.call('HDEL', KEYS[1] .. ':running', field)
+        result = 1
+      end
       if ARGV[4] == 'abandoned' then
         local t = redis.call('TIME')
         last.state, last.ended = 'abandoned', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
