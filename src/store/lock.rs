@@ -197,7 +197,7 @@ pub fn abandon(
         Undo::RollBack => b"undo",
         Undo::Abandoned => b"abandoned",
     };
-    let count = (4 + slots.len()).to_string();
+    let count = (5 + slots.len()).to_string();
     let mut args: Vec<&[u8]> = vec![
         b"EVAL",
         ABANDON_LUA.as_bytes(),
@@ -206,6 +206,7 @@ pub fn abandon(
         abandoned.as_bytes(),
         keys.schedule.as_bytes(),
         keys.ledger.as_bytes(),
+        keys.trigger.as_bytes(),
     ];
     args.extend(slots.iter().map(|s| s.as_bytes()));
     args.extend([

@@ -1133,3 +1133,143 @@ fn trigger_runs_a_job_that_runs_often_at_once() {
     }
     stop(c);
 }
+
+/// A manual instant runs at most once while its request exists, whatever the ledger keeps: its
+/// run succeeded, then its ledger entry is gone (the ledger keeps its 64 newest instants: a job
+/// due every second drops it within minutes), and a replica that starts while the trigger's
+/// poke lasts (600 s) claims it: it must not run it again (the request says it was taken).
+#[test]
+fn a_manual_instant_never_runs_twice_once_the_ledger_dropped_it() {
+    let r = Redis::start();
+    let url = r.url();
+    let dir = scratch("policies-manual-once");
+    let d = dir.display();
+    let file = crontab(
+        &dir,
+        &format!(
+            "CRON_TZ=UTC\n\
+             0 0 1 1 * yearly echo ran >> {d}/yearly\n\
+             * * * * * * tick echo $CRONLOCK_INSTANT >> {d}/tick\n"
+        ),
+    );
+    let first = replica(&url, &file, &[]);
+    let out = trigger_of(&url, &["--wait", "10s", "yearly"]);
+    assert_eq!(code(&out), 0, "{}{}", stdout(&out), stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&run(
+        cronlock_at(&url).args(["--status", "--json", "yearly"])
+    )))
+    .unwrap();
+    let instant = v["ledger"][0]["instant"].as_i64().unwrap();
+    r.query::<()>(
+        redis::cmd("HDEL")
+            .arg("cronlock:{yearly}:ledger")
+            .arg(instant),
+    );
+    let ticks = || {
+        std::fs::read_to_string(dir.join("tick"))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    let second = replica(&url, &file, &[]);
+    // The newcomer's heartbeats bring the poke; a few seconds of ticks later it has claimed it.
+    let before = ticks();
+    assert!(wait_for(Duration::from_secs(15), || ticks() >= before + 4));
+    let ran = std::fs::read_to_string(dir.join("yearly")).unwrap_or_default();
+    assert_eq!(ran.lines().count(), 1, "{ran}\n{}", replica_err(&file));
+    stop(first);
+    stop(second);
+}
+
+/// A claim of the instant that waits (`--overlap queue`) that is undone (here its reply is lost:
+/// the server answers too slowly) gives the instant back: it waits again, first in line, and the
+/// next firing runs it. Before, the undo deleted its entry and its name: the instant was gone
+/// with no record.
+#[test]
+fn an_undone_claim_of_the_waiting_instant_lets_it_wait_again() {
+    let r = Redis::start_tcp();
+    let url = r.url();
+    let proxy = crate::common::hostile::Hostile::start(r.port);
+    let dir = scratch("policies-queue-undo");
+    let fire = |url: &str, cmd: &str| {
+        cronlock_at(url)
+            .args(["-E", "75", "--connect-timeout", "500ms"])
+            .args([
+                "--schedule",
+                "* * * * * *",
+                "--overlap",
+                "queue",
+                "k",
+                "-c",
+                cmd,
+            ])
+            .current_dir(&dir)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    just_after_an_instant(1000);
+    let holder = fire(&url, "sleep 2.5");
+    just_after_an_instant(1000);
+    let waits = fire(&url, "touch second").wait_with_output().unwrap();
+    assert_eq!(code(&waits), 75, "{}", stderr(&waits));
+    let queued = || {
+        ledger(&url, "k")
+            .into_iter()
+            .filter(|(_, st, _)| st == "queued")
+            .map(|(at, _, _)| at)
+            .collect::<Vec<i64>>()
+    };
+    let waiting = queued();
+    assert_eq!(waiting.len(), 1, "{:?}", ledger(&url, "k"));
+    let out = holder.wait_with_output().unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    // Its claim's reply is lost: undone.
+    proxy.set(crate::common::hostile::Mischief::Drip);
+    just_after_an_instant(1000);
+    let lost = fire(&proxy.url(), "touch lost").wait_with_output().unwrap();
+    assert_eq!(code(&lost), 125, "{}", stderr(&lost));
+    assert!(!dir.join("lost").exists());
+    assert_eq!(queued(), waiting, "{:?}", ledger(&url, "k"));
+    // The next firing runs it.
+    just_after_an_instant(1000);
+    let next = fire(&url, "touch ran").wait_with_output().unwrap();
+    assert_eq!(code(&next), 0, "{}", stderr(&next));
+    let book = ledger(&url, "k");
+    assert!(
+        book.iter()
+            .any(|(at, st, _)| *at == waiting[0] && st == "succeeded"),
+        "{book:?}"
+    );
+}
+
+/// The trigger requests of a KEY are bounded as its ledger is: a KEY triggered more often than
+/// daily (its requests kept a day from the last one) keeps its newest, never a growing hash. Here
+/// 100 earlier requests are there when one more comes: at most 80 are left (64 newest, trimmed in
+/// batches of 16), the new one among them, and it runs.
+#[test]
+fn trigger_requests_are_trimmed_to_the_newest() {
+    let r = Redis::start();
+    let url = r.url();
+    let dir = scratch("policies-trigger-trim");
+    let file = trigger_crontab(&dir);
+    let c = replica(&url, &file, &[]);
+    let requests = "cronlock:{ok}:trigger";
+    for at in 1..=100 {
+        r.query::<()>(
+            redis::cmd("HSET")
+                .arg(requests)
+                .arg(1_700_000_000_000i64 + at)
+                .arg(r#"{"state":"accepted","asked":1700000000000}"#),
+        );
+    }
+    let out = trigger_of(&url, &["--wait", "10s", "ok"]);
+    assert_eq!(code(&out), 0, "{}{}", stdout(&out), stderr(&out));
+    let left: i64 = r.query(redis::cmd("HLEN").arg(requests));
+    assert!((64..=80).contains(&left), "{left}");
+    let oldest: Option<String> =
+        r.query(redis::cmd("HGET").arg(requests).arg(1_700_000_000_001i64));
+    assert_eq!(oldest, None);
+    assert_eq!(runs(&dir).0.len(), 1);
+    stop(c);
+}

@@ -2,8 +2,9 @@
 -- whether the acquire script ran, and may be about to run, on the server), a majority did not
 -- grant it, or the replica that won it could not start its run.
 -- KEYS[1] lock, KEYS[2] the attempt's "abandoned" marker, KEYS[3] the schedule record, KEYS[4] the
--- ledger, KEYS[5...] other locks the attempt may hold (the slots of a --limit above 1: a reply
--- lost or a split vote does not say which one a master granted); ARGV[1] holder value, ARGV[2] ttl in ms, ARGV[3] the attempt's run id (the holder's
+-- ledger, KEYS[5] the manual instants asked for (--trigger), KEYS[6...] other locks the attempt
+-- may hold (the slots of a --limit above 1: a reply lost or a split vote does not say which one
+-- a master granted); ARGV[1] holder value, ARGV[2] ttl in ms, ARGV[3] the attempt's run id (the holder's
 -- token), ARGV[4] 'undo' (the claim is rolled back: the instant can be claimed again at once) or
 -- 'abandoned' (the attempt is ended as abandoned: its run died after its lock lapsed).
 -- If a lock holds our value, delete it. Leave the marker for a TTL, so an acquire script of this
@@ -11,25 +12,28 @@
 -- still running: its instant's own lock (--overlap allow, KEYS[1] .. ':at:' .. instant, and its
 -- place among the instants running) deleted if it holds our value; undone, the attempt is
 -- removed (the entry with it when it was the first) and the schedule record no longer names the
--- instant; abandoned, the attempt and the entry are ended.
+-- instant, and what the claim consumed is given back: the instant that waited under --overlap
+-- queue waits again, first in line (a later instant that took its place is skipped, as a second
+-- one that waits is), and a manual instant's request is asked again; abandoned, the attempt and
+-- the entry are ended.
 -- An entry that ended, or whose last attempt is another's, is never touched.
 -- Returns 1 when it deleted our lock, 0 otherwise.
 redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
 local result = 0
 local slots_held = false
 for i = 1, #KEYS do
-  if i == 1 or i > 4 then
+  if i == 1 or i > 5 then
     local v = redis.call('GET', KEYS[i])
     if v == ARGV[1] then
       redis.call('DEL', KEYS[i])
       result = 1
-    elseif v and i > 4 then
+    elseif v and i > 5 then
       slots_held = true
     end
   end
 end
 -- (The --limit record lives while holders exist: gone with the last slot.)
-if #KEYS > 4 and result == 1 and not slots_held then
+if #KEYS > 5 and result == 1 and not slots_held then
   redis.call('DEL', KEYS[1] .. ':limit')
 end
 if not KEYS[4] or not ARGV[3] or ARGV[3] == '' then
@@ -57,8 +61,25 @@ for i = 1, #all, 2 do
         e.state = 'abandoned'
         redis.call('HSET', KEYS[4], field, cjson.encode(e))
       else
-        if #e.attempts == 1 then
+        if #e.attempts == 1 and e.queued then
+          local q = redis.call('HGET', KEYS[3], 'queued')
+          if q and q ~= field then
+            local fine, qe = pcall(cjson.decode, redis.call('HGET', KEYS[4], q) or '')
+            if fine and type(qe) == 'table' and qe.state == 'queued' then
+              redis.call('HSET', KEYS[4], q, '{"state":"skipped","reason":"overlap","attempts":{}}')
+            end
+          end
+          redis.call('HSET', KEYS[3], 'queued', field)
+          redis.call('HSET', KEYS[4], field, '{"state":"queued","attempts":{}}')
+        elseif #e.attempts == 1 then
           redis.call('HDEL', KEYS[4], field)
+          if e.manual then
+            local fine, r = pcall(cjson.decode, redis.call('HGET', KEYS[5], field) or '')
+            if fine and type(r) == 'table' then
+              r.state, r.by = 'asked', nil
+              redis.call('HSET', KEYS[5], field, cjson.encode(r))
+            end
+          end
         else
           table.remove(e.attempts)
           e.state = e.attempts[#e.attempts].state or 'failed'

@@ -161,8 +161,17 @@ if ARGV[3] ~= '' then
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   if manual then
     instant = tonumber(ARGV[13]) or 0
-    if instant == 0 or not redis.call('HGET', KEYS[8], string.format('%d', instant)) then
+    local request = instant ~= 0 and redis.call('HGET', KEYS[8], string.format('%d', instant))
+    if not request then
       -- No such request (taken back, or never asked): nothing to run.
+      return {0, 0, false, instant, instant, -1, 0, 0, false, 0}
+    end
+    -- Taken already (accepted or skipped): its ledger entry judges a retry; without one (the
+    -- ledger keeps its newest instants only) it ran, and never runs again while the request is
+    -- there. (The request's own words are JSON strings, where '"' is escaped.)
+    if not string.find(request, '"state":"asked"', 1, true)
+      and not string.find(request, '"state":"queued"', 1, true)
+      and redis.call('HEXISTS', KEYS[6], string.format('%d', instant)) == 0 then
       return {0, 0, false, instant, instant, -1, 0, 0, false, 0}
     end
   elseif take_queued then
@@ -439,6 +448,8 @@ if instant ~= 0 then
   -- Redis more than the rest of a claim); a later attempt's goes through cjson.
   local text
   if entry then
+    -- (The instant that waited under --overlap queue: an undo lets it wait again.)
+    if entry.state == 'queued' then entry.queued = true end
     entry.state = 'running'
     entry.holder = ARGV[1]
     local h = cjson.decode(ARGV[1])

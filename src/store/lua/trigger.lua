@@ -3,7 +3,8 @@
 -- ARGV[1] the instant (Unix ms, the asking host's clock: a label), ARGV[2] the record (JSON:
 -- host, user, reason), ARGV[3] how long the requests are kept (ms)
 -- Writes the record with 'asked' (Redis's clock) and 'state' 'asked', unless the instant is
--- taken already (a request or a ledger entry): then writes nothing and returns 0. Else 1.
+-- taken already (a request or a ledger entry): then writes nothing and returns 0. Else 1. The
+-- oldest requests beyond the 64 newest are trimmed.
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 local field = ARGV[1]
 if not tonumber(field) then
@@ -17,5 +18,19 @@ local t = redis.call('TIME')
 record.asked = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 record.state = 'asked'
 redis.call('HSET', KEYS[1], field, cjson.encode(record))
+-- The requests are bounded as the ledger is: the KEEP newest, trimmed in batches (at SLACK over).
+local KEEP, SLACK = 64, 16
+if redis.call('HLEN', KEYS[1]) > KEEP + SLACK then
+  local fields = redis.call('HKEYS', KEYS[1])
+  local at = {}
+  for i, f in ipairs(fields) do at[i] = tonumber(f) or 0 end
+  table.sort(at)
+  local gone = {}
+  for i = 1, #at - KEEP do
+    local f = string.format('%d', at[i])
+    if f ~= field then gone[#gone + 1] = f end
+  end
+  if #gone > 0 then redis.call('HDEL', KEYS[1], unpack(gone)) end
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
