@@ -502,3 +502,59 @@ fn a_slow_start_never_stops_the_runs_already_going() {
     }));
     assert_eq!(stop(c), Some(0), "{}", said());
 }
+
+/// Under `--overlap allow` every instant whose run is gone is judged so, not only the last one
+/// started: a replica whose group is SIGKILLed while several instants of a job run side by side
+/// (each 3.5 s long, one a second, `--ttl 2s`) leaves none of them `running` once their locks
+/// lapsed: the next claims of the job end them `abandoned`.
+#[test]
+fn under_allow_every_instant_whose_run_died_reads_abandoned() {
+    let r = Redis::start();
+    let url = r.url();
+    let dir = scratch("gone-allow");
+    let d = dir.display();
+    let file = crontab(
+        &dir,
+        &format!(
+            "CRON_TZ=UTC\n* * * * * * --overlap allow --ttl 2s side \
+             echo $CRONLOCK_INSTANT >> {d}/side; sleep 3.5\n"
+        ),
+    );
+    let mut victim = crate::common::replicas::replica_grouped(&url, &file, &[]);
+    let running = || {
+        ledger(&url, "side")
+            .into_iter()
+            .filter(|(_, st, _)| st == "running")
+            .map(|(at, _, _)| at)
+            .collect::<Vec<i64>>()
+    };
+    assert!(
+        wait_for(Duration::from_secs(15), || running().len() >= 3),
+        "{}",
+        replica_err(&file)
+    );
+    signal(-(victim.id() as i32), libc::SIGKILL);
+    victim.wait().unwrap();
+    let killed_at = now_secs();
+    let dead = running();
+    let other = replica(&url, &file, &[]);
+    // Its claims come once the dead runs' locks lapsed (2 s), each second.
+    let ended = wait_for(Duration::from_secs(15), || {
+        let now = running();
+        dead.iter().all(|at| !now.contains(at))
+    });
+    let book = ledger(&url, "side");
+    stop(other);
+    assert!(
+        ended,
+        "still running {:?} (killed at {killed_at}): {book:?}",
+        running()
+    );
+    for at in &dead {
+        assert!(
+            book.iter().any(|(t, st, _)| t == at
+                && ["abandoned", "interrupted", "succeeded"].contains(&st.as_str())),
+            "{at}: {book:?}"
+        );
+    }
+}

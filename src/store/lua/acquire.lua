@@ -301,7 +301,9 @@ local function overlapped()
 end
 local holder = redis.call('GET', lock)
 -- --overlap allow: at most ARGV[12] instants at once (the running ones are counted by their
--- locks; an entry whose lock is gone is dropped). Busy beyond that, as when the lock is held.
+-- locks; an entry whose lock is gone is dropped, and its instant, if its ledger entry still reads
+-- running under that holder, is ended abandoned: its run died without ending it, whichever
+-- instant it was). Busy beyond that, as when the lock is held.
 if allow and not holder and instant ~= 0 then
   local running = redis.call('HGETALL', KEYS[10])
   local live, soonest, by = 0, nil, false
@@ -309,6 +311,14 @@ if allow and not holder and instant ~= 0 then
     local left = redis.call('PTTL', lock_at(running[i]))
     if left == -2 then
       redis.call('HDEL', KEYS[10], running[i])
+      local ok, e = pcall(cjson.decode, redis.call('HGET', KEYS[6], running[i]) or '')
+      if ok and type(e) == 'table' and e.state == 'running' and e.holder == running[i + 1]
+        and type(e.attempts) == 'table' and type(e.attempts[#e.attempts]) == 'table' then
+        local last = e.attempts[#e.attempts]
+        last.state, last.ended = 'abandoned', now
+        e.state = 'abandoned'
+        redis.call('HSET', KEYS[6], running[i], cjson.encode(e))
+      end
     else
       live = live + 1
       if not soonest or left < soonest then soonest, by = left, running[i + 1] end
