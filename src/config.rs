@@ -13,7 +13,7 @@ use std::time::Duration;
 pub use crate::fleet::report::Reports;
 use crate::fleet::schedule::Schedule;
 use crate::lease::Timing;
-use crate::store::lock::{InstantKind, Instants, Overlap};
+use crate::store::lock::{Held, InstantKind, Instants, Overlap};
 use crate::store::topology::Redis;
 
 /// How many instants before the candidates a `--catch-up` firing sends for the ledger's
@@ -119,6 +119,33 @@ pub struct RunConfig {
 }
 
 impl RunConfig {
+    /// How a lock a replica claimed differs from what a run of this configuration holds, if it
+    /// does (another KEY, TTL or `--limit`, or an instant its schedule never names): the run
+    /// refuses it, and a replica whose crontab changed while the claim was in flight undoes it.
+    pub fn mismatch(&self, held: &Held) -> Option<String> {
+        if held.keys.name != self.key {
+            return Some(format!("KEY '{}', not '{}'", held.keys.name, self.key));
+        }
+        if held.ttl != self.timing.ttl {
+            return Some(format!(
+                "a TTL of {} ms, not {} ms",
+                held.ttl.as_millis(),
+                self.timing.ttl.as_millis()
+            ));
+        }
+        if held.limit != self.limit {
+            return Some(format!("--limit {}, not {}", held.limit, self.limit));
+        }
+        match (held.instant, &self.schedule) {
+            (None, None) => None,
+            (Some(_), Some(_)) if held.manual => None,
+            (Some(at), Some(s)) if s.next_after(at - 1) == Some(at) => None,
+            (Some(at), Some(_)) => Some(format!("an instant ({at}) its schedule never names")),
+            (Some(_), None) => Some("an instant, and this run has no --schedule".into()),
+            (None, Some(_)) => Some("no instant, and this run has --schedule".into()),
+        }
+    }
+
     /// With `--schedule`: what the acquire chooses the run's instant from. `fired_for` is the
     /// instant a replica claims: without `--catch-up` the claim is for that instant only, however
     /// late it is sent (a loaded replica), instead of the one nearest to Redis's clock.

@@ -272,7 +272,7 @@ fn replica_series(board: &Board, f: &mut Families, jobs: usize) {
             f.add(
                 "cronlock_instants_missed_total",
                 "counter",
-                "Instants of the job this replica recorded missed in the ledger, by reason (no_room: no replica had room in time; redis_unreachable: claims could not reach Redis; late: the replica came to them only after they could no longer start).",
+                "Instants of the job this replica recorded missed in the ledger, by reason (no_room: no replica had room in time; redis_unreachable: claims could not reach Redis; late: the replica came to them only after they could no longer start; reload: they waited on a replica whose crontab changed or removed their job).",
                 &format!("key=\"{}\",reason=\"{}\"", escape(&job.key), reason.name()),
                 n.unwrap_or(0),
             );

@@ -30,10 +30,13 @@ pub enum MissedReason {
     /// The replica's loop came to it only after it could no longer start (the machine was
     /// saturated, or the replica was frozen).
     Late,
+    /// It waited on a replica whose crontab was read again without its job, or with the job
+    /// changed (another schedule, TTL, command).
+    Reload,
 }
 
 impl MissedReason {
-    pub const ALL: [MissedReason; 3] = [Self::NoRoom, Self::Unreachable, Self::Late];
+    pub const ALL: [MissedReason; 4] = [Self::NoRoom, Self::Unreachable, Self::Late, Self::Reload];
 
     /// The word in the ledger and the metrics.
     pub fn name(self) -> &'static str {
@@ -41,6 +44,7 @@ impl MissedReason {
             Self::NoRoom => "no_room",
             Self::Unreachable => "redis_unreachable",
             Self::Late => "late",
+            Self::Reload => "reload",
         }
     }
 
@@ -52,6 +56,7 @@ impl MissedReason {
             Self::Late => {
                 "the replica came to it only after it could no longer start (overloaded or frozen)"
             }
+            Self::Reload => "it waited on a replica whose crontab changed its job or removed it",
         }
     }
 }

@@ -25,12 +25,24 @@ pub(super) struct Unrecorded {
     next_try: i64,
 }
 
-/// One missed instant to record.
+/// One missed instant to record, under its job's configuration when it was given up (a reload
+/// may have removed the job since).
 pub(super) struct Pending {
     pub key: String,
     pub config: Arc<RunConfig>,
     pub instant: i64,
     pub reason: MissedReason,
+}
+
+impl Pending {
+    pub fn of(job: &CronJob, instant: i64, reason: MissedReason) -> Pending {
+        Pending {
+            key: job.key.clone(),
+            config: job.config.clone(),
+            instant,
+            reason,
+        }
+    }
 }
 
 const MAX_UNRECORDED: usize = 1024;

@@ -12,6 +12,7 @@ use crate::clock::Instant;
 use crate::clock::{rfc3339, unix_millis};
 use crate::config::{CronJob, Replica, RunConfig};
 use crate::log::Log;
+use crate::record::ledger::MissedReason;
 use crate::store::lock::{Held, InstantKind, Overlap, Undo};
 
 use super::answers::{self, Pending, Unrecorded};
@@ -399,10 +400,30 @@ impl<'a> Replicant<'a> {
             table.answered(key, !failed, self.log);
         }
         let first_news = failed && !std::mem::replace(&mut self.trouble_told, failed);
-        let Some(job) = table.job(key).map(|j| j.cron.clone()) else {
-            // Removed by a reload meanwhile: a won claim is undone.
+        let job = table.job(key).map(|j| j.cron.clone());
+        // Removed or changed by a reload meanwhile (its run would refuse the lock: another TTL,
+        // --limit, or an instant its schedule no longer names): a won claim is undone, and a
+        // scheduled instant recorded missed (`reload`); never a run refused, nor this replica
+        // sick for it.
+        let refused = match (&job, &verdict) {
+            (None, _) => true,
+            (Some(job), ClaimVerdict::Won(held)) => job.config.mismatch(held).is_some(),
+            _ => false,
+        };
+        let Some(job) = job.filter(|_| !refused) else {
             if let ClaimVerdict::Won(held) = verdict {
-                self.unclaim(config, held);
+                let at = held
+                    .instant
+                    .filter(|_| claimed.kind == InstantKind::Scheduled);
+                self.unclaim(config.clone(), held);
+                if let Some(instant) = at {
+                    self.claims.send(Ask::Missed {
+                        key: key.to_string(),
+                        config,
+                        instant,
+                        reason: MissedReason::Reload,
+                    });
+                }
             }
             self.look_again(table, claimed, None);
             return;
@@ -507,16 +528,19 @@ impl<'a> Replicant<'a> {
         for (group, config) in std::mem::take(&mut table.left) {
             self.beats.leave(&mut self.claims, group, config);
         }
-        for (key, instant, reason) in std::mem::take(&mut table.gave_up) {
-            if let Some(job) = table.job(&key) {
-                let config = job.cron.config.clone();
-                self.claims.send(Ask::Missed {
-                    key,
-                    config,
-                    instant,
-                    reason,
-                });
-            }
+        for Pending {
+            key,
+            config,
+            instant,
+            reason,
+        } in std::mem::take(&mut table.gave_up)
+        {
+            self.claims.send(Ask::Missed {
+                key,
+                config,
+                instant,
+                reason,
+            });
         }
         // Those Redis did not take before: again, once a second, until it does.
         for Pending {

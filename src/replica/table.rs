@@ -23,6 +23,7 @@ use std::time::Duration;
 use anyhow::Result;
 
 use super::agenda::Agenda;
+use super::answers::Pending;
 use super::rank::{self, checker, fnv, owner, rank};
 use crate::clock::Instant;
 use crate::replica::claim::{group, Group};
@@ -71,9 +72,9 @@ pub struct Table {
     unsettled: HashMap<Group, Instant>,
     /// How long a view counts (a replica lapses after this without a heartbeat).
     pub lapse: Duration,
-    /// Instants this replica gave up (no room in time, Redis unreachable, the loop late): to
-    /// record missed, with the reason.
-    pub gave_up: Vec<(String, i64, MissedReason)>,
+    /// Instants this replica gave up (no room in time, Redis unreachable, the loop late, a
+    /// reload): to record missed, with the reason, under their job's configuration then.
+    pub gave_up: Vec<Pending>,
     /// Fleets a reload left (their jobs changed): to say so in a heartbeat.
     pub left: Vec<(Group, std::sync::Arc<crate::config::RunConfig>)>,
     /// When the table was made: until a first view comes (or a lapse passes without one), an
@@ -363,7 +364,7 @@ impl Table {
             if let Some(d) = job.due.filter(|d| d.until <= now && !job.claiming) {
                 if self.answers_for(job, &d) {
                     missed(job, d.at, d.reason, log);
-                    self.gave_up.push((job.cron.key.clone(), d.at, d.reason));
+                    self.gave_up.push(Pending::of(&job.cron, d.at, d.reason));
                 }
                 self.jobs[i].due = None;
                 self.noted(i);
@@ -390,7 +391,7 @@ impl Table {
                 late += 1;
                 missed(job, at, MissedReason::Late, log);
                 self.gave_up
-                    .push((job.cron.key.clone(), at, MissedReason::Late));
+                    .push(Pending::of(&job.cron, at, MissedReason::Late));
             }
             match job.cron.schedule.next_after(at) {
                 Some(n) if n - job.early <= now => at = n,
@@ -418,7 +419,7 @@ impl Table {
             if self.answers_for(job, &old) {
                 missed(job, old.at, old.reason, log);
                 self.gave_up
-                    .push((job.cron.key.clone(), old.at, old.reason));
+                    .push(Pending::of(&job.cron, old.at, old.reason));
             }
             return;
         }
@@ -436,7 +437,7 @@ impl Table {
             if self.answers_for(job, &old) {
                 missed(job, old.at, old.reason, log);
                 self.gave_up
-                    .push((job.cron.key.clone(), old.at, old.reason));
+                    .push(Pending::of(&job.cron, old.at, old.reason));
             }
         }
     }
@@ -483,7 +484,7 @@ impl Table {
         if let Some((at, anyone)) = job.queued.take() {
             if let Some(old) = job.due.filter(|_| !done) {
                 missed(job, old.at, old.reason, log);
-                superseded = Some((job.cron.key.clone(), old.at, old.reason));
+                superseded = Some(Pending::of(&job.cron, old.at, old.reason));
             }
             job.due = Some(Due::new(at, deadline(job, at), anyone));
         } else if done {
@@ -530,7 +531,8 @@ impl Table {
                 next.made = self.made;
                 next.loaded = self.loaded + 1;
                 // A job that stays keeps its next instant and its waiting one (a reload does not
-                // fire it again).
+                // fire it again); the instant that waited for a job removed or changed is given
+                // up, recorded missed (`reload`) under the job as it was.
                 for job in &mut next.jobs {
                     if let Some(old) = self.job(&job.cron.key) {
                         if old.cron.args == job.cron.args && old.cron.env == job.cron.env {
@@ -541,6 +543,20 @@ impl Table {
                         }
                     }
                 }
+                let mut gave_up = std::mem::take(&mut self.gave_up);
+                for old in &self.jobs {
+                    let kept = next.job(&old.cron.key).is_some_and(|j| {
+                        j.cron.args == old.cron.args && j.cron.env == old.cron.env
+                    });
+                    let waiting = old
+                        .due
+                        .filter(|d| !old.claiming && self.answers_for(old, d));
+                    if let (false, Some(d)) = (kept, waiting) {
+                        missed(old, d.at, MissedReason::Reload, log);
+                        gave_up.push(Pending::of(&old.cron, d.at, MissedReason::Reload));
+                    }
+                }
+                next.gave_up = gave_up;
                 next.reindex();
                 log.info(
                     "reloaded",

@@ -8,7 +8,7 @@
 use anyhow::{bail, Result};
 
 use crate::config::RunConfig;
-use crate::fleet::handover::{Handover, RunSide};
+use crate::fleet::handover::RunSide;
 use crate::log::Log;
 use crate::store::keys::Keys;
 use crate::store::lock::{Held, ReleaseOptions};
@@ -18,8 +18,10 @@ use crate::store::quorum::Masters;
 pub(super) fn receive(config: &RunConfig, fd: i32, log: &Log) -> Result<(Held, Masters, RunSide)> {
     let mut side = RunSide::adopt(fd)?;
     let handed = side.receive(config.connect_timeout)?;
-    let why = mismatch(config, &handed);
-    let held = handed.into_held(Keys::new(&config.prefix, &config.key));
+    // (Named by the KEY handed over: a lock of another KEY is released as the lock it is.)
+    let keys = Keys::new(&config.prefix, &handed.key);
+    let held = handed.into_held(keys);
+    let why = config.mismatch(&held);
     let masters = Masters::new(&config.servers);
     if let Some(why) = why {
         let until = held.sent_at + held.ttl;
@@ -61,29 +63,4 @@ pub(super) fn wait_for_instant(held: &Held, offset: std::time::Duration) {
     let at = std::time::Duration::from_millis(at.clamp(0, i64::MAX) as u64);
     let ahead = at.saturating_sub(now);
     std::thread::sleep(ahead.min(std::time::Duration::from_millis(MAX_EARLY_MS as u64)));
-}
-
-/// How the handover differs from what this run was configured to hold, if it does.
-fn mismatch(config: &RunConfig, h: &Handover) -> Option<String> {
-    if h.key != config.key {
-        return Some(format!("KEY '{}', not '{}'", h.key, config.key));
-    }
-    if h.ttl != config.timing.ttl {
-        return Some(format!(
-            "a TTL of {} ms, not {} ms",
-            h.ttl.as_millis(),
-            config.timing.ttl.as_millis()
-        ));
-    }
-    if h.limit != config.limit {
-        return Some(format!("--limit {}, not {}", h.limit, config.limit));
-    }
-    match (h.instant, &config.schedule) {
-        (None, None) => None,
-        (Some(_), Some(_)) if h.manual => None,
-        (Some(at), Some(s)) if s.next_after(at - 1) == Some(at) => None,
-        (Some(at), Some(_)) => Some(format!("an instant ({at}) its schedule never names")),
-        (Some(_), None) => Some("an instant, and this run has no --schedule".into()),
-        (None, Some(_)) => Some("no instant, and this run has --schedule".into()),
-    }
 }

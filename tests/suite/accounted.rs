@@ -753,3 +753,48 @@ mod alone {
         assert!(worst <= 1000, "a run started {worst} ms late");
     }
 }
+
+/// A reload that removes a job records the instant that waited for it: one replica with
+/// `--max-jobs 1`, its one run busy for good, a job every 10 s whose instant waits for room; the
+/// crontab read again without that job (SIGHUP) while one waits. That instant is recorded
+/// `missed` with the reason `reload` (before, it was dropped with no record).
+#[test]
+fn a_reload_records_the_instant_it_gives_up() {
+    let r = Redis::start();
+    let url = r.url();
+    let dir = scratch("acc-reload");
+    let d = dir.display();
+    let long = format!("* * * * * * long echo began > {d}/began; sleep 60\n");
+    let file = crate::common::replicas::crontab(
+        &dir,
+        &format!("CRON_TZ=UTC\n{long}*/10 * * * * * tick echo tick\n"),
+    );
+    let c = crate::common::replicas::replica(&url, &file, &["--max-jobs", "1"]);
+    assert!(wait_for(Duration::from_secs(10), || dir
+        .join("began")
+        .exists()));
+    // 300 ms after tick's next instant, which then waits for room (until the one after).
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    std::thread::sleep(Duration::from_millis(10_000 - now % 10_000 + 300));
+    let waiting = (now / 10_000 + 1) as i64 * 10;
+    std::fs::write(&file, format!("CRON_TZ=UTC\n{long}")).unwrap();
+    signal(c.id() as i32, libc::SIGHUP);
+    let recorded = || {
+        ledger(&url, "tick").iter().any(|(at, st, why)| {
+            *at == waiting && st == "missed" && why.as_deref() == Some("reload")
+        })
+    };
+    let done = wait_for(Duration::from_secs(5), recorded);
+    let book = ledger(&url, "tick");
+    signal(c.id() as i32, libc::SIGKILL);
+    let mut c = c;
+    c.wait().unwrap();
+    assert!(
+        done,
+        "{waiting}: {book:?}\n{}",
+        crate::common::replicas::replica_err(&file)
+    );
+}
