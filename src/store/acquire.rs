@@ -19,6 +19,7 @@ use crate::store::topology::{Failure, Link};
 const ACQUIRE_LUA: &str = concat!(
     include_str!("lua/fence.lua"),
     include_str!("lua/suspension.lua"),
+    include_str!("lua/newest.lua"),
     include_str!("lua/acquire.lua")
 );
 const SEMAPHORE_LUA: &str = concat!(

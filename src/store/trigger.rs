@@ -13,7 +13,10 @@ use crate::store::keys::Keys;
 use crate::store::script::{eval, int, text_or_nil};
 use crate::store::topology::{Failure, Link};
 
-const TRIGGER_LUA: &str = include_str!("lua/trigger.lua");
+const TRIGGER_LUA: &str = concat!(
+    include_str!("lua/newest.lua"),
+    include_str!("lua/trigger.lua")
+);
 const UNTRIGGER_LUA: &str = include_str!("lua/untrigger.lua");
 const READ_LUA: &str = include_str!("lua/trigger_read.lua");
 static TRIGGER: LazyLock<Script> = LazyLock::new(|| Script::new(TRIGGER_LUA));

@@ -87,20 +87,11 @@ local function in_pause(at)
   end
   return false
 end
--- Keep the ledger's KEEP newest instants, expiring as --history-ttl says. Trimmed in batches (at
--- SLACK over KEEP, back to KEEP), so a KEY that runs often pays for a sort once every SLACK runs;
--- readers show the KEEP newest.
+-- Keep the ledger's KEEP newest instants (newest.lua, prepended: trimmed in batches of SLACK),
+-- expiring as --history-ttl says; readers show the KEEP newest.
 local SLACK = 16
 local function keep_ledger()
-  if redis.call('HLEN', KEYS[6]) > KEEP + SLACK then
-    local fields = redis.call('HKEYS', KEYS[6])
-    local at = {}
-    for i, f in ipairs(fields) do at[i] = tonumber(f) or 0 end
-    table.sort(at)
-    local gone = {}
-    for i = 1, #at - KEEP do gone[i] = string.format('%d', at[i]) end
-    redis.call('HDEL', KEYS[6], unpack(gone))
-  end
+  keep_newest(KEYS[6], KEEP, SLACK, nil)
   local ttl = tonumber(ARGV[6])
   if ttl > 0 then redis.call('PEXPIRE', KEYS[6], ttl) else redis.call('PERSIST', KEYS[6]) end
 end
@@ -435,11 +426,14 @@ if instant ~= 0 then
     if last_started ~= instant then
       local field = string.format('%d', last_started)
       local prev = redis.call('HGET', KEYS[6], field)
-      -- (Under 'allow' an earlier instant holds a lock of its own: abandoned only once it is gone.)
-      if prev and string.sub(prev, -19) == ',"state":"running"}'
+      -- (Under 'allow' an earlier instant holds a lock of its own: abandoned only once it is gone.
+      -- An entry written through cjson, a queued or later attempt's, has its fields in any order:
+      -- looked for anywhere, and decoded only then.)
+      if prev and string.find(prev, '"state":"running"', 1, true)
         and (not allow or redis.call('EXISTS', lock_at(field)) == 0) then
         local ok, e = pcall(cjson.decode, prev)
-        if ok and type(e) == 'table' and type(e.attempts) == 'table' and #e.attempts > 0 then
+        if ok and type(e) == 'table' and e.state == 'running' and type(e.attempts) == 'table'
+          and #e.attempts > 0 then
           local last = e.attempts[#e.attempts]
           if type(last) == 'table' then last.state, last.ended = 'abandoned', now end
           e.state = 'abandoned'

@@ -18,19 +18,7 @@ local t = redis.call('TIME')
 record.asked = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 record.state = 'asked'
 redis.call('HSET', KEYS[1], field, cjson.encode(record))
--- The requests are bounded as the ledger is: the KEEP newest, trimmed in batches (at SLACK over).
-local KEEP, SLACK = 64, 16
-if redis.call('HLEN', KEYS[1]) > KEEP + SLACK then
-  local fields = redis.call('HKEYS', KEYS[1])
-  local at = {}
-  for i, f in ipairs(fields) do at[i] = tonumber(f) or 0 end
-  table.sort(at)
-  local gone = {}
-  for i = 1, #at - KEEP do
-    local f = string.format('%d', at[i])
-    if f ~= field then gone[#gone + 1] = f end
-  end
-  if #gone > 0 then redis.call('HDEL', KEYS[1], unpack(gone)) end
-end
+-- The requests are bounded as the ledger is: the 64 newest (newest.lua, prepended).
+keep_newest(KEYS[1], 64, 16, field)
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
