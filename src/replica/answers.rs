@@ -4,7 +4,6 @@
 //! ([`Unrecorded`]).
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 
 use crate::clock::{rfc3339, unix_millis};
 use crate::config::{CronJob, RunConfig};
@@ -13,6 +12,7 @@ use crate::log::{Level, Log};
 use crate::record::ledger::MissedReason;
 
 use super::claim::ClaimVerdict;
+pub(super) use super::entry::Pending;
 use super::watched::Shown;
 
 /// Missed instants whose record Redis did not take (no primary answered: a failover, an
@@ -23,26 +23,6 @@ use super::watched::Shown;
 pub(super) struct Unrecorded {
     pending: VecDeque<Pending>,
     next_try: i64,
-}
-
-/// One missed instant to record, under its job's configuration when it was given up (a reload
-/// may have removed the job since).
-pub(super) struct Pending {
-    pub key: String,
-    pub config: Arc<RunConfig>,
-    pub instant: i64,
-    pub reason: MissedReason,
-}
-
-impl Pending {
-    pub fn of(job: &CronJob, instant: i64, reason: MissedReason) -> Pending {
-        Pending {
-            key: job.key.clone(),
-            config: job.config.clone(),
-            instant,
-            reason,
-        }
-    }
 }
 
 const MAX_UNRECORDED: usize = 1024;

@@ -1,9 +1,12 @@
 //! A job's entry in the replica's table: when it is next due, the instant that waits to be
 //! claimed (until when it can still start, where its check stands when another replica owns
-//! it, and why it would be missed), and the line said when it is given up.
+//! it, and why it would be missed), the line said when it is given up, and the record of a
+//! given-up instant to send ([`Pending`]).
 
 use crate::clock::rfc3339;
-use crate::config::CronJob;
+use std::sync::Arc;
+
+use crate::config::{CronJob, RunConfig};
 use crate::log::{Level, Log};
 use crate::record::ledger::MissedReason;
 use crate::replica::claim::Group;
@@ -144,4 +147,24 @@ pub(super) fn missed(job: &Entry, at: i64, reason: MissedReason, log: &Log) {
             ("reason", reason.name().into()),
         ],
     );
+}
+
+/// One missed instant to record, under its job's configuration when it was given up (a reload
+/// may have removed the job since).
+pub(super) struct Pending {
+    pub key: String,
+    pub config: Arc<RunConfig>,
+    pub instant: i64,
+    pub reason: MissedReason,
+}
+
+impl Pending {
+    pub fn of(job: &CronJob, instant: i64, reason: MissedReason) -> Pending {
+        Pending {
+            key: job.key.clone(),
+            config: job.config.clone(),
+            instant,
+            reason,
+        }
+    }
 }

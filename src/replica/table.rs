@@ -23,14 +23,13 @@ use std::time::Duration;
 use anyhow::Result;
 
 use super::agenda::Agenda;
-use super::answers::Pending;
 use super::rank::{self, checker, fnv, owner, rank};
 use crate::clock::Instant;
 use crate::replica::claim::{group, Group};
 use crate::store::members::FleetView;
 
 pub use super::entry::Entry;
-use super::entry::{deadline, missed, Check, Due};
+use super::entry::{deadline, missed, Check, Due, Pending};
 use crate::clock::unix_millis;
 use crate::config::CronJob;
 use crate::log::Log;
@@ -516,6 +515,21 @@ impl Table {
     ) -> Option<libc::c_int> {
         match reload() {
             Ok(jobs) => {
+                // The instant that waited for a job removed or changed is given up, recorded
+                // missed (`reload`) under the job as it was (judged with this table's views).
+                for old in &self.jobs {
+                    let kept = jobs.iter().any(|j| {
+                        j.key == old.cron.key && j.args == old.cron.args && j.env == old.cron.env
+                    });
+                    let waiting = old
+                        .due
+                        .filter(|d| !old.claiming && self.answers_for(old, d));
+                    if let (false, Some(d)) = (kept, waiting) {
+                        missed(old, d.at, MissedReason::Reload, log);
+                        let gave_up = Pending::of(&old.cron, d.at, MissedReason::Reload);
+                        self.gave_up.push(gave_up);
+                    }
+                }
                 let mut next = Table::new(&jobs, false, &self.me);
                 // A fleet this replica no longer serves (its jobs changed) is left at once, so
                 // its other replicas do not wait for this one to lapse.
@@ -531,8 +545,7 @@ impl Table {
                 next.made = self.made;
                 next.loaded = self.loaded + 1;
                 // A job that stays keeps its next instant and its waiting one (a reload does not
-                // fire it again); the instant that waited for a job removed or changed is given
-                // up, recorded missed (`reload`) under the job as it was.
+                // fire it again).
                 for job in &mut next.jobs {
                     if let Some(old) = self.job(&job.cron.key) {
                         if old.cron.args == job.cron.args && old.cron.env == job.cron.env {
@@ -543,20 +556,7 @@ impl Table {
                         }
                     }
                 }
-                let mut gave_up = std::mem::take(&mut self.gave_up);
-                for old in &self.jobs {
-                    let kept = next.job(&old.cron.key).is_some_and(|j| {
-                        j.cron.args == old.cron.args && j.cron.env == old.cron.env
-                    });
-                    let waiting = old
-                        .due
-                        .filter(|d| !old.claiming && self.answers_for(old, d));
-                    if let (false, Some(d)) = (kept, waiting) {
-                        missed(old, d.at, MissedReason::Reload, log);
-                        gave_up.push(Pending::of(&old.cron, d.at, MissedReason::Reload));
-                    }
-                }
-                next.gave_up = gave_up;
+                next.gave_up = std::mem::take(&mut self.gave_up);
                 next.reindex();
                 log.info(
                     "reloaded",
