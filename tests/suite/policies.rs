@@ -1273,3 +1273,50 @@ fn trigger_requests_are_trimmed_to_the_newest() {
     assert_eq!(runs(&dir).0.len(), 1);
     stop(c);
 }
+
+/// A manual instant whose claim is undone before its run gives its request back, and runs
+/// later: under `--overlap replace` the second trigger's run waits for the first's command to
+/// stop (it ignores SIGTERM: 2 s, its `--grace`); its replica is stopped meanwhile (`--drain
+/// 100ms`), so that run is told to end before its command started and undoes its claim. A
+/// replica started next takes the instant again (its poke lasts) and runs it: the request was
+/// asked again, not left taken with no run (which a manual instant taken never runs again).
+#[test]
+fn an_undone_manual_instant_is_asked_again_and_runs() {
+    let r = Redis::start();
+    let url = r.url();
+    let dir = scratch("policies-manual-undo");
+    let d = dir.display();
+    let file = crontab(
+        &dir,
+        &format!(
+            "CRON_TZ=UTC\n\
+             0 0 1 1 * --overlap replace --ttl 10s --grace 2s twice \
+             echo $CRONLOCK_INSTANT_MS >> {d}/ran; trap '' TERM; sleep 30\n"
+        ),
+    );
+    let first = replica(&url, &file, &["--drain", "100ms", "--grace", "8s"]);
+    let ran = || {
+        std::fs::read_to_string(dir.join("ran"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect::<Vec<String>>()
+    };
+    let out = trigger_of(&url, &["twice"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(wait_for(Duration::from_secs(10), || ran().len() == 1));
+    let out = trigger_of(&url, &["twice"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let said = stop(first);
+    assert_eq!(
+        ran().len(),
+        1,
+        "the second ran on the stopping replica: {said:?}"
+    );
+    let second = replica(&url, &file, &[]);
+    let again = wait_for(Duration::from_secs(20), || ran().len() == 2);
+    let book = ledger(&url, "twice");
+    stop(second);
+    assert!(again, "{:?} {book:?}\n{}", ran(), replica_err(&file));
+    assert_ne!(ran()[0], ran()[1]);
+}
