@@ -21,7 +21,7 @@ use crate::store::holder::Holder;
 use crate::store::keys::Keys;
 use crate::store::lock::{Held, InstantKind, ReleaseOptions};
 
-use super::claim::{self, answer_run, masters, verdict, Answer, Ask, Links};
+use super::claim::{self, answer_run, masters, verdict, Answer, Ask, ClaimVerdict, Links};
 
 /// The claims thread's inbox, its answers, and how many claims it has not answered yet.
 pub struct Claims {
@@ -109,8 +109,26 @@ fn serve(inbox: Receiver<Ask>, answers: Sender<Answer>, board: Option<Arc<Board>
 #[derive(Debug)]
 pub struct LoopGone;
 
+/// A test hook: with this variable naming N, the claims thread holds each won claim's answer N ms
+/// before the loop hears it (a test then changes the crontab while a claim is in flight). Only a
+/// debug build (the tests' own) reads it.
+pub const HOLD_CLAIM_ANSWER_MS: &str = "CRONLOCK_TEST_HOLD_CLAIM_ANSWER_MS";
+
 /// Send an answer and wake the loop.
 fn tell(answers: &Sender<Answer>, answer: Answer) -> Result<(), LoopGone> {
+    let won = matches!(
+        answer,
+        Answer::Claim {
+            verdict: ClaimVerdict::Won(_),
+            ..
+        }
+    );
+    if cfg!(debug_assertions) && won {
+        let hold = std::env::var(HOLD_CLAIM_ANSWER_MS).ok();
+        if let Some(ms) = hold.and_then(|v| v.parse().ok()) {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
+    }
     answers.send(answer).map_err(|_| LoopGone)?;
     signals::wake_main();
     Ok(())

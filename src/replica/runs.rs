@@ -41,6 +41,7 @@ const NOT_FOR_RUNS: &[&str] = &[
     "CRONLOCK_DRAIN",
     "CRONLOCK_LISTEN",
     HOLD_AFTER_CLAIM,
+    crate::replica::claimer::HOLD_CLAIM_ANSWER_MS,
     STARTER_IDLE_MS,
     crate::http::HOLD_LOOP,
 ];

@@ -798,3 +798,46 @@ fn a_reload_records_the_instant_it_gives_up() {
         crate::common::replicas::replica_err(&file)
     );
 }
+
+/// A claim in flight while a reload changes its job (here its TTL: the claims thread holds each
+/// won claim's answer 1.5 s, a test hook; the reload comes 300 ms after the instant) is undone
+/// when it comes back, and its instant recorded `missed` (`reload`): no run is started that
+/// would refuse the lock (125), and the replica never falls sick for it; the job goes on under
+/// its new TTL.
+#[test]
+fn a_claim_in_flight_across_a_reload_is_undone_and_recorded() {
+    let r = Redis::start();
+    let url = r.url();
+    let dir = scratch("acc-reload-flight");
+    let d = dir.display();
+    let line =
+        |ttl: &str| format!("CRON_TZ=UTC\n*/5 * * * * * --ttl {ttl} tick echo tick >> {d}/ticks\n");
+    let file = crate::common::replicas::crontab(&dir, &line("30s"));
+    let hold = [("CRONLOCK_TEST_HOLD_CLAIM_ANSWER_MS", "1500")];
+    let c = crate::common::replicas::replica_with(&url, &file, &[], &hold);
+    let ticks = || crate::common::replicas::instants(&dir.join("ticks")).len();
+    assert!(wait_for(Duration::from_secs(15), || ticks() >= 1));
+    // 300 ms after the next instant, whose won claim is held until 1.45 s after it.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    std::thread::sleep(Duration::from_millis(5_000 - now % 5_000 + 300));
+    let at = (now / 5_000 + 1) as i64 * 5;
+    std::fs::write(&file, line("20s")).unwrap();
+    signal(c.id() as i32, libc::SIGHUP);
+    let recorded = || {
+        ledger(&url, "tick")
+            .iter()
+            .any(|(t, st, why)| *t == at && st == "missed" && why.as_deref() == Some("reload"))
+    };
+    let undone = wait_for(Duration::from_secs(10), recorded);
+    let after = ticks();
+    let going = wait_for(Duration::from_secs(15), || ticks() >= after + 2);
+    let said = crate::common::replicas::replica_err(&file);
+    assert_eq!(crate::common::replicas::stop(c), Some(0), "{said}");
+    assert!(undone, "{at}: {:?}\n{said}", ledger(&url, "tick"));
+    assert!(going, "{said}");
+    assert!(!said.contains("claiming nothing"), "{said}");
+    assert!(!said.contains("not this run's"), "{said}");
+}
