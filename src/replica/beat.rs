@@ -18,29 +18,39 @@ use super::entry::LEAD_MS;
 use super::table::Table;
 use super::watched::Shown;
 
-/// The heartbeat's period with up to 5 replicas; 200 ms more per replica above that, so the
-/// heartbeats of a fleet cost Redis about 5 calls a second, sent in the wakes of Redis that claim
-/// the instants on whole seconds (a period under a second would wake Redis again between
-/// instants for the heartbeats alone). A replica lapses after 3 periods without one. Shorter for a short `--ttl`: see [`period`].
+/// The heartbeat's period with up to [`FLEET_BEATS`] replicas; a second more per
+/// [`FLEET_BEATS`] replicas above that, so a fleet's heartbeats cost Redis at most
+/// [`FLEET_BEATS`] calls a second whatever its size (each replica's heartbeat reads the live set,
+/// so the cost of a fleet's heartbeats follows neither its size nor its square), sent in the wakes
+/// of Redis that claim the instants on whole seconds (a period under a second would wake Redis
+/// again between instants for the heartbeats alone). A replica lapses after 3 periods without
+/// one. Shorter for a short `--ttl`: see [`period`].
 pub const BEAT: Duration = Duration::from_millis(1000);
+/// How many heartbeats a second a fleet sends at most (see [`BEAT`]).
+pub const FLEET_BEATS: usize = 3;
 /// The soonest a change of "full" is told again: so a replica whose runs come and go at
 /// `--max-jobs` adds at most two heartbeats a second.
 pub const BEAT_AGAIN: Duration = Duration::from_millis(500);
 
 /// The heartbeat's period for a fleet of `live` replicas whose shortest `--ttl` is `ttl`: [`BEAT`]
-/// x `live` / 5 (at least [`BEAT`]), and at most a quarter of TTL + 2 s (0.5 s below 1 s, else
-/// whole seconds, so the heartbeats keep to the claims' slots on whole seconds). A dead replica
-/// lapses 3 periods after its last heartbeat and is seen gone at the next of the others, so a
-/// dead owner's instant is claimed again within TTL + 2 s.
+/// for each [`FLEET_BEATS`] replicas (whole seconds), and at most a quarter of TTL + 2 s (0.5 s
+/// below 1 s, else whole seconds, so the heartbeats keep to the claims' slots on whole seconds).
+/// A dead replica lapses 3 periods after its last heartbeat and is seen gone at the next of the
+/// others, so a dead owner's instant is claimed again within TTL + 2 s.
 pub fn period(live: usize, ttl: Duration) -> Duration {
-    let fleet = BEAT * live.max(5) as u32 / 5;
+    let fleet = BEAT * live.max(1).div_ceil(FLEET_BEATS) as u32;
+    fleet.min(bound(ttl))
+}
+
+/// The longest period for the shortest `--ttl` `ttl`: a quarter of TTL + 2 s, 0.5 s below 1 s,
+/// else whole seconds.
+fn bound(ttl: Duration) -> Duration {
     let bound = (ttl + Duration::from_secs(2)) / 4;
-    let bound = if bound >= Duration::from_secs(1) {
+    if bound >= Duration::from_secs(1) {
         Duration::from_secs(bound.as_secs())
     } else {
         Duration::from_millis(500)
-    };
-    fleet.min(bound)
+    }
 }
 
 /// The last heartbeat: when (on both clocks), the period, and whether it said "full".
@@ -100,10 +110,16 @@ impl Beat {
     }
 }
 
-/// This replica's heartbeats: its id among the live replicas, and the last one sent.
+/// This replica's heartbeats: its id among the live replicas, the last one sent, and whether
+/// the last view changed.
 pub(super) struct Heartbeats {
     me: String,
     last: Beat,
+    /// The last view named other live or full replicas than the one before (or was the first):
+    /// the next heartbeat goes [`BEAT_AGAIN`] after the last, whatever the period, so the views
+    /// of a fleet that changed (replicas started together, one joined, left or lapsed) agree
+    /// again within about half a second of the change being seen, not a period.
+    changed: bool,
 }
 
 impl Heartbeats {
@@ -112,15 +128,16 @@ impl Heartbeats {
         Heartbeats {
             me,
             last: Beat::first(every),
+            changed: false,
         }
     }
 
     /// Whether one should go before the next slot (at most every [`BEAT_AGAIN`]): "full"
-    /// changed. (An instant a full owner leaves waiting is claimed by the others after
+    /// changed, or the last view did. (An instant a full owner leaves waiting is claimed by the others after
     /// [`super::table::FALLBACK_MS`] whatever their views say, so nothing else hurries a
     /// heartbeat: the fleet's heartbeats stay a few calls a second however busy it is.)
     pub(super) fn sooner(&self, full: bool) -> bool {
-        full != self.last.full
+        full != self.last.full || self.changed
     }
 
     /// When the next is due, for a replica `full` or not.
@@ -153,7 +170,9 @@ impl Heartbeats {
             });
         }
         self.last = Beat::sent(every, full);
+        self.changed = false;
         table.lapse = every * 3;
+        table.settle = every + BEAT_AGAIN;
     }
 
     /// Leave `group`'s fleet (a heartbeat that lapses at once).
@@ -184,7 +203,8 @@ impl Heartbeats {
         match view {
             Ok(mut view) => {
                 let pokes = std::mem::take(&mut view.pokes);
-                table.set_view(group, view);
+                // Until the next heartbeat is sent (one group's change is enough).
+                self.changed |= table.set_view(group, view);
                 pokes
             }
             Err(text) => {
@@ -215,8 +235,10 @@ mod tests {
     fn the_period_lets_a_dead_owners_instant_run_within_ttl_and_2_s() {
         let s = Duration::from_secs;
         assert_eq!(period(1, s(30)), s(1));
-        assert_eq!(period(5, s(30)), s(1));
-        assert_eq!(period(10, s(30)), s(2));
+        assert_eq!(period(3, s(30)), s(1));
+        assert_eq!(period(4, s(30)), s(2));
+        assert_eq!(period(10, s(30)), s(4));
+        assert_eq!(period(40, s(30)), s(8));
         assert_eq!(period(10, s(6)), s(2));
         assert_eq!(period(10, s(5)), s(1));
         assert_eq!(period(3, s(1)), Duration::from_millis(500));
@@ -225,6 +247,12 @@ mod tests {
             for ttl in (1..120).map(|t| Duration::from_millis(t * 500)) {
                 let every = period(live, ttl);
                 assert!(every * 4 <= ttl + s(2), "{live} {ttl:?} {every:?}");
+                // A fleet's heartbeats: at most FLEET_BEATS a second, whatever its size.
+                let fleet_rate = live as f64 / every.as_secs_f64();
+                assert!(
+                    fleet_rate <= FLEET_BEATS as f64 || every < s(1) || every == bound(ttl),
+                    "{live} {ttl:?} {every:?}"
+                );
             }
         }
     }

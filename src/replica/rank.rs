@@ -196,4 +196,53 @@ mod tests {
         );
         assert_eq!(owner(&view(&[], &[]), "me", "k", 5, 1), "me");
     }
+
+    /// While the fleet changes (one replica joins, one or two leave, one becomes full), some
+    /// live replica answers for every instant, whichever of them have seen the change yet: one
+    /// that has not claims and checks by the old view; one that has, by the new view and, as
+    /// `Table::earlier` keeps it, its roles in the old one too; one that just joined, by the new.
+    #[test]
+    fn while_the_fleet_changes_every_instant_has_a_replica_answering_for_it() {
+        let names: Vec<String> = (0..6).map(|i| format!("r{i}")).collect();
+        let all: Vec<&str> = names.iter().map(String::as_str).collect();
+        let changes: Vec<(FleetView, FleetView)> = vec![
+            (view(&all[..5], &[]), view(&all[..6], &[])),
+            (view(&all[..6], &[]), view(&all[1..6], &[])),
+            (view(&all[..6], &[]), view(&all[2..6], &[])),
+            (view(&all[..5], &[]), view(&all[..5], &["r2"])),
+            (view(&all[..3], &[]), view(&all[..2], &[])),
+            (view(&all[..2], &[]), view(&all[..3], &[])),
+        ];
+        let roles = |v: &FleetView, me: &str, key: &str, at: i64, sh: u64| {
+            owner(v, me, key, at, sh) == me || checker(v, me, at, sh).is_some()
+        };
+        for (old, new) in &changes {
+            let stay: Vec<&String> = new.live.iter().filter(|m| old.live.contains(m)).collect();
+            for seen in 0u32..(1 << stay.len()) {
+                for jobs in [1, 8, 20] {
+                    let sh = shares(jobs);
+                    for at in (0..30).map(|i| i * 1000) {
+                        for j in 0..jobs {
+                            let key = format!("job{j}");
+                            let answered = new.live.iter().any(|m| {
+                                let Some(k) = stay.iter().position(|s| *s == m) else {
+                                    return roles(new, m, &key, at, sh);
+                                };
+                                if seen & (1 << k) == 0 {
+                                    roles(old, m, &key, at, sh)
+                                } else {
+                                    roles(new, m, &key, at, sh) || roles(old, m, &key, at, sh)
+                                }
+                            });
+                            assert!(
+                                answered,
+                                "{:?} -> {:?}, seen {seen:b}, {key} {at}",
+                                old.live, new.live
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

@@ -9,13 +9,18 @@
 //! different jobs first.
 //!
 //! Ownership is a preference, never a condition: an instant the views give another replica is
-//! checked [`FALLBACK_MS`] after it is due by the two replicas after its owners in turn, and by
-//! every replica while the fleet is unsettled (its live replicas changed
-//! within a lapse, or there is no fresh view), with one read-only call per fleet for all such
-//! instants; one still undecided is claimed by the checker. So a dead, frozen, sick or ghost
-//! owner, and views that disagree while the fleet changes, cost an instant about a quarter of a
-//! second, and a settled fleet two checks an instant, whatever its size. An instant given up
-//! is recorded missed by those that claim or checked it.
+//! checked [`FALLBACK_MS`] after it is due by the two replicas after its owners in turn, with
+//! one read-only call per fleet for all such instants; one still undecided is claimed by the
+//! checker. While the fleet changes (its live or full replicas changed), views disagree until
+//! every replica had its next heartbeat (they go at the fleet's shared slots, so within a
+//! period): a replica then also checks the instants it owned or checked in the views it held
+//! within a period (and [`super::beat::BEAT_AGAIN`]) before, so every replica that any of those
+//! views named still answers for its instants; and with no fresh view at all, it checks every
+//! instant. So a dead, frozen,
+//! sick or ghost owner, and views that disagree while the fleet changes, cost an instant about a
+//! quarter of a second, and a fleet two checks an instant when settled and a few while it
+//! changes, whatever its size. An instant given up is recorded missed by those that claim or
+//! checked it.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -48,6 +53,8 @@ pub const FALLBACK_MS: i64 = 250;
 /// The most instants of one job the loop records missed at once when it comes late to them, and
 /// how old the oldest may be (ms): older ones may have left the ledger, which keeps 64.
 const MAX_LATE: usize = 8;
+/// The most earlier views of a fleet kept (see `Table::earlier`).
+const EARLIER_MAX: usize = 8;
 const LATE_WINDOW_MS: i64 = 60_000;
 
 /// The instants of one group to check together: a job's configuration reaches its servers.
@@ -66,11 +73,15 @@ pub struct Table {
     me: String,
     /// The last view of each group's replicas, and when it came.
     views: HashMap<Group, (FleetView, Instant)>,
-    /// Until when a group's fleet is unsettled (its live or full replicas changed, or this
-    /// replica had no view before): every replica checks its instants then, whatever its turn.
-    unsettled: HashMap<Group, Instant>,
+    /// A group's earlier views that differ from its last, each with when it was replaced: kept
+    /// for [`Table::settle`], while the fleet's views may disagree (its instants are checked
+    /// under them too).
+    earlier: HashMap<Group, Vec<(FleetView, Instant)>>,
     /// How long a view counts (a replica lapses after this without a heartbeat).
     pub lapse: Duration,
+    /// How long the fleet's views may disagree after a change: a heartbeat period and
+    /// [`super::beat::BEAT_AGAIN`] (every replica has had a heartbeat since).
+    pub settle: Duration,
     /// Instants this replica gave up (no room in time, Redis unreachable, the loop late, a
     /// reload): to record missed, with the reason, under their job's configuration then.
     pub gave_up: Vec<Pending>,
@@ -127,8 +138,9 @@ impl Table {
             index,
             me: me.to_string(),
             views: HashMap::new(),
-            unsettled: HashMap::new(),
+            earlier: HashMap::new(),
             lapse: Duration::from_secs(2),
+            settle: Duration::from_millis(1500),
             made: Instant::now(),
             gave_up: Vec::new(),
             left: Vec::new(),
@@ -174,8 +186,9 @@ impl Table {
 
     /// A heartbeat's view of `group`. With `--retries`, a job whose latest instant belonged to a
     /// replica that left and is now this one's is looked at again at once: its attempt may have
-    /// been abandoned.
-    pub fn set_view(&mut self, group: Group, view: FleetView) {
+    /// been abandoned. Whether it names other live or full replicas than the last (or is the
+    /// first).
+    pub fn set_view(&mut self, group: Group, view: FleetView) -> bool {
         let now = Instant::now();
         let before = self.fresh(&group).cloned();
         if let Some(old) = &before {
@@ -205,34 +218,58 @@ impl Table {
                 }
             }
         }
-        // Settled while the same replicas are live, and the same of them full: views a period
-        // old may disagree on who owns an instant only after such a change.
+        // Views may disagree on who owns or checks an instant only after the live replicas, or
+        // the full ones among them, changed: the view replaced is kept while others may hold it.
         let alike =
             |a: &[String], b: &[String]| a.len() == b.len() && a.iter().all(|m| b.contains(m));
-        let same = before
-            .as_ref()
-            .is_some_and(|old| alike(&old.live, &view.live) && alike(&old.full, &view.full));
-        if !same {
-            self.unsettled.insert(group.clone(), now + self.lapse);
-        }
+        let settle = self.settle;
+        let earlier = self.earlier.entry(group.clone()).or_default();
+        earlier.retain(|(_, replaced)| replaced.elapsed() < settle);
+        let changed = match self.views.get(&group) {
+            Some((old, _)) if alike(&old.live, &view.live) && alike(&old.full, &view.full) => false,
+            Some((old, _)) => {
+                earlier.push((old.clone(), now));
+                // Bounded: a fleet that changes at every heartbeat keeps its last few views.
+                if earlier.len() > EARLIER_MAX {
+                    earlier.remove(0);
+                }
+                true
+            }
+            None => true,
+        };
         self.views.insert(group, (view, now));
+        changed
     }
 
     /// When this replica checks `d` of `job`, another replica's instant (Unix ms): [`FALLBACK_MS`]
-    /// after it, as one of its two checkers, or while the fleet is unsettled or this replica has
-    /// no fresh view; never otherwise.
+    /// after it, as one of its two checkers, as its owner or checker in a view it held lately
+    /// (the fleet changed), or with no fresh view; never otherwise.
     fn check_at(&self, job: &Entry, d: &Due) -> Option<i64> {
-        let unsettled = self
-            .unsettled
-            .get(&job.group)
-            .is_some_and(|until| Instant::now() < *until);
         // Both checkers at once: Redis wakes once for both (a wake costs it more than the
         // reads), and when both find an instant undecided, one claim wins.
         let checks = match self.fresh(&job.group) {
-            Some(view) if !unsettled => checker(view, &self.me, d.at, job.shares).is_some(),
-            _ => true,
+            Some(view) => {
+                checker(view, &self.me, d.at, job.shares).is_some()
+                    || self.answered_before(job, d.at)
+            }
+            None => true,
         };
         checks.then_some(d.at + job.offset() + FALLBACK_MS)
+    }
+
+    /// Whether a view of `job`'s fleet this replica held lately ([`Table::settle`]) made it owner or checker
+    /// of instant `at`: the replicas that still hold that view count on it.
+    fn answered_before(&self, job: &Entry, at: i64) -> bool {
+        let Some(earlier) = self.earlier.get(&job.group) else {
+            return false;
+        };
+        earlier
+            .iter()
+            .filter(|(_, replaced)| replaced.elapsed() < self.settle)
+            .any(|(view, _)| {
+                checker(view, &self.me, at, job.shares).is_some()
+                    || owner(view, &self.me, &job.cron.key, at, job.shares) == self.me
+            })
     }
 
     /// The group's view, if it is recent enough to trust.
@@ -541,7 +578,9 @@ impl Table {
                     .collect();
                 next.left = std::mem::take(&mut self.left);
                 next.views = std::mem::take(&mut self.views);
+                next.earlier = std::mem::take(&mut self.earlier);
                 next.lapse = self.lapse;
+                next.settle = self.settle;
                 next.made = self.made;
                 next.loaded = self.loaded + 1;
                 // A job that stays keeps its next instant and its waiting one (a reload does not
