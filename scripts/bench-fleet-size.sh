@@ -80,7 +80,7 @@ echo "|---|---|---|---|---|---|---|---|---|"
 for build in this other; do
   for n in 3 10; do
     R flushall >/dev/null
-    R monitor > "$WORK/monitor" &
+    redis-cli -p "$P" monitor > "$WORK/monitor" &
     mon=$!
     sleep 0.3
     out=$(life "$build" "$n")

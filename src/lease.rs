@@ -153,10 +153,11 @@ impl Validity {
         self.inner().valid_until
     }
 
-    /// A renewal sent at `sent` was confirmed: the lock is valid until `sent + ttl`.
+    /// A renewal sent at `sent` was confirmed: the lock is valid until `sent + ttl`. Never once
+    /// it is lost (a renewal heard late must not delay the kill).
     pub fn confirm(&self, until: Instant) {
         let mut inner = self.inner();
-        if until > inner.valid_until {
+        if inner.lost.is_none() && until > inner.valid_until {
             inner.valid_until = until;
             (self.publish)(kill_by(until, self.margin));
         }

@@ -24,6 +24,13 @@
 //!
 //! If Redis answers "not ours" instead, the loss is confirmed: SIGTERM at once, SIGKILL after
 //! `--grace` or at `deadline - margin`, whichever comes first.
+//!
+//! A replica's run (`--crontab`) leaves the renewals to its replica, which renews the locks of
+//! all its runs as one pipeline per tick and says `renewed` on the run's channel: each one moves
+//! the validity on exactly as a renewal of the run's own would (from when the replica sent it).
+//! The run starts its own renewals only when none came half an interval after one was due: a
+//! replica slow, frozen or gone leaves the lock to them with more than an interval before a
+//! feared loss.
 
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
@@ -37,14 +44,24 @@ use crate::log::{Level, Log};
 use crate::store::lock::Held;
 use crate::store::quorum::Masters;
 
-/// The lock's watch reports to the validity view: a change asks for a renewal now.
-impl crate::store::tracking::Listener for Validity {
+/// What the lock's watch tells the validity: a change asks for a renewal now; a renewal the
+/// run's replica made and Redis confirmed moves it on, to `ttl` after it was sent.
+struct ValidityListener {
+    validity: Validity,
+    ttl: Duration,
+}
+
+impl crate::store::tracking::Listener for ValidityListener {
     fn changed(&self) {
-        self.renew_now();
+        self.validity.renew_now();
     }
 
     fn lost(&self) -> bool {
-        self.is_lost()
+        self.validity.is_lost()
+    }
+
+    fn renewed(&self, sent: Instant) {
+        self.validity.confirm(sent + self.ttl);
     }
 }
 
@@ -54,6 +71,10 @@ impl crate::store::tracking::Listener for Validity {
 pub struct Watchdog {
     pub validity: Validity,
     state: RenewalState,
+    /// The run's replica renews the lock (its `renewed` heard on the channel): the renewal
+    /// thread starts only when none came in time ([`Watchdog::renewed_by_replica`]).
+    by_replica: bool,
+    ttl: Duration,
     /// The watch for changes to the lock key ([`crate::store::tracking`]): planned, then running.
     tracking: TrackingStage,
 }
@@ -113,8 +134,29 @@ impl Watchdog {
         Watchdog {
             validity,
             state: RenewalState::Pending { due, renewal },
+            by_replica: false,
+            ttl: timing.ttl,
             tracking: TrackingStage::Off,
         }
+    }
+
+    /// The run's replica renews the lock and says so on the channel, heard by the watch this
+    /// run starts ([`Watchdog::track`]).
+    pub fn renewed_by_replica(&mut self) {
+        self.by_replica = true;
+    }
+
+    /// When the renewal thread must start: at its first renewal; while the replica renews the
+    /// lock, half an interval after a renewal of its own would have been due since the last one
+    /// confirmed (a renewal is due an interval after the last was sent, the lock valid a TTL
+    /// after it).
+    fn thread_due(&self, due: Instant, renewal: &Renewal) -> Instant {
+        if !self.by_replica {
+            return due;
+        }
+        let timing = &renewal.timing;
+        let late = self.validity.valid_until() + timing.interval + timing.interval / 2;
+        late.checked_sub(timing.ttl).map_or(due, |at| due.max(at))
     }
 
     /// Watch the lock key for changes once the command started at `started` has run a little:
@@ -148,7 +190,7 @@ impl Keeper for Watchdog {
     /// When the main loop must call [`Keeper::start_if_due`] next, if at all.
     fn due(&self) -> Option<Instant> {
         let renewal = match &self.state {
-            RenewalState::Pending { due, .. } => Some(*due),
+            RenewalState::Pending { due, renewal } => Some(self.thread_due(*due, renewal)),
             _ => None,
         };
         let tracking = match &self.tracking {
@@ -167,8 +209,12 @@ impl Keeper for Watchdog {
             if let TrackingStage::Planned(_, plan) =
                 std::mem::replace(&mut self.tracking, TrackingStage::Off)
             {
+                let heard = ValidityListener {
+                    validity: self.validity.clone(),
+                    ttl: self.ttl,
+                };
                 self.tracking = TrackingStage::Running {
-                    watch: plan.start(Arc::new(self.validity.clone())),
+                    watch: plan.start(Arc::new(heard)),
                 };
             }
         }
@@ -178,7 +224,8 @@ impl Keeper for Watchdog {
         }
         let asked = self.validity.take_renew_now();
         match &self.state {
-            RenewalState::Pending { due, .. } if now >= *due || asked => {}
+            RenewalState::Pending { due, renewal }
+                if now >= self.thread_due(*due, renewal) || asked => {}
             RenewalState::Running { stop, .. } if asked => {
                 let _ = stop.send(Msg::Renew);
                 return;

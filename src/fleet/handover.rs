@@ -58,6 +58,9 @@ pub struct Handover {
     pub parent_pid: u32,
     /// The replica watches the lock and says `changed` on the channel.
     pub watched: bool,
+    /// The replica renews the lock and says `renewed` on the channel: the run renews by itself
+    /// only when no renewal came in time.
+    pub renewed_by_replica: bool,
     /// `--overlap replace`: a run replaced may still be stopping until then (`CLOCK_BOOTTIME`).
     pub after: Option<Instant>,
 }
@@ -81,6 +84,8 @@ impl Handover {
             after: held.after,
             parent_pid,
             watched,
+            // A replica renews the locks of all its runs, as one pipeline per renewal tick.
+            renewed_by_replica: true,
         }
     }
 
@@ -124,6 +129,7 @@ impl Handover {
             sent_boot_ns: self.sent_at.as_duration().as_nanos() as u64,
             parent_pid: self.parent_pid,
             watched: self.watched,
+            renewed_by_replica: self.renewed_by_replica,
             own_lock: self.own_lock,
             after_boot_ns: self.after.map(|a| a.as_duration().as_nanos() as u64),
         })
@@ -159,6 +165,7 @@ impl Handover {
             own_lock: m.own_lock,
             parent_pid: m.parent_pid,
             watched: m.watched,
+            renewed_by_replica: m.renewed_by_replica,
             after: m
                 .after_boot_ns
                 .map(|ns| Instant::from_duration(Duration::from_nanos(ns))),
@@ -212,7 +219,11 @@ impl RunReport {
                 ending,
                 duration: Duration::from_millis(duration_ms),
             })),
-            Message::Lock(_) | Message::Releasing | Message::Released(_) | Message::Changed => {
+            Message::Lock(_)
+            | Message::Releasing
+            | Message::Released(_)
+            | Message::Changed
+            | Message::Renewed { .. } => {
                 bail!("not a report")
             }
         }
@@ -256,6 +267,14 @@ fn release_options(m: ReleaseMessage) -> ReleaseOptions {
 /// The replica's `changed` message (its watch saw the run's lock change), one line.
 pub fn changed_line() -> String {
     Message::Changed.line()
+}
+
+/// The replica renewed the run's lock with a renewal sent at `sent` (confirmed).
+pub fn renewed_line(sent: Instant) -> String {
+    Message::Renewed {
+        sent_boot_ns: sent.as_duration().as_nanos() as u64,
+    }
+    .line()
 }
 
 /// The replica's `releasing` message, one line.
@@ -309,6 +328,8 @@ pub struct RunSide {
     stream: UnixStream,
     /// The replica watches the lock (the handover said so).
     watched: bool,
+    /// The replica renews the lock (the handover said so).
+    renewed_by_replica: bool,
     /// Once a [`ReplicaWatch`] reads the channel, the `released` lines it read.
     answers: Option<Receiver<String>>,
 }
@@ -336,6 +357,7 @@ impl RunSide {
         Ok(RunSide {
             stream: UnixStream::from(owned),
             watched: false,
+            renewed_by_replica: false,
             answers: None,
         })
     }
@@ -353,6 +375,7 @@ impl RunSide {
             Ok(_) => {
                 let handed = Handover::parse(line.trim_end())?;
                 self.watched = handed.watched;
+                self.renewed_by_replica = handed.renewed_by_replica;
                 Ok(handed)
             }
             Err(e) => bail!("no lock was handed over: {}", crate::log::io_text(&e)),
@@ -417,6 +440,11 @@ impl RunSide {
             answers,
             own: (!self.watched).then_some(own),
         }
+    }
+
+    /// Whether the replica renews the lock and says `renewed` (heard by [`ReplicaWatch`]).
+    pub fn renewed_by_replica(&self) -> bool {
+        self.renewed_by_replica
     }
 
     /// Whether the replica is gone: its end of the channel closed (looked at without waiting).

@@ -1,6 +1,6 @@
 //! The messages between a replica (`--crontab`) and a run it started, one line of JSON each
 //! with a version (`"v"`) and a kind: the replica sends one `lock` (and `changed` whenever its
-//! watch saw the lock change); the run sends `started`,
+//! watch saw the lock change, `renewed` whenever it renewed the lock); the run sends `started`,
 //! then `release` (what to record) and waits for the replica's `releasing`, then `released`,
 //! then `ended`
 //! (`fleet/handover.rs` carries them).
@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::record::run::Ending;
 
 /// The version of the messages; a process refuses any other.
-pub const VERSION: u64 = 3;
+pub const VERSION: u64 = 4;
 
 /// One message, by kind.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -32,6 +32,10 @@ pub enum Message {
     Released(ReleasedMessage),
     /// The replica's watch saw the lock change (or the watch broke): renew now.
     Changed,
+    /// The replica renewed the lock, and Redis (with `--min-replicas`, its replicas too)
+    /// confirmed it: it is valid for its TTL from when the renewal was sent, on `CLOCK_BOOTTIME`
+    /// (the same clock in every process).
+    Renewed { sent_boot_ns: u64 },
     /// The run ended: its exit status and how the command ended, `duration_ms` after the claim.
     Ended {
         status: u8,
@@ -70,6 +74,10 @@ pub struct LockMessage {
     /// itself).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub watched: bool,
+    /// The replica renews the lock while the run holds it, and says `renewed` each time: the
+    /// run renews it by itself only when no renewal came in time.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub renewed_by_replica: bool,
     /// `--overlap allow`: the lock is the instant's own (`KEY:at:INSTANT`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub own_lock: bool,

@@ -16,7 +16,9 @@
 //! read-only call per fleet for all of them (`claimed.lua`) says which are decided; the others
 //! are claimed here (ownership is a preference, never a condition).
 //! A run's release comes back here too: the run asks, this thread releases on its link and
-//! answers on the run's channel, so a run opens no connection of its own.
+//! answers on the run's channel; and the renewals of the runs' locks, those due together as one
+//! pipeline per server list, the loop telling each run how its renewal went: so a run opens no
+//! connection of its own.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -24,6 +26,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::clock::Instant;
 use crate::config::RunConfig;
 use crate::fleet::handover::released_line;
 use crate::record::ledger::MissedReason;
@@ -70,6 +73,13 @@ pub enum Ask {
         opts: Box<ReleaseOptions>,
         reply: UnixStream,
         urgent: bool,
+    },
+    /// Renew run `pid`'s lock with the holder value this replica claimed with (with the other
+    /// renewals due, one pipeline per server list, before any release of the same batch).
+    RenewRun {
+        config: Arc<RunConfig>,
+        pid: u32,
+        held: Box<Held>,
     },
     /// Record an instant this replica gave up missed, for `reason`, unless the ledger has it.
     Missed {
@@ -152,6 +162,13 @@ pub enum Answer {
         key: String,
         result: Result<(), String>,
     },
+    /// How run `pid`'s renewal sent at `sent` went: confirmed (`true`), not ours, or why it
+    /// failed.
+    Renewed {
+        pid: u32,
+        sent: Instant,
+        result: Result<bool, String>,
+    },
     /// A heartbeat's view of the group's replicas, or why there is none.
     View {
         group: Group,
@@ -228,6 +245,13 @@ pub(super) fn carry_out(links: &mut Links, ask: Ask) -> Option<Answer> {
                 key: config.key.clone(),
                 result,
             })
+        }
+        Ask::RenewRun { config, pid, held } => {
+            let sent = Instant::now();
+            let result = masters(links, &config)
+                .renew(config.connect_timeout, &held)
+                .map_err(|e| e.to_string());
+            Some(Answer::Renewed { pid, sent, result })
         }
         Ask::ReleaseRun {
             config,

@@ -176,6 +176,13 @@ struct ClaimAsk {
     kind: InstantKind,
 }
 
+/// A run's renewal of the batch.
+struct RunRenewal {
+    config: Arc<RunConfig>,
+    pid: u32,
+    held: Box<Held>,
+}
+
 /// A run's release of the batch.
 struct RunRelease {
     config: Arc<RunConfig>,
@@ -185,8 +192,9 @@ struct RunRelease {
 }
 
 /// Carry out a batch: its undos, then its claims (they are the ones a start waits for: their
-/// answers go to the loop at once, through `tell`), then its runs' releases, then the rest in
-/// order. [`LoopGone`]: the loop is gone.
+/// answers go to the loop at once, through `tell`), then its runs' renewals, then their releases
+/// (a renewal the loop asked before a run's release is carried out before it: after, it would
+/// keep a lock released with `--min-hold` for a whole TTL), then the rest in order. [`LoopGone`]: the loop is gone.
 pub fn carry_out(
     links: &mut Links,
     asks: Vec<Ask>,
@@ -194,6 +202,7 @@ pub fn carry_out(
 ) -> Result<(), LoopGone> {
     let mut undos = Vec::new();
     let mut claims = Vec::new();
+    let mut renewals = Vec::new();
     let mut releases = Vec::new();
     let mut rest = Vec::new();
     for ask in asks {
@@ -210,6 +219,9 @@ pub fn carry_out(
                 instant,
                 kind,
             }),
+            Ask::RenewRun { config, pid, held } => {
+                renewals.push(RunRenewal { config, pid, held });
+            }
             Ask::ReleaseRun {
                 config,
                 held,
@@ -234,6 +246,11 @@ pub fn carry_out(
     }
     for group in by_servers(claims, |c| &c.config) {
         for answer in claim_together(links, group) {
+            tell(answer)?;
+        }
+    }
+    for group in by_servers(renewals, |r| &r.config) {
+        for answer in renew_together(links, group) {
             tell(answer)?;
         }
     }
@@ -313,6 +330,25 @@ fn claim_together(links: &mut Links, group: Vec<ClaimAsk>) -> Vec<Answer> {
             instant: c.instant,
             kind: c.kind,
             config: c.config,
+        })
+        .collect()
+}
+
+/// Runs' renewals on one server list, as one pipeline: each one's answer, with when it was sent.
+fn renew_together(links: &mut Links, group: Vec<RunRenewal>) -> Vec<Answer> {
+    let Some((config, within)) = reach(group.iter().map(|r| &r.config)) else {
+        return Vec::new();
+    };
+    let helds: Vec<&Held> = group.iter().map(|r| &*r.held).collect();
+    let sent = Instant::now();
+    let renewed = masters(links, &config).renew_many(within, &helds);
+    renewed
+        .into_iter()
+        .zip(group)
+        .map(|(result, r)| Answer::Renewed {
+            pid: r.pid,
+            sent,
+            result: result.map_err(|e| e.to_string()),
         })
         .collect()
 }

@@ -100,7 +100,9 @@ impl<'a> Replicant<'a> {
         })
     }
 
-    /// What came since the last turn: the claims thread's answers, the runs' reports and ends.
+    /// What came since the last turn: the claims thread's answers, the runs' reports and ends;
+    /// then the renewals of the runs' locks that are due (in every phase: runs go on through a
+    /// drain).
     pub(super) fn take_news(&mut self, table: &mut Table, phase: Phase) {
         self.shown
             .turn(table, self.claims.in_flight(), phase != Phase::Serving);
@@ -108,6 +110,14 @@ impl<'a> Replicant<'a> {
         self.reports(table);
         self.runs.reap();
         self.forget_ended(table);
+        self.renew();
+    }
+
+    /// Ask the claims thread to renew the runs' locks that are due, all together.
+    fn renew(&mut self) {
+        for (pid, config, held) in self.runs.due_renewals(Instant::now()) {
+            self.claims.send(Ask::RenewRun { config, pid, held });
+        }
     }
 
     /// Whether a stopping replica is done: no run left, and no claim in flight (one is waited
@@ -185,7 +195,8 @@ impl<'a> Replicant<'a> {
     }
 
     /// When the loop must look again: the next instant (none unless serving), the drain's or the
-    /// grace's end, or the next look at the file; signals and answers wake it sooner.
+    /// grace's end, a run's renewal, or the next look at the file; signals and answers wake it
+    /// sooner.
     pub(super) fn wake(&self, table: &Table, phase: Phase, file_check: Instant) -> Instant {
         let now = Instant::now();
         let at = match phase {
@@ -206,6 +217,10 @@ impl<'a> Replicant<'a> {
             Phase::Draining { until } => Some(until),
             Phase::Stopping { kill_at } => Some(kill_at),
             Phase::Killed => None,
+        };
+        let at = match (at, self.runs.next_renewal()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         };
         at.map_or(file_check, |at| at.min(file_check))
     }
@@ -371,6 +386,7 @@ impl<'a> Replicant<'a> {
                         );
                     }
                 }
+                Answer::Renewed { pid, sent, result } => self.runs.renewed(pid, sent, result),
                 Answer::View { group, view } => {
                     let pokes = self.beats.viewed(table, group, view, &self.shown, self.log);
                     self.manuals.poked(pokes, |key| table.serves(key));

@@ -6,6 +6,10 @@
 //! typed values; its output is relayed line by line with its KEY; its end comes from the
 //! starter, which reaps it, or, once that starter is gone, from its channel alone.
 //!
+//! The replica renews the locks of all its runs ([`Runs::due_renewals`]: those due go to the
+//! claims thread together, one pipeline per server list) and tells each run `renewed` once Redis
+//! confirmed it; a run renews by itself only when no renewal came in time.
+//!
 //! A run is over when its process was reaped (or its starter is gone) and its channel closed
 //! (the channel stays open while the run's guard lives, so a run killed with its command still
 //! alive keeps its place until the guard has stopped that command).
@@ -17,14 +21,16 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
 
 use crate::clock::Instant;
-use crate::config::CronJob;
+use crate::config::{CronJob, RunConfig};
 use crate::fleet::handover::{
-    releasing_line, report_in, Handover, RunReport, MAX_MESSAGE, MAX_REPORTS,
+    changed_line, releasing_line, renewed_line, report_in, Handover, RunReport, MAX_MESSAGE,
+    MAX_REPORTS,
 };
 use crate::log::Log;
 use crate::replica::output;
@@ -57,6 +63,10 @@ pub const STARTER_IDLE_MS: &str = "CRONLOCK_TEST_STARTER_IDLE_MS";
 /// there and stops before starting the run (a test then kills it "between claim and spawn").
 /// Only a debug build (the tests' own) reads it.
 pub const HOLD_AFTER_CLAIM: &str = "CRONLOCK_TEST_HOLD_AFTER_CLAIM";
+
+/// Runs whose renewal is due this soon go with those due now (one pipeline): renewing early
+/// costs nothing, the lock being valid a TTL from the renewal.
+const RENEW_TOGETHER: Duration = Duration::from_millis(100);
 
 /// What a run's channel said, for the loop: the run's pid, and a report, or `None` at its end.
 type Heard = (u32, Option<RunReport>);
@@ -93,6 +103,12 @@ pub struct Spawned {
     pub orphaned: bool,
     /// Its channel reached end of file.
     pub closed: bool,
+    /// When this replica renews its lock next: an interval after the last renewal Redis
+    /// confirmed was sent; `None` once the run asked for its release or ended (or the lock
+    /// turned out not ours).
+    renew_at: Option<Instant>,
+    /// A renewal was asked of the claims thread and not answered yet.
+    renewing: bool,
 }
 
 impl Spawned {
@@ -214,6 +230,67 @@ impl Runs {
         Ok(())
     }
 
+    /// The runs whose lock this replica renews by `now` (or within [`RENEW_TOGETHER`]), each
+    /// with its job's configuration and its lock: marked asked until [`Runs::renewed`].
+    pub fn due_renewals(&mut self, now: Instant) -> Vec<(u32, Arc<RunConfig>, Box<Held>)> {
+        let by = now + RENEW_TOGETHER;
+        let mut due = Vec::new();
+        for (pid, run) in self.by_pid.iter_mut() {
+            if run.renewing || run.renew_at.is_none_or(|at| at > by) {
+                continue;
+            }
+            run.renewing = true;
+            due.push((*pid, run.config.clone(), run.held.clone()));
+        }
+        // Those that started together first, as they were claimed.
+        due.sort_by_key(|(_, _, held)| held.sent_at);
+        due
+    }
+
+    /// When the next renewal is due, if any.
+    pub fn next_renewal(&self) -> Option<Instant> {
+        self.by_pid
+            .values()
+            .filter(|r| !r.renewing)
+            .filter_map(|r| r.renew_at)
+            .min()
+    }
+
+    /// How run `pid`'s renewal sent at `sent` went: confirmed (the run is told `renewed`, and
+    /// the next is due an interval later), not ours (the run is told its lock changed: it
+    /// renews by itself and finds it lost), or failed (asked again soon; the run renews by
+    /// itself if none comes in time).
+    pub fn renewed(&mut self, pid: u32, sent: Instant, result: Result<bool, String>) {
+        let Some(run) = self.by_pid.get_mut(&pid) else {
+            return;
+        };
+        run.renewing = false;
+        let interval = run.config.timing.interval;
+        let line = match result {
+            Ok(true) => {
+                run.renew_at = run.renew_at.map(|_| sent + interval);
+                renewed_line(sent)
+            }
+            Ok(false) => {
+                run.renew_at = None;
+                changed_line()
+            }
+            Err(_) => {
+                let retry = (interval / 4).clamp(Duration::from_millis(10), RENEW_TOGETHER);
+                run.renew_at = run.renew_at.map(|_| Instant::now() + retry);
+                return;
+            }
+        };
+        if let Some(reply) = &run.reply {
+            // Never waits: a run that does not read its channel renews by itself.
+            let _ = nix::sys::socket::send(
+                reply.as_raw_fd(),
+                line.as_bytes(),
+                nix::sys::socket::MsgFlags::MSG_DONTWAIT | nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+            );
+        }
+    }
+
     /// The next report a run sent, with the run (still supervised) that sent it.
     pub fn next_report(&mut self) -> Option<(&mut Spawned, Option<RunReport>)> {
         loop {
@@ -231,6 +308,14 @@ impl Runs {
                 }
                 Some(RunReport::Release(_)) | None => self.watches.remove(pid),
                 _ => {}
+            }
+            // Renewed by this replica until it asks for its release (a renewal after it would
+            // keep a lock held for --min-hold a whole TTL) or ends.
+            if matches!(
+                report,
+                Some(RunReport::Release(_) | RunReport::Ended(_)) | None
+            ) {
+                run.renew_at = None;
             }
             return self.by_pid.get_mut(&pid).map(|run| (run, report));
         }
@@ -395,6 +480,8 @@ fn spawn(
         exited: None,
         orphaned: false,
         closed: false,
+        renew_at: Some(held.sent_at + job.config.timing.interval),
+        renewing: false,
     })
 }
 

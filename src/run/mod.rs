@@ -153,7 +153,10 @@ impl<'a> Run<'a> {
             timing.margin,
             std::sync::Arc::new(move |kill_by| shared.set_kill_by(kill_by)),
         );
-        let watchdog = Watchdog::new(masters, held.clone(), timing, validity, log.clone());
+        let mut watchdog = Watchdog::new(masters, held.clone(), timing, validity, log.clone());
+        if channel.as_ref().is_some_and(RunSide::renewed_by_replica) {
+            watchdog.renewed_by_replica();
+        }
         let limits = Limits {
             grace: timing.grace,
             max_runtime: config.max_runtime,

@@ -270,33 +270,43 @@ fn claimed_call<'a>(items: &[(&'a Keys, i64)]) -> ScriptCall<'a> {
 /// Extend our lock to `ttl` from now if it is still ours: `Ok(true)` ours, `Ok(false)` not ours.
 /// Any other reply (`+OK`, RESP3 `#t`, a string) is a failure: the renewal is not confirmed.
 pub fn renew(link: &mut Link, within: Duration, held: &Held) -> Result<bool, Failure> {
+    let (keys, args) = renew_call(held);
+    eval(link, within, &RENEW, RENEW_LUA, &keys, &args, renewed)
+}
+
+/// [`renew`] for several locks at once, as one pipeline: each one's answer, in order.
+pub fn renew_many(
+    link: &mut Link,
+    within: Duration,
+    helds: &[&Held],
+) -> Vec<Result<bool, Failure>> {
+    let calls: Vec<ScriptCall<'_>> = helds.iter().map(|held| renew_call(held)).collect();
+    eval_many(link, within, &RENEW, RENEW_LUA, &calls, renewed)
+}
+
+/// `renew.lua`'s keys and arguments for `held`: with `--limit` above 1, our slot and the limit
+/// record, kept alive as long as a slot.
+fn renew_call(held: &Held) -> ScriptCall<'_> {
     let ttl = ms(held.ttl).to_string();
-    let read = |v: &Value| match int(v, "a renewal reply that is not 0 or 1")? {
+    if held.limit > 1 {
+        (
+            vec![held.keys.lock.as_str(), held.keys.limit.as_str()],
+            vec![held.holder.value.clone(), ttl, held.limit.to_string()],
+        )
+    } else {
+        (
+            vec![held.keys.lock.as_str()],
+            vec![held.holder.value.clone(), ttl],
+        )
+    }
+}
+
+/// A renewal's reply, read.
+fn renewed(v: &Value) -> Result<bool, Failure> {
+    match int(v, "a renewal reply that is not 0 or 1")? {
         1 => Ok(true),
         0 => Ok(false),
         _ => Err(Failure::shape("a renewal reply that is not 0 or 1")),
-    };
-    if held.limit > 1 {
-        // Our slot, and the limit record kept alive as long as a slot.
-        eval(
-            link,
-            within,
-            &RENEW,
-            RENEW_LUA,
-            &[&held.keys.lock, &held.keys.limit],
-            &[held.holder.value.clone(), ttl, held.limit.to_string()],
-            read,
-        )
-    } else {
-        eval(
-            link,
-            within,
-            &RENEW,
-            RENEW_LUA,
-            &[&held.keys.lock],
-            &[held.holder.value.clone(), ttl],
-            read,
-        )
     }
 }
 

@@ -388,6 +388,33 @@ impl Masters {
         )))
     }
 
+    /// Several renewals at once (a replica renewing its runs' locks): on one master, as one
+    /// pipeline confirmed once on its connection (as [`Masters::renew`] confirms one); on several,
+    /// one [`Masters::renew`] after another. Each one's answer, in order.
+    pub fn renew_many(&mut self, within: Duration, helds: &[&Held]) -> Vec<Result<bool, Failure>> {
+        if self.links.len() != 1 || helds.len() < 2 {
+            return helds.iter().map(|held| self.renew(within, held)).collect();
+        }
+        let start = Instant::now();
+        let link = &mut self.links[0];
+        let renewed = lock::renew_many(link, within, helds);
+        let Some(i) = renewed.iter().position(|r| matches!(r, Ok(true))) else {
+            return renewed;
+        };
+        let confirmed = link.confirm(&helds[i].keys.lock, within.saturating_sub(start.elapsed()));
+        link.unpin();
+        match confirmed {
+            Ok(()) => renewed,
+            Err(e) => renewed
+                .into_iter()
+                .map(|r| match r {
+                    Ok(true) => Err(e.duplicate()),
+                    other => other,
+                })
+                .collect(),
+        }
+    }
+
     /// Several releases at once: on one master, as one pipeline; on several, one after another.
     pub fn release_many(
         &mut self,

@@ -63,6 +63,10 @@ pub trait Listener: Send + Sync {
     fn changed(&self);
     /// The lock is known lost: the watch can stop.
     fn lost(&self) -> bool;
+    /// Someone else renewed the lock with a renewal sent at `sent` (on `CLOCK_BOOTTIME`), and it
+    /// was confirmed: the run's replica, heard on its channel. A watch of the run's own never
+    /// says so.
+    fn renewed(&self, _sent: crate::clock::Instant) {}
 }
 
 /// A watch a run starts once its command has run a little: its own ([`WatchPlan`]) or its

@@ -456,6 +456,78 @@ fn a_run_whose_replica_hangs_releases_by_itself() {
     );
 }
 
+/// A replica renews its runs' locks itself (those due together, as one pipeline) and tells
+/// each run, so its runs open no connection of their own while their commands outlive several
+/// renewals. A frozen replica's runs renew by themselves: their locks never lapse, and their
+/// commands (twice as long as the TTL) end as they would, recorded `succeeded` (the instants
+/// that came while they ran are skipped, or missed while the replica was frozen; none failed).
+#[test]
+fn the_replica_renews_its_runs_locks_and_a_frozen_replicas_runs_renew_by_themselves() {
+    let r = Redis::start();
+    let dir = scratch("renewed");
+    let log = dir.join("log");
+    let jobs: String = (1..=6)
+        .map(|j| {
+            format!(
+                "* * * * * * --ttl 4s --connect-timeout 1s renew{j} sh -c 'echo start >> {0}; sleep 8; echo done >> {0}'\n",
+                log.display()
+            )
+        })
+        .collect();
+    let file = crontab(&dir, &jobs);
+    let lines = |word: &str| {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| *l == word)
+            .count()
+    };
+    // (A run waits for its replica's release only while a release of its own could still reach
+    // Redis within --connect-timeout before its lock could lapse.)
+    let c = replica(&r.url(), &file, &[]);
+    // The first runs: renewed by the replica, each about eight times (every 0.97 s; a run would
+    // renew by itself 0.48 s after one came late).
+    assert!(wait_for(Duration::from_secs(10), || lines("start") >= 6));
+    let before = (r.connections_received(), watches(&r));
+    assert!(wait_for(Duration::from_secs(20), || lines("done") >= 6));
+    let after = (r.connections_received(), watches(&r));
+    let opened = after.0 - before.0;
+    let watched = after.1 - before.1;
+    // (A watch counted on one side of a snapshot may have its connections on the other, and a
+    // run whose renewal came late on a busy machine opens one.) Runs renewing by themselves
+    // would open six or more.
+    assert!(
+        opened <= 2 * watched + 3,
+        "runs opened {opened} connections, besides {watched} lock watches (two each)"
+    );
+    // The next runs: the replica frozen for longer than their TTL while they work.
+    assert!(wait_for(Duration::from_secs(10), || lines("start") >= 12));
+    std::thread::sleep(Duration::from_millis(500));
+    signal(c.id() as i32, libc::SIGSTOP);
+    let lapsed = wait_for(Duration::from_secs(5), || {
+        !(1..=6).all(|j| r.exists(&format!("cronlock:{{renew{j}}}")))
+    });
+    signal(c.id() as i32, libc::SIGCONT);
+    assert!(!lapsed, "a lock lapsed while its replica was frozen");
+    assert!(wait_for(Duration::from_secs(20), || lines("done") >= 12));
+    assert_eq!(stop(c), Some(0), "{}", replica_err(&file));
+    let err = replica_err(&file);
+    assert!(!err.contains("lost"), "{err}");
+    for j in 1..=6 {
+        let states = ledger_states(&r, &format!("renew{j}"));
+        assert!(
+            states.iter().filter(|s| *s == "succeeded").count() >= 2,
+            "renew{j}: {states:?}"
+        );
+        assert!(
+            states
+                .iter()
+                .all(|s| !matches!(s.as_str(), "failed" | "interrupted" | "abandoned")),
+            "renew{j}: {states:?}\n{err}"
+        );
+    }
+}
+
 /// What the replica reports for runs it did not start: instants missed, suspended jobs.
 mod reports;
 

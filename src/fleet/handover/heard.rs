@@ -18,7 +18,7 @@ use crate::store::tracking::{Listener, Watch, Watching};
 /// What a run hears on its channel: from 20 ms into the command (the watchdog starts it, as a
 /// run's own watch), the kernel wakes the run's main loop whenever the channel is readable
 /// (`O_ASYNC`), and each wake-up reads what came without waiting: a `changed` asks the lock's
-/// validity to renew now; a `releasing` or `released` is kept for the release; the end of the
+/// validity to renew now; a `renewed` moves it on (the replica's renewal, confirmed); a `releasing` or `released` is kept for the release; the end of the
 /// channel (the replica is gone: killed, or exited) asks the run to end, as a drain would, so
 /// it stops its command and gives its lock back itself. A run lives on when the starter that
 /// forked it dies: it follows its replica, through this channel. When the replica does not
@@ -98,6 +98,11 @@ impl Watching for HearingReplica {
                 let text = String::from_utf8_lossy(&line);
                 match Message::parse(text.trim_end()) {
                     Ok(Message::Changed) => self.listener.changed(),
+                    Ok(Message::Renewed { sent_boot_ns }) => {
+                        let ns = std::time::Duration::from_nanos(sent_boot_ns);
+                        self.listener
+                            .renewed(crate::clock::Instant::from_duration(ns));
+                    }
                     Ok(Message::Releasing | Message::Released(_)) => {
                         let _ = self.answers.send(text.into_owned());
                     }

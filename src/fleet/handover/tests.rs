@@ -17,6 +17,7 @@ fn sample() -> Handover {
         after: None,
         parent_pid: 42,
         watched: false,
+        renewed_by_replica: true,
     }
 }
 
@@ -69,9 +70,9 @@ fn a_handover_reads_back_as_written() {
 
 #[test]
 fn other_versions_and_shapes_are_refused() {
-    let line = sample().line().replace("\"v\":3", "\"v\":4");
+    let line = sample().line().replace("\"v\":4", "\"v\":5");
     let e = Handover::parse(line.trim_end()).unwrap_err().to_string();
-    assert!(e.contains("version 4"), "{e}");
+    assert!(e.contains("version 5"), "{e}");
     assert!(Handover::parse("{}").is_err());
     assert!(Handover::parse("not json").is_err());
     let line = sample().line().replace("\"fence\":42", "\"fence\":0");
@@ -127,6 +128,7 @@ fn a_run_the_replica_answers_does_not_release_by_itself() {
     let mut run = RunSide {
         stream: theirs,
         watched: false,
+        renewed_by_replica: true,
         answers: None,
     };
     let replica = std::thread::spawn(move || {
@@ -150,6 +152,7 @@ fn a_run_the_replica_answers_does_not_release_by_itself() {
     let mut run = RunSide {
         stream: theirs,
         watched: false,
+        renewed_by_replica: true,
         answers: None,
     };
     let asked = Instant::now();
@@ -166,6 +169,7 @@ fn the_replica_reads_reports_until_the_end() {
     let mut run = RunSide {
         stream: theirs,
         watched: false,
+        renewed_by_replica: true,
         answers: None,
     };
     run.send(&RunReport::Started { pid: 9 });
@@ -178,14 +182,18 @@ fn the_replica_reads_reports_until_the_end() {
 
 #[test]
 fn a_released_answer_is_read_past_changes() {
-    // Read by the run itself (its watch never started): a `changed` before the answer is passed.
+    // Read by the run itself (its watch never started): a `changed` and a `renewed` before the
+    // answer are passed.
     let (mut ours, theirs) = UnixStream::pair().unwrap();
     let mut run = RunSide {
         stream: theirs,
         watched: true,
+        renewed_by_replica: true,
         answers: None,
     };
     ours.write_all(changed_line().as_bytes()).unwrap();
+    ours.write_all(renewed_line(Instant::now()).as_bytes())
+        .unwrap();
     ours.write_all(released_line(&Ok(Released::Kept)).as_bytes())
         .unwrap();
     let answer = run.release_by_replica(&ReleaseOptions::default(), Duration::from_secs(5));
@@ -220,4 +228,23 @@ impl ReplicaSide {
             }
         }
     }
+}
+
+#[test]
+fn a_renewal_the_replica_made_reads_back_with_when_it_was_sent() {
+    let sent = Instant::now();
+    let line = renewed_line(sent);
+    match Message::parse(line.trim_end()).unwrap() {
+        Message::Renewed { sent_boot_ns } => {
+            assert_eq!(sent_boot_ns, sent.as_duration().as_nanos() as u64)
+        }
+        other => panic!("{other:?}"),
+    }
+    // Not a run's report; and a replica's handover says it renews.
+    assert!(RunReport::parse(line.trim_end()).is_err());
+    assert!(
+        Handover::parse(sample().line().trim_end())
+            .unwrap()
+            .renewed_by_replica
+    );
 }
