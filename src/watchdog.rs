@@ -25,12 +25,13 @@
 //! If Redis answers "not ours" instead, the loss is confirmed: SIGTERM at once, SIGKILL after
 //! `--grace` or at `deadline - margin`, whichever comes first.
 //!
-//! A replica's run (`--crontab`) leaves the renewals to its replica, which renews the locks of
-//! all its runs as one pipeline per tick and says `renewed` on the run's channel: each one moves
-//! the validity on exactly as a renewal of the run's own would (from when the replica sent it).
-//! The run starts its own renewals only when none came half an interval after one was due: a
-//! replica slow, frozen or gone leaves the lock to them with more than an interval before a
-//! feared loss.
+//! A replica's run (`--crontab`) asks its replica to renew (`renew` on its channel, when a
+//! renewal is due): the replica renews the locks of the runs that asked together as one
+//! pipeline and says `renewed`, which moves the validity on exactly as a renewal of the run's
+//! own would (from when the replica sent it). Only a run that asks is renewed, so a frozen or
+//! dead run's lock lapses as its guard stops its command. The run starts its own renewals when
+//! no answer came half an interval after it asked: a replica slow, frozen or gone leaves the
+//! lock to them with more than an interval before a feared loss.
 
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
@@ -39,6 +40,7 @@ use std::time::Duration;
 use crate::clock::Instant;
 use crate::command::supervise::Keeper;
 use crate::duration::Span;
+use crate::fleet::handover::AskReplica;
 use crate::lease::{Timing, Validity};
 use crate::log::{Level, Log};
 use crate::store::lock::Held;
@@ -71,12 +73,22 @@ impl crate::store::tracking::Listener for ValidityListener {
 pub struct Watchdog {
     pub validity: Validity,
     state: RenewalState,
-    /// The run's replica renews the lock (its `renewed` heard on the channel): the renewal
-    /// thread starts only when none came in time ([`Watchdog::renewed_by_replica`]).
-    by_replica: bool,
+    /// How to ask the run's replica to renew the lock (its `renewed` heard on the channel), and
+    /// when it was last asked: the renewal thread starts only when no answer came in time
+    /// ([`Watchdog::renewed_by_replica`]).
+    replica: Option<AskReplica>,
+    asked_replica: Option<Instant>,
     ttl: Duration,
     /// The watch for changes to the lock key ([`crate::store::tracking`]): planned, then running.
     tracking: TrackingStage,
+}
+
+/// What a replica's run does next for its lock while no renewal thread runs.
+enum LockStep {
+    /// Ask the replica to renew, at this time.
+    Ask(Instant),
+    /// Start the renewal thread, at this time.
+    Thread(Instant),
 }
 
 enum TrackingStage {
@@ -134,29 +146,36 @@ impl Watchdog {
         Watchdog {
             validity,
             state: RenewalState::Pending { due, renewal },
-            by_replica: false,
+            replica: None,
+            asked_replica: None,
             ttl: timing.ttl,
             tracking: TrackingStage::Off,
         }
     }
 
-    /// The run's replica renews the lock and says so on the channel, heard by the watch this
-    /// run starts ([`Watchdog::track`]).
-    pub fn renewed_by_replica(&mut self) {
-        self.by_replica = true;
+    /// The run's replica renews the lock when asked (`ask`), and says so on the channel, heard
+    /// by the watch this run starts ([`Watchdog::track`]).
+    pub fn renewed_by_replica(&mut self, ask: AskReplica) {
+        self.replica = Some(ask);
     }
 
-    /// When the renewal thread must start: at its first renewal; while the replica renews the
-    /// lock, half an interval after a renewal of its own would have been due since the last one
-    /// confirmed (a renewal is due an interval after the last was sent, the lock valid a TTL
-    /// after it).
-    fn thread_due(&self, due: Instant, renewal: &Renewal) -> Instant {
-        if !self.by_replica {
-            return due;
+    /// What the lock needs next while no renewal thread runs: at `due` (the first renewal), or,
+    /// while the replica renews it, an interval after the last confirmed renewal was sent (the
+    /// lock is valid a TTL after it), ask the replica; half an interval after an ask it did not
+    /// answer, start the thread.
+    fn next_step(&self, due: Instant, renewal: &Renewal) -> LockStep {
+        if self.replica.is_none() {
+            return LockStep::Thread(due);
         }
         let timing = &renewal.timing;
-        let late = self.validity.valid_until() + timing.interval + timing.interval / 2;
-        late.checked_sub(timing.ttl).map_or(due, |at| due.max(at))
+        let last_sent = self.validity.valid_until().checked_sub(timing.ttl);
+        // An ask is answered by a renewal sent after it.
+        match self.asked_replica {
+            Some(asked) if last_sent.is_none_or(|sent| sent < asked) => {
+                LockStep::Thread(asked + timing.interval / 2)
+            }
+            _ => LockStep::Ask(last_sent.map_or(due, |sent| due.max(sent + timing.interval))),
+        }
     }
 
     /// Watch the lock key for changes once the command started at `started` has run a little:
@@ -190,7 +209,9 @@ impl Keeper for Watchdog {
     /// When the main loop must call [`Keeper::start_if_due`] next, if at all.
     fn due(&self) -> Option<Instant> {
         let renewal = match &self.state {
-            RenewalState::Pending { due, renewal } => Some(self.thread_due(*due, renewal)),
+            RenewalState::Pending { due, renewal } => match self.next_step(*due, renewal) {
+                LockStep::Ask(at) | LockStep::Thread(at) => Some(at),
+            },
             _ => None,
         };
         let tracking = match &self.tracking {
@@ -224,8 +245,18 @@ impl Keeper for Watchdog {
         }
         let asked = self.validity.take_renew_now();
         match &self.state {
-            RenewalState::Pending { due, renewal }
-                if now >= self.thread_due(*due, renewal) || asked => {}
+            RenewalState::Pending { .. } if asked => {}
+            RenewalState::Pending { due, renewal } => match self.next_step(*due, renewal) {
+                LockStep::Thread(at) if now >= at => {}
+                LockStep::Ask(at) if now >= at => {
+                    if let Some(ask) = &self.replica {
+                        ask();
+                    }
+                    self.asked_replica = Some(now);
+                    return;
+                }
+                _ => return,
+            },
             RenewalState::Running { stop, .. } if asked => {
                 let _ = stop.send(Msg::Renew);
                 return;

@@ -16,7 +16,7 @@
 //! releases by itself, as any run does.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::mpsc::{self, Receiver};
 use std::time::Duration;
@@ -32,6 +32,9 @@ use crate::store::holder::Holder;
 use crate::store::keys::Keys;
 use crate::store::lock::{Held, LedgerEnd, ReleaseOptions, Released};
 use crate::store::tracking::Watch;
+
+/// How a run asks its replica to renew its lock ([`RunSide::renew_asker`]).
+pub type AskReplica = Box<dyn Fn() + Send>;
 
 /// The longest message (a lock value is at most a few hundred bytes).
 pub const MAX_MESSAGE: usize = 16 * 1024;
@@ -58,8 +61,8 @@ pub struct Handover {
     pub parent_pid: u32,
     /// The replica watches the lock and says `changed` on the channel.
     pub watched: bool,
-    /// The replica renews the lock and says `renewed` on the channel: the run renews by itself
-    /// only when no renewal came in time.
+    /// The replica renews the lock when the run asks, and says `renewed` on the channel: the
+    /// run renews by itself only when no renewal came in time.
     pub renewed_by_replica: bool,
     /// `--overlap replace`: a run replaced may still be stopping until then (`CLOCK_BOOTTIME`).
     pub after: Option<Instant>,
@@ -84,7 +87,7 @@ impl Handover {
             after: held.after,
             parent_pid,
             watched,
-            // A replica renews the locks of all its runs, as one pipeline per renewal tick.
+            // A replica renews its runs' locks as they ask, those asking together as one pipeline.
             renewed_by_replica: true,
         }
     }
@@ -178,6 +181,8 @@ impl Handover {
 pub enum RunReport {
     /// The command started, as process `pid`.
     Started { pid: u32 },
+    /// Renew the lock now: the run is alive, and its command runs.
+    Renew,
     /// Release the lock for the run, recording this; the run waits for [`ReleaseAnswer`].
     Release(Box<ReleaseOptions>),
     /// The run ended (the lock released and the instant recorded).
@@ -196,6 +201,7 @@ impl RunReport {
     pub fn line(&self) -> String {
         match self {
             RunReport::Started { pid } => Message::Started { pid: *pid },
+            RunReport::Renew => Message::Renew,
             RunReport::Release(opts) => Message::Release(release_message(opts)),
             RunReport::Ended(end) => Message::Ended {
                 status: end.status,
@@ -209,6 +215,7 @@ impl RunReport {
     pub fn parse(line: &str) -> Result<RunReport> {
         match Message::parse(line)? {
             Message::Started { pid } => Ok(RunReport::Started { pid }),
+            Message::Renew => Ok(RunReport::Renew),
             Message::Release(m) => Ok(RunReport::Release(Box::new(release_options(m)))),
             Message::Ended {
                 status,
@@ -442,9 +449,20 @@ impl RunSide {
         }
     }
 
-    /// Whether the replica renews the lock and says `renewed` (heard by [`ReplicaWatch`]).
-    pub fn renewed_by_replica(&self) -> bool {
-        self.renewed_by_replica
+    /// How the run asks its replica to renew the lock, when the handover said the replica
+    /// renews it (its `renewed` is heard by [`ReplicaWatch`]): a `renew` sent without waiting (a
+    /// replica that does not read it is a late renewal, and the run renews by itself).
+    pub fn renew_asker(&self) -> Option<AskReplica> {
+        if !self.renewed_by_replica {
+            return None;
+        }
+        let stream = self.stream.try_clone().ok()?;
+        let line = RunReport::Renew.line();
+        Some(Box::new(move || {
+            let flags =
+                nix::sys::socket::MsgFlags::MSG_DONTWAIT | nix::sys::socket::MsgFlags::MSG_NOSIGNAL;
+            let _ = nix::sys::socket::send(stream.as_raw_fd(), line.as_bytes(), flags);
+        }))
     }
 
     /// Whether the replica is gone: its end of the channel closed (looked at without waiting).

@@ -1,6 +1,7 @@
 //! The messages between a replica (`--crontab`) and a run it started, one line of JSON each
 //! with a version (`"v"`) and a kind: the replica sends one `lock` (and `changed` whenever its
 //! watch saw the lock change, `renewed` whenever it renewed the lock); the run sends `started`,
+//! `renew` whenever a renewal is due,
 //! then `release` (what to record) and waits for the replica's `releasing`, then `released`,
 //! then `ended`
 //! (`fleet/handover.rs` carries them).
@@ -21,6 +22,9 @@ pub enum Message {
     Lock(LockMessage),
     /// The command started, as process `pid`.
     Started { pid: u32 },
+    /// The run is alive and its command runs: renew the lock now (with the others due, in one
+    /// pipeline), and say `renewed`.
+    Renew,
     /// Release the lock for the run, recording this.
     Release(ReleaseMessage),
     /// The replica read a `release` and is carrying it out: the run waits for its `released`
@@ -74,8 +78,8 @@ pub struct LockMessage {
     /// itself).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub watched: bool,
-    /// The replica renews the lock while the run holds it, and says `renewed` each time: the
-    /// run renews it by itself only when no renewal came in time.
+    /// The replica renews the lock when the run asks (`renew`), and says `renewed`: the run
+    /// renews it by itself only when no renewal came in time.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub renewed_by_replica: bool,
     /// `--overlap allow`: the lock is the instant's own (`KEY:at:INSTANT`).

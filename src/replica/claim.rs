@@ -74,8 +74,9 @@ pub enum Ask {
         reply: UnixStream,
         urgent: bool,
     },
-    /// Renew run `pid`'s lock with the holder value this replica claimed with (with the other
-    /// renewals due, one pipeline per server list, before any release of the same batch).
+    /// Renew run `pid`'s lock, as it asked, with the holder value this replica claimed with
+    /// (with the other renewals asked together, one pipeline per server list, before any
+    /// release of the same batch).
     RenewRun {
         config: Arc<RunConfig>,
         pid: u32,

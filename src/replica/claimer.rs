@@ -150,9 +150,12 @@ pub fn gather(first: Ask, inbox: &Receiver<Ask>) -> Vec<Ask> {
             asks.push(ask);
             continue;
         }
-        // Lingering is for releases only: a claim is never held back, nor a release an instant
-        // waits for (a replica at --max-jobs starts the next run when one is over).
-        let releasing = asks.iter().any(|a| matches!(a, Ask::ReleaseRun { .. }));
+        // Lingering is for runs' renewals and releases only (the runs that started together ask
+        // together): a claim is never held back, nor a release an instant waits for (a replica
+        // at --max-jobs starts the next run when one is over).
+        let releasing = asks
+            .iter()
+            .any(|a| matches!(a, Ask::ReleaseRun { .. } | Ask::RenewRun { .. }));
         let pressed = asks
             .iter()
             .any(|a| matches!(a, Ask::Claim { .. } | Ask::ReleaseRun { urgent: true, .. }));

@@ -100,9 +100,7 @@ impl<'a> Replicant<'a> {
         })
     }
 
-    /// What came since the last turn: the claims thread's answers, the runs' reports and ends;
-    /// then the renewals of the runs' locks that are due (in every phase: runs go on through a
-    /// drain).
+    /// What came since the last turn: the claims thread's answers, the runs' reports and ends.
     pub(super) fn take_news(&mut self, table: &mut Table, phase: Phase) {
         self.shown
             .turn(table, self.claims.in_flight(), phase != Phase::Serving);
@@ -110,14 +108,6 @@ impl<'a> Replicant<'a> {
         self.reports(table);
         self.runs.reap();
         self.forget_ended(table);
-        self.renew();
-    }
-
-    /// Ask the claims thread to renew the runs' locks that are due, all together.
-    fn renew(&mut self) {
-        for (pid, config, held) in self.runs.due_renewals(Instant::now()) {
-            self.claims.send(Ask::RenewRun { config, pid, held });
-        }
     }
 
     /// Whether a stopping replica is done: no run left, and no claim in flight (one is waited
@@ -195,8 +185,7 @@ impl<'a> Replicant<'a> {
     }
 
     /// When the loop must look again: the next instant (none unless serving), the drain's or the
-    /// grace's end, a run's renewal, or the next look at the file; signals and answers wake it
-    /// sooner.
+    /// grace's end, or the next look at the file; signals and answers wake it sooner.
     pub(super) fn wake(&self, table: &Table, phase: Phase, file_check: Instant) -> Instant {
         let now = Instant::now();
         let at = match phase {
@@ -217,10 +206,6 @@ impl<'a> Replicant<'a> {
             Phase::Draining { until } => Some(until),
             Phase::Stopping { kill_at } => Some(kill_at),
             Phase::Killed => None,
-        };
-        let at = match (at, self.runs.next_renewal()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
         };
         at.map_or(file_check, |at| at.min(file_check))
     }
@@ -575,8 +560,8 @@ impl<'a> Replicant<'a> {
         }
     }
 
-    /// Act on what the runs reported (`reports.rs`): a release goes on the claims thread's link,
-    /// a failed run of a `--retries` job is looked at again.
+    /// Act on what the runs reported (`reports.rs`): a renewal or a release goes on the claims
+    /// thread's link, a failed run of a `--retries` job is looked at again.
     fn reports(&mut self, table: &mut Table) {
         // A release an instant waits for goes at once (see `claimer.rs`).
         let urgent = self.full() || table.waiting() > 0;
@@ -586,6 +571,11 @@ impl<'a> Replicant<'a> {
             }
             match reports::heard(run, report, self.log) {
                 Followup::Nothing => {}
+                Followup::Renew => self.claims.send(Ask::RenewRun {
+                    config: run.config.clone(),
+                    pid: run.pid(),
+                    held: run.held.clone(),
+                }),
                 Followup::Release { opts, reply } => {
                     let ask = Ask::ReleaseRun {
                         config: run.config.clone(),

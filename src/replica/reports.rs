@@ -17,6 +17,9 @@ use super::runs::Spawned;
 /// What the loop does after a run's report.
 pub enum Followup {
     Nothing,
+    /// Renew the run's lock on the claims thread's link (with the others asked together), and
+    /// say `renewed` on its channel.
+    Renew,
     /// Release the run's lock on the claims thread's link, and answer on `reply`.
     Release {
         opts: Box<ReleaseOptions>,
@@ -35,6 +38,14 @@ pub fn heard(run: &mut Spawned, report: Option<RunReport>, log: &Log) -> Followu
         Some(RunReport::Started { pid: group }) => {
             run.started = true;
             said_started(run, group, log);
+        }
+        // One at a time, and never once it asked for its release (a renewal after it would keep
+        // a lock released for --min-hold a whole TTL).
+        Some(RunReport::Renew) => {
+            if !run.renewing && run.reply.is_some() {
+                run.renewing = true;
+                return Followup::Renew;
+            }
         }
         // At most once: a second ask goes unanswered, and the run releases by itself.
         Some(RunReport::Release(opts)) => {

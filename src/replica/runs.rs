@@ -6,9 +6,9 @@
 //! typed values; its output is relayed line by line with its KEY; its end comes from the
 //! starter, which reaps it, or, once that starter is gone, from its channel alone.
 //!
-//! The replica renews the locks of all its runs ([`Runs::due_renewals`]: those due go to the
-//! claims thread together, one pipeline per server list) and tells each run `renewed` once Redis
-//! confirmed it; a run renews by itself only when no renewal came in time.
+//! The replica renews a run's lock when the run asks (`renew`: the runs that ask together go to
+//! the claims thread together, one pipeline per server list) and tells it `renewed` once Redis
+//! confirmed it ([`Runs::renewed`]); a run renews by itself only when no renewal came in time.
 //!
 //! A run is over when its process was reaped (or its starter is gone) and its channel closed
 //! (the channel stays open while the run's guard lives, so a run killed with its command still
@@ -21,13 +21,12 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
 
 use crate::clock::Instant;
-use crate::config::{CronJob, RunConfig};
+use crate::config::CronJob;
 use crate::fleet::handover::{
     changed_line, releasing_line, renewed_line, report_in, Handover, RunReport, MAX_MESSAGE,
     MAX_REPORTS,
@@ -64,10 +63,6 @@ pub const STARTER_IDLE_MS: &str = "CRONLOCK_TEST_STARTER_IDLE_MS";
 /// Only a debug build (the tests' own) reads it.
 pub const HOLD_AFTER_CLAIM: &str = "CRONLOCK_TEST_HOLD_AFTER_CLAIM";
 
-/// Runs whose renewal is due this soon go with those due now (one pipeline): renewing early
-/// costs nothing, the lock being valid a TTL from the renewal.
-const RENEW_TOGETHER: Duration = Duration::from_millis(100);
-
 /// What a run's channel said, for the loop: the run's pid, and a report, or `None` at its end.
 type Heard = (u32, Option<RunReport>);
 
@@ -103,12 +98,8 @@ pub struct Spawned {
     pub orphaned: bool,
     /// Its channel reached end of file.
     pub closed: bool,
-    /// When this replica renews its lock next: an interval after the last renewal Redis
-    /// confirmed was sent; `None` once the run asked for its release or ended (or the lock
-    /// turned out not ours).
-    renew_at: Option<Instant>,
-    /// A renewal was asked of the claims thread and not answered yet.
-    renewing: bool,
+    /// A renewal it asked for was asked of the claims thread and not answered yet.
+    pub renewing: bool,
 }
 
 impl Spawned {
@@ -230,56 +221,18 @@ impl Runs {
         Ok(())
     }
 
-    /// The runs whose lock this replica renews by `now` (or within [`RENEW_TOGETHER`]), each
-    /// with its job's configuration and its lock: marked asked until [`Runs::renewed`].
-    pub fn due_renewals(&mut self, now: Instant) -> Vec<(u32, Arc<RunConfig>, Box<Held>)> {
-        let by = now + RENEW_TOGETHER;
-        let mut due = Vec::new();
-        for (pid, run) in self.by_pid.iter_mut() {
-            if run.renewing || run.renew_at.is_none_or(|at| at > by) {
-                continue;
-            }
-            run.renewing = true;
-            due.push((*pid, run.config.clone(), run.held.clone()));
-        }
-        // Those that started together first, as they were claimed.
-        due.sort_by_key(|(_, _, held)| held.sent_at);
-        due
-    }
-
-    /// When the next renewal is due, if any.
-    pub fn next_renewal(&self) -> Option<Instant> {
-        self.by_pid
-            .values()
-            .filter(|r| !r.renewing)
-            .filter_map(|r| r.renew_at)
-            .min()
-    }
-
-    /// How run `pid`'s renewal sent at `sent` went: confirmed (the run is told `renewed`, and
-    /// the next is due an interval later), not ours (the run is told its lock changed: it
-    /// renews by itself and finds it lost), or failed (asked again soon; the run renews by
-    /// itself if none comes in time).
+    /// How run `pid`'s renewal sent at `sent` went: confirmed (the run is told `renewed`), not
+    /// ours (the run is told its lock changed: it renews by itself and finds it lost), or failed
+    /// (the run renews by itself when no answer came in time).
     pub fn renewed(&mut self, pid: u32, sent: Instant, result: Result<bool, String>) {
         let Some(run) = self.by_pid.get_mut(&pid) else {
             return;
         };
         run.renewing = false;
-        let interval = run.config.timing.interval;
         let line = match result {
-            Ok(true) => {
-                run.renew_at = run.renew_at.map(|_| sent + interval);
-                renewed_line(sent)
-            }
-            Ok(false) => {
-                run.renew_at = None;
-                changed_line()
-            }
-            Err(_) => {
-                let retry = (interval / 4).clamp(Duration::from_millis(10), RENEW_TOGETHER);
-                run.renew_at = run.renew_at.map(|_| Instant::now() + retry);
-                return;
-            }
+            Ok(true) => renewed_line(sent),
+            Ok(false) => changed_line(),
+            Err(_) => return,
         };
         if let Some(reply) = &run.reply {
             // Never waits: a run that does not read its channel renews by itself.
@@ -309,14 +262,7 @@ impl Runs {
                 Some(RunReport::Release(_)) | None => self.watches.remove(pid),
                 _ => {}
             }
-            // Renewed by this replica until it asks for its release (a renewal after it would
-            // keep a lock held for --min-hold a whole TTL) or ends.
-            if matches!(
-                report,
-                Some(RunReport::Release(_) | RunReport::Ended(_)) | None
-            ) {
-                run.renew_at = None;
-            }
+
             return self.by_pid.get_mut(&pid).map(|run| (run, report));
         }
     }
@@ -480,7 +426,6 @@ fn spawn(
         exited: None,
         orphaned: false,
         closed: false,
-        renew_at: Some(held.sent_at + job.config.timing.interval),
         renewing: false,
     })
 }

@@ -160,7 +160,7 @@ pub(super) fn show_report(board: &Board, run: &Spawned, heard: &RunReport) {
             let attempt = ended(run, end, since);
             board.attempted(&run.key, &hostname(), &attempt);
         }
-        RunReport::Release(_) => {}
+        RunReport::Renew | RunReport::Release(_) => {}
     }
 }
 

@@ -154,8 +154,8 @@ impl<'a> Run<'a> {
             std::sync::Arc::new(move |kill_by| shared.set_kill_by(kill_by)),
         );
         let mut watchdog = Watchdog::new(masters, held.clone(), timing, validity, log.clone());
-        if channel.as_ref().is_some_and(RunSide::renewed_by_replica) {
-            watchdog.renewed_by_replica();
+        if let Some(ask) = channel.as_ref().and_then(RunSide::renew_asker) {
+            watchdog.renewed_by_replica(ask);
         }
         let limits = Limits {
             grace: timing.grace,

@@ -83,6 +83,7 @@ fn other_versions_and_shapes_are_refused() {
 fn reports_read_back() {
     for r in [
         RunReport::Started { pid: 7 },
+        RunReport::Renew,
         RunReport::Ended(RunEnd {
             status: 3,
             ending: Ending::Exited,
