@@ -22,7 +22,7 @@ use super::claimer::Claims;
 use super::health::Health;
 use super::manual::Manuals;
 use super::reports::{self, Followup};
-use super::runs::Runs;
+use super::runs::{Runs, Starting};
 use super::table::Table;
 use super::watched;
 
@@ -61,6 +61,17 @@ pub(super) struct Replicant<'a> {
     manuals: Manuals,
     /// Missed instants Redis did not take yet.
     unrecorded: Unrecorded,
+    /// The runs of won claims asked of the starter this turn, handed their locks once all are
+    /// asked ([`Replicant::hand_over`]).
+    starting: Vec<StartAsked>,
+}
+
+/// A won claim whose run was asked of the starter: the instant it claimed, and the run.
+struct StartAsked {
+    key: String,
+    instant: i64,
+    kind: InstantKind,
+    run: Starting,
 }
 
 /// An instant a claim named: KEY's, scheduled, manual or the one that waits (`instant` 0).
@@ -97,6 +108,7 @@ impl<'a> Replicant<'a> {
             trouble_told: false,
             manuals: Manuals::default(),
             unrecorded: Unrecorded::default(),
+            starting: Vec::new(),
         })
     }
 
@@ -311,7 +323,8 @@ impl<'a> Replicant<'a> {
         false
     }
 
-    /// Act on the claims thread's answers: start a won run, note a lost one, take a new view.
+    /// Act on the claims thread's answers: start a won run (all those won together asked of the
+    /// starter first, then each handed its lock), note a lost one, take a new view.
     fn answers(&mut self, table: &mut Table, phase: Phase) {
         while let Some(answer) = self.claims.answer() {
             match answer {
@@ -378,6 +391,8 @@ impl<'a> Replicant<'a> {
                 }
             }
         }
+        // The runs of the claims won this turn, all asked: each handed its lock.
+        self.hand_over(table);
     }
 
     /// A claim's answer: a won claim starts its run (or is undone: while draining or sick, or
@@ -447,7 +462,7 @@ impl<'a> Replicant<'a> {
             }
             // A run that cannot start: its instant back in the table, recorded missed at its
             // deadline unless another replica runs it.
-            ClaimVerdict::Won(held) => (!self.start(&job, held)).then_some(instant),
+            ClaimVerdict::Won(held) => (!self.start(&job, held, claimed)).then_some(instant),
             ClaimVerdict::Failed(text) => {
                 if first_news {
                     self.log.warn(
@@ -489,29 +504,65 @@ impl<'a> Replicant<'a> {
         }
     }
 
-    /// Start the run of a won claim (whether it started); a run that cannot start undoes its
-    /// claim, and this replica claims nothing until it can start runs again.
-    fn start(&mut self, job: &CronJob, held: Box<Held>) -> bool {
-        match self.runs.start(job, &held, self.log) {
-            Ok(()) => {
-                self.health.started_run();
+    /// Ask for the run of a won claim to start (whether it could be asked): the runs won
+    /// together are all asked before any is handed its lock ([`Replicant::hand_over`]), so the
+    /// starts of one instant do not wait for each other's fork.
+    fn start(&mut self, job: &CronJob, held: Box<Held>, claimed: Claimed) -> bool {
+        match self.runs.start(job, &held) {
+            Ok(run) => {
+                self.starting.push(StartAsked {
+                    key: claimed.key.to_string(),
+                    instant: claimed.instant,
+                    kind: claimed.kind,
+                    run,
+                });
                 true
             }
             Err(e) => {
-                self.log.error(
-                    "spawn_failed",
-                    &format!(
-                        "{}: cannot start its run: {e:#}; undid the claim (another replica runs \
-                         it)",
-                        job.key
-                    ),
-                );
-                self.unclaim(job.config.clone(), held);
-                let why = format!("cannot start runs: {e:#}");
-                self.health.fell_sick(why, self.log, &self.shown);
+                self.not_started(&job.key, job.config.clone(), held, &e);
                 false
             }
         }
+    }
+
+    /// Hand each run asked of the starter this turn its lock, once the starter says it forked
+    /// it; a run that did not start has its claim undone, and its instant looked at again.
+    fn hand_over(&mut self, table: &mut Table) {
+        for asked in std::mem::take(&mut self.starting) {
+            let (config, held) = asked.run.claim();
+            match self.runs.started(asked.run, self.log) {
+                Ok(()) => self.health.started_run(),
+                Err(e) => {
+                    self.not_started(&asked.key, config, held, &e);
+                    let claimed = Claimed {
+                        key: &asked.key,
+                        instant: asked.instant,
+                        kind: asked.kind,
+                    };
+                    self.look_again(table, claimed, Some(asked.instant));
+                }
+            }
+        }
+    }
+
+    /// A won claim whose run cannot start: the claim is undone, and this replica claims nothing
+    /// until it can start runs again.
+    fn not_started(
+        &mut self,
+        key: &str,
+        config: Arc<RunConfig>,
+        held: Box<Held>,
+        e: &anyhow::Error,
+    ) {
+        self.log.error(
+            "spawn_failed",
+            &format!(
+                "{key}: cannot start its run: {e:#}; undid the claim (another replica runs it)"
+            ),
+        );
+        self.unclaim(config, held);
+        let why = format!("cannot start runs: {e:#}");
+        self.health.fell_sick(why, self.log, &self.shown);
     }
 
     /// Undo a won claim that does not become a run: the instant can run elsewhere at once.

@@ -34,7 +34,7 @@ use crate::fleet::handover::{
 use crate::log::Log;
 use crate::replica::output;
 use crate::replica::relay::{Relay, Source};
-use crate::replica::starter::{Starter, StarterNews};
+use crate::replica::starter::{Asked, Starter, StarterNews};
 use crate::replica::watches::Watches;
 use crate::signals;
 use crate::store::lock::Held;
@@ -192,8 +192,10 @@ impl Runs {
         self.interrupted
     }
 
-    /// Start the run of `job` that takes over `held`.
-    pub fn start(&mut self, job: &CronJob, held: &Held, log: &Log) -> Result<()> {
+    /// Ask for the run of `job` that takes over `held` to be started; [`Runs::started`] takes
+    /// the answer. The starts won together are all asked before any answer is read, so the
+    /// starter forks each as soon as it forked the one before.
+    pub fn start(&mut self, job: &CronJob, held: &Held) -> Result<Starting> {
         if let Some(path) = &self.hold {
             let _ = std::fs::write(path, &job.key);
             loop {
@@ -209,14 +211,26 @@ impl Runs {
         let Some(starter) = self.starter.as_mut() else {
             return Err(anyhow!("no starter"));
         };
+        self.starter_used = Instant::now();
+        ask_start(starter, job, held)
+    }
+
+    /// The starter's answer to `starting`: the run supervised from now on, handed its lock.
+    pub fn started(&mut self, starting: Starting, log: &Log) -> Result<()> {
+        let Some(starter) = self
+            .starter
+            .as_mut()
+            .filter(|s| s.pid() == starting.starter)
+        else {
+            return Err(anyhow!("its starter is gone"));
+        };
         let relays = Relays {
             outputs: &self.outputs,
             reports: &self.reports,
             heard: &self.heard.0,
             json: self.json,
         };
-        self.starter_used = Instant::now();
-        let run = spawn(starter, job, held, &relays, log)?;
+        let run = hand_over(starter, starting, &relays, log)?;
         self.by_pid.insert(run.pid(), run);
         Ok(())
     }
@@ -372,50 +386,95 @@ impl Runs {
     }
 }
 
-/// Start the run of `job` that takes over `held`, forked by `starter`. A run that started is
+/// A run asked of the starter, not yet answered: its lock, its job, and the replica's ends of its
+/// channel and output pipes.
+pub struct Starting {
+    asked: Asked,
+    starter: u32,
+    key: String,
+    config: std::sync::Arc<crate::config::RunConfig>,
+    held: Box<Held>,
+    channel: UnixStream,
+    out: std::io::PipeReader,
+    err: std::io::PipeReader,
+}
+
+impl Starting {
+    /// The claim it would take over: its job's configuration and its lock (undone when the run
+    /// does not start).
+    pub fn claim(&self) -> (std::sync::Arc<crate::config::RunConfig>, Box<Held>) {
+        (self.config.clone(), self.held.clone())
+    }
+}
+
+/// Ask `starter` for the run of `job` that takes over `held`, with its channel and pipes.
+fn ask_start(starter: &mut Starter, job: &CronJob, held: &Held) -> Result<Starting> {
+    let io = |e: std::io::Error| anyhow!(crate::log::io_text(&e));
+    let (channel, theirs) = UnixStream::pair().map_err(io)?;
+    let (out, out_w) = std::io::pipe().map_err(io)?;
+    let (err, err_w) = std::io::pipe().map_err(io)?;
+    let fds = [OwnedFd::from(theirs), out_w.into(), err_w.into()];
+    let asked = starter.ask(&job.key, &job.args, &job.env, [&fds[0], &fds[1], &fds[2]])?;
+    // (The run will have its copies: the channel's end of file, and the pipes', are the run's.)
+    drop(fds);
+    Ok(Starting {
+        asked,
+        starter: starter.pid(),
+        key: job.key.clone(),
+        config: job.config.clone(),
+        held: Box::new(held.clone()),
+        channel,
+        out,
+        err,
+    })
+}
+
+/// The run `starting` asked of `starter`, once it says it forked it. A run that started is
 /// never lost: once it exists, trouble with its output is a warning and the run is returned all
 /// the same. The lock is written to its channel only once the starter said it forked the run: a
 /// run it never answered for gets no lock.
-fn spawn(
+fn hand_over(
     starter: &mut Starter,
-    job: &CronJob,
-    held: &Held,
+    starting: Starting,
     relays: &Relays<'_>,
     log: &Log,
 ) -> Result<Spawned> {
     let io = |e: std::io::Error| anyhow!(crate::log::io_text(&e));
-    let (mut ours, theirs) = UnixStream::pair().map_err(io)?;
-    let (out, out_w) = std::io::pipe().map_err(io)?;
-    let (err, err_w) = std::io::pipe().map_err(io)?;
+    let Starting {
+        asked,
+        key,
+        config,
+        held,
+        channel: mut ours,
+        out,
+        err,
+        ..
+    } = starting;
+    let pid = starter.answer(&asked)?;
     let reply = ours.try_clone().map_err(io)?;
     let reading = ours.try_clone().map_err(io)?;
-    let fds = [OwnedFd::from(theirs), out_w.into(), err_w.into()];
-    let pid = starter.start(&job.key, &job.args, &job.env, [&fds[0], &fds[1], &fds[2]])?;
-    // (The run has its copies: the channel's end of file, and the pipes', are the run's.)
-    drop(fds);
-    let watched = Watches::covers(&job.config);
-    let handover = Handover::from_held(&job.key, held, starter.pid(), watched);
+    let watched = Watches::covers(&config);
+    let handover = Handover::from_held(&key, &held, starter.pid(), watched);
     if let Err(e) = ours.write_all(handover.line().as_bytes()) {
         // It gets no lock and ends; the replica releases the lock when it has.
         log.warn(
             "handover_lost",
             &format!(
-                "{}: cannot hand its run the lock: {}",
-                job.key,
+                "{key}: cannot hand its run the lock: {}",
                 crate::log::io_text(&e)
             ),
         );
     }
-    relays.relay(pid, &job.key, out, err, reading);
+    relays.relay(pid, &key, out, err, reading);
     Ok(Spawned {
-        key: job.key.clone(),
         instant: held.instant,
         manual: held.manual,
         attempt: held.attempt,
         fence: held.fence,
         ttl: held.ttl,
-        held: Box::new(held.clone()),
-        config: job.config.clone(),
+        key,
+        held,
+        config,
         reply: Some(reply),
         pid,
         starter: starter.pid(),

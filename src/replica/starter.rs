@@ -1,7 +1,11 @@
 //! The replica's handle on its starter (`run/starter.rs`): spawned at a run when there is none
 //! (the first, the first after it died or was let go idle, `runs.rs`), asked to start each run with the run's descriptors, and read on a thread of its own,
 //! whose news (a run's process ended, the starter is gone) reach the loop as [`StarterNews`].
+//! The starts of one instant are asked one after another and their answers read after
+//! ([`Starter::ask`], [`Starter::answer`]): the starter forks each as soon as the one before is
+//! forked, while the replica prepares the next.
 
+use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -30,11 +34,19 @@ pub enum StarterNews {
     Gone { pid: u32 },
 }
 
+/// A start asked of the starter: answered by [`Starter::answer`] by `by`.
+pub struct Asked {
+    id: u64,
+    by: Instant,
+}
+
 /// A starter the replica spawned.
 pub struct Starter {
     child: Child,
     link: StarterLink,
     answers: Receiver<StarterMessage>,
+    /// Answers read while waiting for another's, by request id.
+    early: HashMap<u64, StarterMessage>,
     next_id: u64,
     /// Its reader saw its end (or a start went unanswered): start another.
     broken: bool,
@@ -68,6 +80,7 @@ impl Starter {
             child,
             link,
             answers,
+            early: HashMap::new(),
             next_id: 0,
             broken: false,
         };
@@ -88,14 +101,14 @@ impl Starter {
     }
 
     /// Ask for a run of KEY's job (its run arguments, its command's variables) with its
-    /// channel, stdout and stderr: the run's pid.
-    pub fn start(
+    /// channel, stdout and stderr; [`Starter::answer`] says the run's pid.
+    pub fn ask(
         &mut self,
         key: &str,
         args: &[String],
         env: &[(String, String)],
         fds: [&OwnedFd; 3],
-    ) -> Result<u32> {
+    ) -> Result<Asked> {
         self.next_id += 1;
         let id = self.next_id;
         let ask = StarterMessage::Start {
@@ -109,15 +122,37 @@ impl Starter {
             self.broken = true;
             return Err(e);
         }
-        let by = Instant::now() + START_ANSWER;
+        Ok(Asked {
+            id,
+            by: Instant::now() + START_ANSWER,
+        })
+    }
+
+    /// The answer to `asked`: the run's pid, or why it was not started (refused; or no answer
+    /// in time: the starter is stopped, and whatever it forked gets no lock).
+    pub fn answer(&mut self, asked: &Asked) -> Result<u32> {
+        let id = asked.id;
         loop {
-            let left = by.saturating_duration_since(Instant::now());
-            match self.answers.recv_timeout(left) {
+            let message = match self.early.remove(&id) {
+                Some(message) => Ok(message),
+                None => self
+                    .answers
+                    .recv_timeout(asked.by.saturating_duration_since(Instant::now())),
+            };
+            match message {
                 Ok(StarterMessage::Started { id: of, pid }) if of == id => return Ok(pid),
                 Ok(StarterMessage::Refused { id: of, why }) if of == id => bail!("{why}"),
+                // Another start's answer, read while waiting for this one's.
+                Ok(
+                    other @ (StarterMessage::Started { id: of, .. }
+                    | StarterMessage::Refused { id: of, .. }),
+                ) if of > id => {
+                    self.early.insert(of, other);
+                }
                 // An answer to a request given up on.
                 Ok(_) => continue,
                 Err(_) => {
+                    self.early.clear();
                     // Unanswered: whatever it forked gets no lock (its channel is never
                     // written), and a starter that hangs is replaced.
                     self.stop();
