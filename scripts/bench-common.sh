@@ -71,3 +71,17 @@ PY
 # seconds, INFO cpu).
 R() { redis-cli -p "$P" "$@"; }
 cpu() { R info cpu | awk -F: '/^used_cpu_(sys|user):/ {s += $2} END {printf "%.4f", s}'; }
+
+# This build and OTHER side by side as fresh copies, WORK/this and WORK/other (a build compared
+# with another: bench-fleet-size, bench-renewals).
+bench_two_builds() {
+  cp "$1" "$WORK/other"
+  cp "$BIN" "$WORK/this"
+}
+
+# Redis's idle housekeeping, CPU seconds a second, over 8 s with no client: IDLE.
+bench_idle() {
+  local c0 c1
+  c0=$(cpu); sleep 8; c1=$(cpu)
+  IDLE=$(python3 -c "print(($c1 - $c0) / 8)")
+}

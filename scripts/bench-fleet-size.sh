@@ -18,8 +18,7 @@ SECS=${3:-12}
 bench_install redis-server:redis-server redis-cli:redis-tools gcc:gcc
 bench_setup
 bench_redis
-cp "$OTHER" "$WORK/other"
-cp "$BIN" "$WORK/this"
+bench_two_builds "$OTHER"
 
 echo "CRON_TZ=UTC" > "$WORK/crontab"
 for j in $(seq 20); do
@@ -43,8 +42,7 @@ life() {
   echo "$(wc -l < "$WORK/runs") $c1 $c0 $t1 $t0" | awk '{printf "%d %.4f %.3f\n", $1, $2 - $3, $4 - $5}'
 }
 
-c0=$(cpu); sleep 8; c1=$(cpu)
-idle=$(python3 -c "print(($c1 - $c0) / 8)")
+bench_idle
 : > "$WORK/rounds"
 for round in $(seq "$ROUNDS"); do
   for v in $(printf 'this 3\nthis 10\nother 3\nother 10\n' | shuf | tr ' ' ':'); do
@@ -56,7 +54,7 @@ echo "## A fleet's Redis cost by its size, whole life (start and drain included)
 echo
 echo "$(nproc) cores, $(redis-server --version | cut -d' ' -f3), 20 jobs every second, $SECS s a life, $ROUNDS interleaved rounds, $(date -u +%F)"
 echo
-python3 - "$WORK/rounds" "$idle" <<'PY'
+python3 - "$WORK/rounds" "$IDLE" <<'PY'
 import sys, statistics
 idle = float(sys.argv[2])
 per = {}

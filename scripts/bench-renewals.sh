@@ -18,8 +18,7 @@ JOBS=${3:-60}
 bench_install redis-server:redis-server redis-cli:redis-tools gcc:gcc
 bench_setup
 bench_redis
-cp "$OTHER" "$WORK/other"
-cp "$BIN" "$WORK/this"
+bench_two_builds "$OTHER"
 
 echo "CRON_TZ=UTC" > "$WORK/crontab"
 for j in $(seq "$JOBS"); do
@@ -50,8 +49,7 @@ life() {
     awk '{printf "%d %.4f %.3f %d\n", $1, $2 - $3, $4 - $5, $6 - $7}'
 }
 
-c0=$(cpu); sleep 8; c1=$(cpu)
-idle=$(python3 -c "print(($c1 - $c0) / 8)")
+bench_idle
 : > "$WORK/rounds"
 for round in $(seq "$ROUNDS"); do
   for build in $(printf 'this\nother\n' | shuf); do
@@ -65,7 +63,7 @@ echo "$(nproc) cores, $(redis-server --version | cut -d' ' -f3), $ROUNDS interle
 echo
 echo "| build | runs | Redis CPU per run (ms), median (range) | connections accepted, median |"
 echo "|---|---|---|---|"
-python3 - "$WORK/rounds" "$idle" <<'PY'
+python3 - "$WORK/rounds" "$IDLE" <<'PY'
 import sys, statistics
 idle = float(sys.argv[2])
 per = {}
