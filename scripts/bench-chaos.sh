@@ -2,7 +2,7 @@
 # How many instants a fleet loses under kills and freezes while its runs work, this build
 # against another (OTHER, e.g. the previous main's), interleaved: each round runs every build
 # once in random order, each run with a seed of its own, on one loopback redis-server (flushed
-# between runs). A run: 3 `--crontab` replicas, each leading its process group, serving 8 jobs
+# between runs). A run: 3 `--crontab` replicas (REPLICAS), each leading its process group, serving 8 jobs
 # (six every second: three with the default options, three with `--ttl 2s`, two of those with
 # `--retries 1 --catch-up 10s`; one every 2 s and one every 10 s with a 3 s command), every
 # command 0.3 s long; every 4-9 s one replica is SIGKILLed, its whole group SIGKILLed, it or its
@@ -11,7 +11,8 @@
 # that never ran, those of them within a job's TTL after a group holding its lock was killed or
 # frozen (nothing on the host could prove its command gone: excused), the instants in no ledger,
 # and the entries that read `running` after the fleet stopped.
-# Usage: scripts/bench-chaos.sh OTHER_BIN [ROUNDS] [SECS] (default 3 rounds of 90 s).
+# Usage: scripts/bench-chaos.sh OTHER_BIN [ROUNDS] [SECS] (default 3 rounds of 90 s); REPLICAS
+# (default 3).
 # Installs redis-server and redis-tools when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,12 +70,13 @@ def read_books():
                 books[(key, e["instant"] // 1000)] = e
         except Exception:
             pass
-fleet = [start() for _ in range(3)]
+size = int(os.environ.get("REPLICAS", "3"))
+fleet = [start() for _ in range(size)]
 t0 = time.time(); first = int(t0) + 3; excused = []
 while time.time() - t0 < secs:
     time.sleep(4 + rng.random() * 5)
     read_books()
-    i = rng.randrange(3); p = fleet[i]; what = rng.randrange(5)
+    i = rng.randrange(size); p = fleet[i]; what = rng.randrange(5)
     if what == 0:
         p.send_signal(signal.SIGKILL); p.wait(); fleet[i] = start()
     elif what == 1:

@@ -167,15 +167,8 @@ impl Watchdog {
         if self.replica.is_none() {
             return LockStep::Thread(due);
         }
-        let timing = &renewal.timing;
-        let last_sent = self.validity.valid_until().checked_sub(timing.ttl);
-        // An ask is answered by a renewal sent after it.
-        match self.asked_replica {
-            Some(asked) if last_sent.is_none_or(|sent| sent < asked) => {
-                LockStep::Thread(asked + timing.interval / 2)
-            }
-            _ => LockStep::Ask(last_sent.map_or(due, |sent| due.max(sent + timing.interval))),
-        }
+        let valid_until = self.validity.valid_until();
+        replica_step(due, valid_until, &renewal.timing, self.asked_replica)
     }
 
     /// Watch the lock key for changes once the command started at `started` has run a little:
@@ -279,6 +272,23 @@ impl Keeper for Watchdog {
                 "cannot start the watchdog thread that renews it ({e})"
             )),
         }
+    }
+}
+
+/// [`Watchdog::next_step`] for a replica's run whose lock is valid until `valid_until` and whose
+/// replica was last asked at `asked`: an ask is answered by a renewal sent after it.
+fn replica_step(
+    due: Instant,
+    valid_until: Instant,
+    timing: &Timing,
+    asked: Option<Instant>,
+) -> LockStep {
+    let last_sent = valid_until.checked_sub(timing.ttl);
+    match asked {
+        Some(asked) if last_sent.is_none_or(|sent| sent < asked) => {
+            LockStep::Thread(asked + timing.interval / 2)
+        }
+        _ => LockStep::Ask(last_sent.map_or(due, |sent| due.max(sent + timing.interval))),
     }
 }
 
@@ -386,6 +396,57 @@ fn renew_loop(
                 }
                 watch.set_last_error(msg);
                 next = Instant::now() + retry;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ms: u64) -> Instant {
+        Instant::from_duration(Duration::from_secs(1000) + Duration::from_millis(ms))
+    }
+
+    /// A replica's run asks an interval after the last renewal was sent, starts its own thread
+    /// half an interval after an ask nobody answered, and asks again an interval after the
+    /// renewal that answered it; its own first renewal then comes with more than an interval
+    /// left before a feared loss (SIGTERM at the end of TTL - grace - margin), whatever the TTL
+    /// and grace.
+    #[test]
+    fn a_run_asks_its_replica_then_renews_by_itself_in_time() {
+        let timing = Timing::new(Duration::from_secs(30), None).unwrap();
+        let interval = timing.interval;
+        let sent = at(0);
+        let due = sent + timing.interval;
+        let valid = sent + timing.ttl;
+        assert!(matches!(replica_step(due, valid, &timing, None), LockStep::Ask(t) if t == due));
+        let asked = sent + interval;
+        let fallback = asked + interval / 2;
+        assert!(matches!(
+            replica_step(due, valid, &timing, Some(asked)),
+            LockStep::Thread(t) if t == fallback
+        ));
+        // Answered by a renewal sent 5 ms after the ask.
+        let answer = asked + Duration::from_millis(5);
+        assert!(matches!(
+            replica_step(due, answer + timing.ttl, &timing, Some(asked)),
+            LockStep::Ask(t) if t == answer + interval
+        ));
+        for ttl_ms in [250, 400, 1000, 3000, 6000, 30_000, 120_000] {
+            for grace in [None, Some(Duration::from_millis(ttl_ms / 2))] {
+                let timing = Timing::new(Duration::from_millis(ttl_ms), grace).unwrap();
+                let due = sent + timing.interval;
+                let valid = sent + timing.ttl;
+                let LockStep::Ask(asked) = replica_step(due, valid, &timing, None) else {
+                    panic!("{ttl_ms}: no ask first");
+                };
+                let LockStep::Thread(own) = replica_step(due, valid, &timing, Some(asked)) else {
+                    panic!("{ttl_ms}: no thread after an unanswered ask");
+                };
+                let sigterm = sent + (timing.ttl - timing.grace - timing.margin);
+                assert!(own + timing.interval <= sigterm, "{ttl_ms} {grace:?}");
             }
         }
     }
