@@ -23,7 +23,7 @@ _cronlock() {
 
     case "${cmd}" in
         cronlock)
-            opts="-u -t -w -n -E -c -q -v -h -V --redis-url --redis-url-file --tls-ca-cert --tls-cert --tls-key --ttl --wait --nonblock --grace --max-runtime --min-hold --limit --schedule --jitter --overlap --catch-up --retries --conflict-exit-code --command --quiet --verbose --prefix --connect-timeout --min-replicas --history --history-ttl --metrics-dir --ping --ping-url-file --ping-body --log-format --status --check --max-age --list --force-release --suspend --reason --for --resume --trigger --token --json --crontab --max-jobs --drain --listen --help --version"
+            opts="-u -t -w -n -E -c -q -v -h -V --redis-url --redis-url-file --tls-ca-cert --tls-cert --tls-key --ttl --wait --nonblock --grace --max-runtime --min-hold --limit --schedule --jitter --overlap --catch-up --retries --conflict-exit-code --command --quiet --verbose --prefix --connect-timeout --min-replicas --history --history-ttl --metrics-dir --ping --ping-url-file --ping-body --keep-output --log-format --status --check --max-age --list --force-release --suspend --reason --for --resume --trigger --token --json --crontab --max-jobs --drain --listen --test --show-output --next --count --key --from --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -211,6 +211,10 @@ _cronlock() {
                     fi
                     return 0
                     ;;
+                --keep-output)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --log-format)
                     COMPREPLY=($(compgen -W "text json" -- "${cur}"))
                     return 0
@@ -258,6 +262,22 @@ _cronlock() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --next)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --count)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --key)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --from)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -291,7 +311,7 @@ _cronlock_wrapper() {
         fi
     done
     case "${COMP_WORDS[COMP_CWORD-1]}" in
-        -u|--redis-url|--redis-url-file|--tls-ca-cert|--tls-cert|--tls-key|-t|--ttl|-w|--wait|--grace|--max-runtime|--min-hold|--limit|--schedule|--jitter|--overlap|--catch-up|--retries|-E|--conflict-exit-code|--prefix|--connect-timeout|--min-replicas|--history|--history-ttl|--metrics-dir|--ping|--ping-url-file|--max-age|--reason|--for|--token|--crontab|--max-jobs|--drain|--listen)
+        -u|--redis-url|--redis-url-file|--tls-ca-cert|--tls-cert|--tls-key|-t|--ttl|-w|--wait|--grace|--max-runtime|--min-hold|--limit|--schedule|--jitter|--overlap|--catch-up|--retries|-E|--conflict-exit-code|--prefix|--connect-timeout|--min-replicas|--history|--history-ttl|--metrics-dir|--ping|--ping-url-file|--keep-output|--max-age|--reason|--for|--token|--crontab|--max-jobs|--drain|--listen|--next|--count|--key|--from)
             compopt +o default +o bashdefault 2>/dev/null
             COMPREPLY=()
             return 0

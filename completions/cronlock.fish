@@ -24,6 +24,7 @@ complete -c cronlock -l history-ttl -d 'Expire the last-run record and history t
 complete -c cronlock -l metrics-dir -d 'After every attempt, write KEY\'s metrics to DIR/cronlock_KEY.prom (Prometheus text format, for node_exporter\'s textfile collector): outcome, last run, last success' -r -f -a "(__fish_complete_directories)"
 complete -c cronlock -l ping -d 'Healthchecks-style pings: URL/start when the command starts, URL on exit 0, URL/N on status N; nothing when another host runs the job. Never printed; never changes the exit status' -r -f
 complete -c cronlock -l ping-url-file -d 'Read the --ping URL from this file instead (surrounding whitespace trimmed), so it shows in no command line or environment; owned by this user or root, writable by nobody else' -r -F
+complete -c cronlock -l keep-output -d 'Keep the last SIZE of the command\'s output (stdout and stderr, as lines marked with their stream) with the run\'s record in Redis, for a run that did not succeed; SIZE,all keeps every run\'s; 0 keeps none [default: 4KiB]' -r
 complete -c cronlock -l log-format -d 'Format of cronlock\'s own messages on stderr' -r -f -a "text\t'`cronlock: ...` lines'
 json\t'one JSON object per line'"
 complete -c cronlock -l max-age -d 'With --check: how old the last run may be (with --schedule: how long after an instant its run may take to start)' -r
@@ -34,6 +35,10 @@ complete -c cronlock -l crontab -d 'Run the jobs of this crontab as one of any n
 complete -c cronlock -l max-jobs -d 'With --crontab: runs this replica supervises at once (and claims in flight); a due job waits for room here or on another replica, and is given up only when it can no longer start' -r
 complete -c cronlock -l drain -d 'With --crontab: how long running jobs may go on after SIGTERM or SIGINT before they are stopped (SIGTERM, --grace, SIGKILL)' -r
 complete -c cronlock -l listen -d 'With --crontab: serve /metrics (Prometheus), /healthz, /readyz and a status page at / on this address (HOST:PORT, or :PORT for every interface), read-only' -r
+complete -c cronlock -l next -d 'Print the next instants of a cron schedule as cronlock runs them, in the schedule\'s time zone with UTC beside, daylight-saving changes marked; then exit' -r
+complete -c cronlock -l count -d 'With --next: how many instants to print' -r
+complete -c cronlock -l key -d 'With --next: the KEY whose H fields to draw (no variable: CRONLOCK_KEY is the command\'s)' -r
+complete -c cronlock -l from -d 'With --next: from this time on (instants at or after it): an RFC 3339 time (2026-03-29T00:00:00Z), or a date, or a date and time, in the schedule\'s time zone (2026-03-29, 2026-03-29 01:30) [default: now]' -r
 complete -c cronlock -s n -l nonblock -d 'Do not wait for a busy lock, like flock -n (same as --wait 0)'
 complete -c cronlock -s q -l quiet -d 'Print only errors'
 complete -c cronlock -s v -l verbose -d 'Also report a busy lock, acquisition, release and renewals'
@@ -44,7 +49,9 @@ complete -c cronlock -l list -d 'List every lock currently held, and every KEY s
 complete -c cronlock -l force-release -d 'Delete KEY\'s lock whoever holds it (the holder\'s command is then stopped, exit 122)'
 complete -c cronlock -l suspend -d 'Suspend KEY across the fleet until --resume: every firing skips with the -E status (a running command goes on), and the instants that pass meanwhile are recorded skipped and never caught up; then exit'
 complete -c cronlock -l resume -d 'End KEY\'s suspension: the next due instant runs; then exit'
-complete -c cronlock -l trigger -d 'Ask the --crontab fleet serving KEY to run it once now, as a manual instant, under its own lock, suspension, --limit and --retries; exit 0 once a replica took it (with --wait: the command\'s status, 124 when the wait runs out), -E\'s status when it is skipped, 69 when no replica serving KEY took it within 10 s'
+complete -c cronlock -l trigger -d 'Ask the --crontab fleet serving KEY to run it once now, as a manual instant, under its own lock, suspension, --limit and --retries; exit 0 once a replica took it (with --wait: the command\'s status, 124 when the wait runs out), -E\'s status when it is skipped, 69 when no replica serving KEY took it within 10 s (within --wait, when shorter)'
 complete -c cronlock -l json -d 'Print --status, --list, --force-release, --suspend and --resume results as JSON'
+complete -c cronlock -l test -d 'With --crontab: read and check FILE as a replica would (its owner, every line, every option against the others), print each job with its next instant, and exit: 0, or 125 with FILE:LINE: message. Runs nothing and needs no Redis'
+complete -c cronlock -l show-output -d 'With --crontab and --listen: show on the status page the output each job\'s last failed run kept (--keep-output). Off by default: a job\'s output may hold secrets, and the page is read-only but not private'
 complete -c cronlock -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c cronlock -s V -l version -d 'Print version'

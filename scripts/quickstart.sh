@@ -7,7 +7,8 @@
 #     and fish completions under $PREFIX/share, where man and the shells look,
 #  3. installs redis-server if missing and, if nothing answers on 127.0.0.1:$REDIS_PORT (6379),
 #     starts a demo Redis whose files live in a temporary directory, and says how to stop it,
-#  4. runs a job under a lock and prints a crontab line that works as it is: cron runs jobs with
+#  4. runs a job under a lock, shows what Redis recorded of it, and prints a crontab line that
+#     works as it is (and how to add it where there is no cron or no editor): cron runs jobs with
 #     PATH=/usr/bin:/bin, where /usr/local/bin is not, so the line names cronlock by its full path.
 # PREFIX=$HOME/.local installs into ~/.local; BIN=path installs that binary instead of building.
 set -euo pipefail
@@ -58,6 +59,13 @@ if [ -z "${BIN:-}" ]; then
     fi
   fi
   need=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
+  # rustup puts cargo in ~/.cargo/bin, on PATH only in a new login shell (or after
+  # `. ~/.cargo/env`): use it from there.
+  if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
+    say "using rustup's cargo in $HOME/.cargo/bin (not on PATH in this shell: run"
+    say "'. ~/.cargo/env' or open a new login shell to have it there)"
+    PATH="$HOME/.cargo/bin:$PATH"
+  fi
   have=$(cargo --version 2>/dev/null | awk '{print $2}' || true)
   if [ -z "$have" ] || [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -1)" != "$need" ]; then
     say "Rust $need or newer is needed, found ${have:-no cargo}. Debian's own cargo is too old:"
@@ -97,14 +105,24 @@ else
 fi
 
 say "step 4/4: running a job under the lock 'hello'"
-"$PREFIX/bin/cronlock" -v -u "redis://127.0.0.1:$REDIS_PORT" hello -- \
+"$PREFIX/bin/cronlock" -u "redis://127.0.0.1:$REDIS_PORT" hello -- \
   sh -c 'echo "ran under the lock, fencing token $CRONLOCK_FENCING_TOKEN"'
+say "what Redis recorded of that run (any host can ask):"
+"$PREFIX/bin/cronlock" -u "redis://127.0.0.1:$REDIS_PORT" --status hello >&2
 if command -v man >/dev/null 2>&1; then
-  say "done: try 'man cronlock'. A crontab line (crontab -e) for every host, as it is:"
+  say "done: try 'man cronlock'. A crontab line for every host, as it is:"
 else
   say "done: the manual is $PREFIX/share/man/man1/cronlock.1 (install man-db to read it with"
-  say "'man cronlock'). A crontab line (crontab -e) for every host, as it is:"
+  say "'man cronlock'). A crontab line for every host, as it is:"
 fi
 say "  * * * * * $PREFIX/bin/cronlock -u redis://127.0.0.1:$REDIS_PORT hello -- date"
+# A crontab line needs cron to run it; a minimal system has none (and no editor for crontab -e).
+if command -v crontab >/dev/null 2>&1; then
+  say "add it with 'crontab -e', or without an editor:"
+else
+  say "there is no cron here: install it first (as root: apt-get install cron), then add it"
+  say "with 'crontab -e', or without an editor:"
+fi
+say "  (crontab -l 2>/dev/null; echo '* * * * * $PREFIX/bin/cronlock -u redis://127.0.0.1:$REDIS_PORT hello -- date') | crontab -"
 say "cron mails a job's output, which a system without a mail program drops: see what the line"
 say "did, on any host, with: cronlock -u redis://127.0.0.1:$REDIS_PORT --status --history hello"

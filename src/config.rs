@@ -10,6 +10,7 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
+pub use crate::fleet::next::NextQuery;
 pub use crate::fleet::report::Reports;
 use crate::fleet::schedule::Schedule;
 use crate::lease::Timing;
@@ -25,6 +26,10 @@ pub enum Request {
     Run(Box<RunConfig>),
     Admin(Box<Admin>),
     Crontab(Box<Replica>),
+    /// `--crontab FILE --test`: the file read and checked, its jobs shown; nothing runs.
+    TestCrontab(Box<Replica>),
+    /// `--next CRON`: needs no Redis.
+    Next(Box<NextQuery>),
 }
 
 /// `--crontab FILE`: a long-lived replica that runs the file's jobs, each instant once across
@@ -43,6 +48,8 @@ pub struct Replica {
     pub grace: Duration,
     /// `--listen`: where to serve /metrics, the probes and the status page.
     pub listen: Option<std::net::SocketAddr>,
+    /// `--show-output`: the page shows each job's last failure's kept output.
+    pub show_output: bool,
 }
 
 /// A crontab's `NAME=value` lines in force for a job, shared between the jobs below them.
@@ -115,7 +122,34 @@ pub struct RunConfig {
     pub history: u32,
     /// `--history-ttl`: how long run records live.
     pub history_ttl: Option<Duration>,
+    /// `--keep-output`: how much of the command's output its run record keeps.
+    pub keep_output: KeepOutput,
     pub reports: Reports,
+}
+
+/// `--keep-output SIZE[,all]`: the last `bytes` of a run's output, kept with its record in
+/// Redis for a run that did not succeed (`successes`: for every run).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeepOutput {
+    pub bytes: usize,
+    pub successes: bool,
+}
+
+impl Default for KeepOutput {
+    /// 4 KiB of a run that did not succeed.
+    fn default() -> KeepOutput {
+        KeepOutput {
+            bytes: 4096,
+            successes: false,
+        }
+    }
+}
+
+impl KeepOutput {
+    /// Whether a run that ended with `status` (after how it ended) keeps its output.
+    pub fn keeps(&self, succeeded: bool) -> bool {
+        self.bytes > 0 && (self.successes || !succeeded)
+    }
 }
 
 impl RunConfig {

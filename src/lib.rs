@@ -176,6 +176,19 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
             let json = cli.log_format == LogFormat::Json;
             replica::serve(&replica, &|| cli::crontab::load_answering(&file), json, log)
         }
+        Request::TestCrontab(replica) => {
+            let file = &replica.file;
+            let mut out = fleet::next::crontab_checked(file, replica.jobs.len());
+            for job in &replica.jobs {
+                out += &fleet::next::crontab_job(file, job.line, &job.key, &job.schedule);
+            }
+            admin::print(&out)?;
+            Ok(Exit::Success)
+        }
+        Request::Next(query) => {
+            admin::print(&fleet::next::render(&query))?;
+            Ok(Exit::Success)
+        }
     }
 }
 

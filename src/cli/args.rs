@@ -34,8 +34,10 @@ pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
                       cronlock --suspend [--reason <TEXT>] [--for <DURATION>] <KEY>\n       \
                       cronlock --resume <KEY>\n       \
                       cronlock --trigger [--reason <TEXT>] [--wait <DURATION>] <KEY>\n       \
-                      cronlock --crontab <FILE> [--max-jobs <N>] [--drain <DURATION>] [--listen <ADDR>]",
-    group(ArgGroup::new("admin").args(["status", "check", "list", "force_release", "suspend", "resume", "trigger"])),
+                      cronlock --next <CRON> [--count <N>] [--key <KEY>] [--from <TIME>] [--json]\n       \
+                      cronlock --crontab <FILE> [--max-jobs <N>] [--drain <DURATION>] [--listen <ADDR>]\n       \
+                      cronlock --crontab <FILE> --test",
+    group(ArgGroup::new("admin").args(["status", "check", "list", "force_release", "suspend", "resume", "trigger", "next"])),
     group(ArgGroup::new("asking").args(["suspend", "trigger"]))
 )]
 pub struct Cli {
@@ -286,6 +288,18 @@ pub struct Cli {
           default_value_t = false, num_args = 0, default_missing_value = "true")]
     pub ping_body: bool,
 
+    /// Keep the last SIZE of the command's output (stdout and stderr, as lines marked with their
+    /// stream) with the run's record in Redis, for a run that did not succeed; SIZE,all keeps
+    /// every run's; 0 keeps none [default: 4KiB]
+    ///
+    /// SIZE is bytes, or with K/KiB or M/MiB (at most 64KiB). The output still goes where it
+    /// goes, untouched: a stream that is a terminal is left alone and not kept; any other passes
+    /// through cronlock on its way. What is kept lives in Redis beside the lock, readable by
+    /// whoever can read the lock; --status --history and --check show it.
+    #[arg(long, env = "CRONLOCK_KEEP_OUTPUT", value_name = "SIZE[,all]",
+          value_parser = keep_output)]
+    pub keep_output: Option<crate::config::KeepOutput>,
+
     /// Format of cronlock's own messages on stderr
     #[arg(long, env = "CRONLOCK_LOG_FORMAT", value_name = "FORMAT", value_enum,
           default_value_t = LogFormat::Text)]
@@ -348,7 +362,7 @@ pub struct Cli {
     /// Ask the --crontab fleet serving KEY to run it once now, as a manual instant, under its own
     /// lock, suspension, --limit and --retries; exit 0 once a replica took it (with --wait: the
     /// command's status, 124 when the wait runs out), -E's status when it is skipped, 69 when
-    /// no replica serving KEY took it within 10 s
+    /// no replica serving KEY took it within 10 s (within --wait, when shorter)
     #[arg(long, requires = "key")]
     pub trigger: bool,
 
@@ -402,6 +416,49 @@ pub struct Cli {
     #[arg(long, env = "CRONLOCK_LISTEN", value_name = "ADDR", value_parser = listen_addr,
           requires = "crontab")]
     pub listen: Option<std::net::SocketAddr>,
+
+    /// With --crontab: read and check FILE as a replica would (its owner, every line, every
+    /// option against the others), print each job with its next instant, and exit: 0, or 125
+    /// with FILE:LINE: message. Runs nothing and needs no Redis
+    #[arg(long, env = "CRONLOCK_CRONTAB_TEST", value_parser = switch, default_value_t = false,
+          num_args = 0, default_missing_value = "true", requires = "crontab")]
+    pub test: bool,
+
+    /// With --crontab and --listen: show on the status page the output each job's last failed
+    /// run kept (--keep-output). Off by default: a job's output may hold secrets, and the page
+    /// is read-only but not private
+    #[arg(long, env = "CRONLOCK_SHOW_OUTPUT", value_parser = switch, default_value_t = false,
+          num_args = 0, default_missing_value = "true", requires = "listen")]
+    pub show_output: bool,
+
+    /// Print the next instants of a cron schedule as cronlock runs them, in the schedule's time
+    /// zone with UTC beside, daylight-saving changes marked; then exit
+    ///
+    /// The same expressions, time zones (CRON_TZ=Zone prefix) and daylight-saving rules as
+    /// --schedule, by the same code. An expression with H needs --key (or KEY): H is drawn
+    /// from it as the fleet draws it.
+    #[arg(long, value_name = "CRON", value_parser = schedule)]
+    pub next: Option<crate::fleet::schedule::Schedule>,
+
+    /// With --next: how many instants to print
+    #[arg(long, env = "CRONLOCK_NEXT_COUNT", value_name = "N", default_value_t = 5,
+          value_parser = clap::value_parser!(u32).range(1..=1000), requires = "next")]
+    pub count: u32,
+
+    /// With --next: the KEY whose H fields to draw (no variable: CRONLOCK_KEY is the command's)
+    #[arg(long = "key", value_name = "KEY", requires = "next")]
+    pub next_key: Option<String>,
+
+    /// With --next: from this time on (instants at or after it): an RFC 3339 time
+    /// (2026-03-29T00:00:00Z), or a date, or a date and time, in the schedule's time zone
+    /// (2026-03-29, 2026-03-29 01:30) [default: now]
+    #[arg(
+        long,
+        env = "CRONLOCK_NEXT_FROM",
+        value_name = "TIME",
+        requires = "next"
+    )]
+    pub from: Option<String>,
 
     /// Name of the lock; every host running the same job uses the same KEY (at most 1024 bytes)
     #[arg(value_name = "KEY", required = true)]
@@ -499,6 +556,41 @@ fn overlap(text: &str) -> Result<crate::store::lock::Overlap, String> {
 /// `--schedule`: a cron expression, checked now so a bad one is one line naming the field.
 pub(super) fn schedule(text: &str) -> Result<crate::fleet::schedule::Schedule, String> {
     crate::fleet::schedule::Schedule::parse(text)
+}
+
+/// The most `--keep-output` keeps of one run.
+pub const MAX_KEEP_OUTPUT: usize = 64 * 1024;
+
+/// `--keep-output SIZE[,all]`: a size (bytes, K/KiB, M/MiB), and `all` to keep successes too.
+fn keep_output(text: &str) -> Result<crate::config::KeepOutput, String> {
+    let text = text.trim();
+    let (size, all) = match text.split_once(',') {
+        Some((size, "all")) => (size.trim(), true),
+        Some(_) => return Err("expected SIZE or SIZE,all (e.g. 4KiB or 16KiB,all)".into()),
+        None => (text, false),
+    };
+    let digits = size
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(size.len());
+    let (number, unit) = size.split_at(digits);
+    let scale: usize = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1024,
+        "m" | "mb" | "mib" => 1024 * 1024,
+        _ => return Err("expected a size: bytes, or with K/KiB or M/MiB (e.g. 4KiB)".into()),
+    };
+    let bytes = number
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .ok_or("expected a size: bytes, or with K/KiB or M/MiB (e.g. 4KiB)")?;
+    if bytes > MAX_KEEP_OUTPUT {
+        return Err("at most 64KiB: the output is kept in Redis with every run's record".into());
+    }
+    Ok(crate::config::KeepOutput {
+        bytes,
+        successes: all,
+    })
 }
 
 /// `--listen`: `HOST:PORT` (a name is looked up once), or `:PORT` for every interface.

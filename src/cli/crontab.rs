@@ -28,11 +28,13 @@ const MAX_FILE: u64 = 1 << 20;
 
 /// Options that belong to the replica or to the line itself, never to one job's OPTIONS (nor do
 /// the admin modes, [`ADMIN_MODES`]).
-const NOT_PER_JOB: [&str; 13] = [
+const NOT_PER_JOB: [&str; 15] = [
     "--crontab",
     "--max-jobs",
     "--drain",
     "--listen",
+    "--show-output",
+    "--test",
     "--schedule",
     "--wait",
     "-w",
@@ -53,6 +55,7 @@ pub fn replica(cli: &Cli, file: PathBuf) -> Result<Replica> {
         max_jobs: cli.max_jobs,
         drain: cli.drain.0,
         listen: cli.listen,
+        show_output: cli.show_output,
         grace: cli.grace.map_or(Duration::from_secs(5), |g| g.0),
     })
 }
@@ -100,7 +103,7 @@ pub fn load(path: &Path) -> Result<Vec<CronJob>> {
     // The replica's own options, given as variables, are the replica's: a job line never reads
     // them (they would be refused there: they need --crontab).
     let mut command = Cli::command();
-    for id in ["max_jobs", "drain", "listen"] {
+    for id in ["max_jobs", "drain", "listen", "show_output", "test"] {
         command = command.mut_arg(id, |a| a.env(None));
     }
     for (i, raw) in text.lines().enumerate() {

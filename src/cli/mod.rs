@@ -34,6 +34,7 @@ pub(crate) enum Mode {
     Resume(String),
     Trigger(String),
     Crontab(std::path::PathBuf),
+    Next,
 }
 
 /// What a run is for, once the arguments are checked: its KEY and its command.
@@ -189,12 +190,24 @@ impl Cli {
                 || self.suspend
                 || self.resume
                 || self.trigger
+                || self.next.is_some()
             {
                 bail!("--crontab serves jobs: it is not an admin mode's option");
             }
             return Ok(Mode::Crontab(file.clone()));
         }
         let runs_command = !self.command.is_empty() || self.shell_command.is_some();
+        if self.next.is_some() {
+            if runs_command {
+                bail!("--next runs no command: remove COMMAND");
+            }
+            if let (Some(flag), Some(key)) = (&self.next_key, &self.key) {
+                if flag != key {
+                    bail!("--next takes one KEY: give --key {flag} or KEY {key}, not both");
+                }
+            }
+            return Ok(Mode::Next);
+        }
         if self.list {
             if runs_command {
                 bail!("--list runs no command: remove COMMAND");
@@ -377,11 +390,14 @@ pub fn parse() -> std::result::Result<Cli, clap::Error> {
         .skip(1)
         .any(|a| a == "--crontab" || a.to_str().is_some_and(|a| a.starts_with("--crontab=")))
         || std::env::var_os("CRONLOCK_CRONTAB").is_some_and(|v| !v.is_empty());
-    if crontab || args.iter().take(end).skip(1).any(|a| a == "--list") {
+    let keyless = |a: &OsString| {
+        a == "--list" || a == "--next" || a.to_str().is_some_and(|a| a.starts_with("--next="))
+    };
+    if crontab || args.iter().take(end).skip(1).any(keyless) {
         args.push(LIST_KEY.into());
     }
     let mut cli = from_matches(&Cli::command().try_get_matches_from(args)?)?;
-    if cli.list || cli.crontab.is_some() {
+    if cli.list || cli.crontab.is_some() || cli.next.is_some() {
         if cli.key.as_deref() == Some(LIST_KEY) {
             cli.key = None;
         } else if cli.command.last().is_some_and(|c| c == LIST_KEY) {
@@ -393,7 +409,7 @@ pub fn parse() -> std::result::Result<Cli, clap::Error> {
 }
 
 /// The modes that run no command.
-pub(crate) const ADMIN_MODES: [&str; 7] = [
+pub(crate) const ADMIN_MODES: [&str; 8] = [
     "--status",
     "--check",
     "--list",
@@ -401,9 +417,10 @@ pub(crate) const ADMIN_MODES: [&str; 7] = [
     "--suspend",
     "--resume",
     "--trigger",
+    "--next",
 ];
 
-/// KEY's stand-in under `--list` and `--crontab`: a word no user types (it starts with a control
+/// KEY's stand-in under `--list`, `--next` and `--crontab`: a word no user types (it starts with a control
 /// character).
 const LIST_KEY: &str = "\u{1}list";
 

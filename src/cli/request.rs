@@ -10,7 +10,11 @@ use crate::config::Request;
 /// The mode the command line names, resolved into its plain value.
 pub fn request(cli: &Cli) -> Result<Request> {
     match cli.mode()? {
+        Mode::Crontab(file) if cli.test => {
+            crontab::replica(cli, file).map(|r| Request::TestCrontab(Box::new(r)))
+        }
         Mode::Crontab(file) => crontab::replica(cli, file).map(|r| Request::Crontab(Box::new(r))),
+        Mode::Next => resolve::next(cli).map(|q| Request::Next(Box::new(q))),
         mode => resolve::resolve(cli, mode),
     }
 }

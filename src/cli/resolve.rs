@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Result};
 
 use crate::cli::{Cli, Mode, RunTarget};
-use crate::config::{Admin, AdminMode, Reports, Request, RunConfig};
+use crate::config::{Admin, AdminMode, NextQuery, Reports, Request, RunConfig};
 use crate::fleet::schedule::Schedule;
 use crate::lease::Timing;
 use crate::store::lock::Overlap;
@@ -22,7 +22,7 @@ use crate::store::topology::Redis;
 pub fn resolve(cli: &Cli, mode: Mode) -> Result<Request> {
     match mode {
         Mode::Run(target) => run_config(cli, target).map(|c| Request::Run(Box::new(c))),
-        Mode::Crontab(_) => unreachable!("a replica is crontab.rs's"),
+        Mode::Crontab(_) | Mode::Next => unreachable!("not resolve()'s: see request.rs"),
         mode => admin(cli, mode).map(|a| Request::Admin(Box::new(a))),
     }
 }
@@ -70,8 +70,61 @@ pub(super) fn run_config(cli: &Cli, target: RunTarget) -> Result<RunConfig> {
         min_hold: cli.min_hold.0,
         history,
         history_ttl: cli.history_ttl.map(|t| t.0),
+        keep_output: cli.keep_output.unwrap_or_default(),
         reports,
     })
+}
+
+/// `--next CRON`: the expression with `H` drawn for `--key` (or KEY), and `--from` read in its
+/// time zone.
+pub(super) fn next(cli: &Cli) -> Result<NextQuery> {
+    let given = cli.next.as_ref().expect("--next");
+    let key = cli.next_key.clone().or_else(|| cli.key.clone());
+    let schedule = match (&given.resolved, &key) {
+        (Some(_), None) => bail!(
+            "--next '{}' has an H field, drawn from the job's KEY: give --key KEY",
+            given.text
+        ),
+        (_, Some(key)) => given
+            .for_key(&super::check_key(key)?)
+            .map_err(|e| anyhow!("--next '{}': {e}", given.text))?,
+        (None, None) => given.clone(),
+    };
+    let from_ms = cli
+        .from
+        .as_deref()
+        .map(|text| from_time(text, schedule.zone()))
+        .transpose()?;
+    Ok(NextQuery {
+        schedule,
+        key,
+        count: cli.count as usize,
+        from_ms,
+        json: cli.json,
+    })
+}
+
+/// `--from TIME`: RFC 3339, else a date and time (or a date: its midnight) in `zone`.
+fn from_time(text: &str, zone: &jiff::tz::TimeZone) -> Result<i64> {
+    let text = text.trim();
+    if let Ok(ts) = text.parse::<jiff::Timestamp>() {
+        return Ok(ts.as_millisecond());
+    }
+    let civil = text.parse::<jiff::civil::DateTime>().or_else(|_| {
+        text.parse::<jiff::civil::Date>()
+            .map(|d| d.to_datetime(jiff::civil::Time::midnight()))
+    });
+    let Ok(civil) = civil else {
+        bail!(
+            "--from '{text}' is not a time: give 2026-03-29T00:00:00Z, 2026-03-29 01:30 or \
+             2026-03-29 (in the schedule's time zone)"
+        );
+    };
+    let zoned = zone
+        .to_ambiguous_zoned(civil)
+        .compatible()
+        .map_err(|e| anyhow!("--from '{text}': {e}"))?;
+    Ok(zoned.timestamp().as_millisecond())
 }
 
 /// `--overlap`, with `--limit` folded into `allow`'s cap: under `allow` each instant holds a lock
@@ -131,7 +184,7 @@ fn keyed(cli: &Cli, key: &str) -> Result<Option<Schedule>> {
 /// An admin mode with what it needs.
 fn admin(cli: &Cli, mode: Mode) -> Result<Admin> {
     let mode = match mode {
-        Mode::Run(_) | Mode::Crontab(_) => unreachable!("not an admin mode"),
+        Mode::Run(_) | Mode::Crontab(_) | Mode::Next => unreachable!("not an admin mode"),
         Mode::Status(key) => AdminMode::Status {
             history: cli
                 .given

@@ -1,9 +1,11 @@
-//! `--ping-body`: the command's output passes through cronlock, which keeps its last
-//! [`TAIL`] bytes for the final ping's body. Only when asked: otherwise the command's stdio is
-//! cronlock's own, untouched, and no output ever leaves the host.
+//! The command's output passing through cronlock, which keeps its end: for `--ping-body`, the
+//! last [`TAIL`] bytes for the final ping's body; for `--keep-output`, the last lines for the
+//! run record ([`crate::command::kept`]). A stream that is not captured is cronlock's own,
+//! untouched; `--keep-output` never captures a terminal.
 //!
-//! Two pipes replace the command's stdout and stderr; a thread per pipe copies everything to
-//! cronlock's own stdout or stderr as it comes and keeps the tail.
+//! A pipe replaces each captured stream; a thread per pipe copies everything to cronlock's own
+//! stdout or stderr as it comes and keeps the ends. When that reader goes away, the copying
+//! stops, so the command's next write fails as it would without cronlock between.
 //!
 //! The two pipes are read by two threads, so the order in which their bytes arrive is not the
 //! order the command wrote them: a stdout backlog still in its pipe can arrive after the final
@@ -22,13 +24,69 @@ use std::time::Duration;
 use nix::fcntl::OFlag;
 use nix::unistd::pipe2;
 
+use crate::command::child::Stdio;
+use crate::command::guard::UNTOUCHED;
+use crate::command::kept::Kept;
+use crate::record::run::KeptLine;
+
 /// How much output the ping carries (Healthchecks keeps up to 100 kB; the end is what matters).
 pub const TAIL: usize = 10 * 1024;
 
 pub struct Capture {
-    writers: Option<[OwnedFd; 2]>,
-    tail: Arc<Mutex<Tail>>,
+    writers: [Option<OwnedFd>; 2],
+    /// The read ends the copying threads own, as numbers (for the guard to close its copies).
+    readers: [RawFd; 2],
+    tails: Arc<Mutex<Tails>>,
     done: mpsc::Receiver<()>,
+    /// How many copying threads were started.
+    threads: usize,
+}
+
+/// What passes through cronlock, and what of it is kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CapturePlan {
+    /// Per stream (stdout, stderr): whether it passes through cronlock.
+    pub streams: [bool; 2],
+    /// `--ping-body`: keep the last [`TAIL`] bytes for the final ping.
+    pub ping_body: bool,
+    /// `--keep-output`: the budget of the kept lines (0: none).
+    pub keep: usize,
+}
+
+impl CapturePlan {
+    /// What `--ping-body` and `--keep-output` ask for; `None` when nothing passes through
+    /// cronlock. `--ping-body` takes both streams; `--keep-output` takes only a stream that is
+    /// open and not a terminal (a terminal's output is on someone's screen, and the command must
+    /// still see a terminal there).
+    pub fn new(ping_body: bool, keep: usize) -> Option<CapturePlan> {
+        let streams = [libc::STDOUT_FILENO, libc::STDERR_FILENO].map(|fd| {
+            ping_body
+                || (keep > 0 && fd_open(fd) && !std::io::IsTerminal::is_terminal(&borrowed(fd)))
+        });
+        (streams != [false; 2]).then_some(CapturePlan {
+            streams,
+            ping_body,
+            keep,
+        })
+    }
+}
+
+fn borrowed(fd: RawFd) -> std::os::fd::BorrowedFd<'static> {
+    // SAFETY: fd 1 or 2, open (checked) for cronlock's life.
+    unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
+}
+
+fn fd_open(fd: RawFd) -> bool {
+    nix::fcntl::fcntl(borrowed(fd), nix::fcntl::FcntlArg::F_GETFD).is_ok()
+}
+
+/// The output's ends, as the run's reports and record want them.
+#[derive(Default)]
+pub struct Captured {
+    /// `--ping-body`: the final ping's body.
+    pub body: Option<Vec<u8>>,
+    /// `--keep-output`: the last lines, oldest first.
+    pub kept: Vec<KeptLine>,
 }
 
 /// The last output of both streams, and the order its pieces arrived in.
@@ -86,68 +144,89 @@ impl Tail {
     }
 }
 
+/// The ping's tail and the kept lines, fed by the copying threads.
+struct Tails {
+    ping: Option<Tail>,
+    kept: Kept,
+}
+
 impl Capture {
-    pub fn start() -> std::io::Result<Capture> {
-        let tail = Arc::new(Mutex::new(Tail::default()));
+    pub fn start(plan: CapturePlan) -> std::io::Result<Capture> {
+        let tails = Arc::new(Mutex::new(Tails {
+            ping: plan.ping_body.then(Tail::default),
+            kept: Kept::new(plan.keep),
+        }));
         let (done_tx, done) = mpsc::channel();
-        let mut writers = Vec::new();
+        let mut writers = [None, None];
+        let mut readers = [UNTOUCHED; 2];
+        let mut threads = 0;
         for (stream, target) in [libc::STDOUT_FILENO, libc::STDERR_FILENO]
             .into_iter()
             .enumerate()
+            .filter(|(stream, _)| plan.streams[*stream])
         {
             let (read, write) = pipe2(OFlag::O_CLOEXEC)?;
-            writers.push(write);
-            let (tail, done_tx) = (tail.clone(), done_tx.clone());
+            writers[stream] = Some(write);
+            readers[stream] = read.as_raw_fd();
+            let (tails, done_tx) = (tails.clone(), done_tx.clone());
             std::thread::Builder::new()
                 .name("output".into())
                 .stack_size(64 * 1024)
                 .spawn(move || {
-                    copy(read, target, stream, &tail);
+                    copy(read, target, stream, &tails);
                     let _ = done_tx.send(());
                 })?;
+            threads += 1;
         }
-        let [out, err]: [OwnedFd; 2] = writers.try_into().expect("two pipes");
         Ok(Capture {
-            writers: Some([out, err]),
-            tail,
+            writers,
+            readers,
+            tails,
             done,
+            threads,
         })
     }
 
-    /// The write ends, for the command's stdout and stderr.
-    pub fn fds(&self) -> Option<[RawFd; 2]> {
-        self.writers
-            .as_ref()
-            .map(|[o, e]| [o.as_raw_fd(), e.as_raw_fd()])
+    /// The pipes, for the command's stdout and stderr.
+    pub fn stdio(&self) -> Stdio {
+        Stdio {
+            writers: [0, 1].map(|s| {
+                self.writers[s]
+                    .as_ref()
+                    .map_or(UNTOUCHED, |w| w.as_raw_fd())
+            }),
+            readers: self.readers,
+        }
     }
 
     /// Close our copies of the write ends once the command has its own.
     pub fn started(&mut self) {
-        self.writers = None;
+        self.writers = [None, None];
     }
 
-    /// The output's tail, once both pipes are drained (waiting at most `within`: a descendant
-    /// that escaped with the pipe open must not hold up the end of the run).
-    pub fn finish(mut self, within: Duration) -> Vec<u8> {
-        self.writers = None;
+    /// The output's ends, once the pipes are drained (waiting at most `within`: a descendant
+    /// that escaped with a pipe open must not hold up the end of the run).
+    pub fn finish(mut self, within: Duration) -> Captured {
+        self.writers = [None, None];
         let end = std::time::Instant::now() + within;
-        for _ in 0..2 {
+        for _ in 0..self.threads {
             let left = end.saturating_duration_since(std::time::Instant::now());
             if self.done.recv_timeout(left).is_err() {
                 break;
             }
         }
-        let tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
-        tail.body()
+        let mut tails = self.tails.lock().unwrap_or_else(|e| e.into_inner());
+        let body = tails.ping.as_ref().map(Tail::body);
+        let kept = std::mem::replace(&mut tails.kept, Kept::new(0)).finish();
+        Captured { body, kept }
     }
 }
 
-fn copy(read: OwnedFd, target: RawFd, stream: usize, tail: &Mutex<Tail>) {
+fn copy(read: OwnedFd, target: RawFd, stream: usize, tails: &Mutex<Tails>) {
     let mut from = std::fs::File::from(read);
     // SAFETY: fd 1 or 2, which stays open for cronlock's life; ManuallyDrop never closes it.
     let mut to = ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(target) });
     let mut buf = [0u8; 8192];
-    let mut writing = true;
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) => return,
@@ -155,11 +234,21 @@ fn copy(read: OwnedFd, target: RawFd, stream: usize, tail: &Mutex<Tail>) {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(_) => return,
         };
-        // A reader that went away must not block the command: keep draining.
-        writing = writing && to.write_all(&buf[..n]).is_ok();
-        tail.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(stream, &buf[..n]);
+        {
+            let mut tails = tails.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(ping) = tails.ping.as_mut() {
+                ping.push(stream, &buf[..n]);
+            }
+            tails.kept.push(stream, &buf[..n]);
+        }
+        // A reader that went away: the command's next write fails as it would have without
+        // cronlock between (SIGPIPE), so `cronlock KEY -- yes | head -1` still ends. (Any other
+        // failure to write is the reader's; the output goes on being kept.)
+        if let Err(e) = to.write_all(&buf[..n]) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                return;
+            }
+        }
     }
 }
 

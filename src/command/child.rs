@@ -129,6 +129,23 @@ fn command_env(extra_env: &[(&str, String)]) -> io::Result<Vec<CString>> {
     Ok(env)
 }
 
+/// The pipes that replace the command's stdout and stderr ([`guard::UNTOUCHED`]: a stream
+/// left as cronlock's own): the command's write ends, and cronlock's read ends (which the guard
+/// closes in its copy).
+#[derive(Clone, Copy, Debug)]
+pub struct Stdio {
+    pub writers: [RawFd; 2],
+    pub readers: [RawFd; 2],
+}
+
+impl Stdio {
+    /// cronlock's own stdout and stderr.
+    pub const UNTOUCHED: Stdio = Stdio {
+        writers: [guard::UNTOUCHED; 2],
+        readers: [guard::UNTOUCHED; 2],
+    };
+}
+
 /// Start `argv` with `extra_env` added, behind a guard, in a new process group (and in a cgroup
 /// the guard makes at `cgroup`, when it can).
 /// The guard and the command read the kill-by time from `shared`.
@@ -137,7 +154,7 @@ pub fn spawn(
     extra_env: &[(&str, String)],
     shared: Shared,
     cgroup: Option<PathBuf>,
-    stdio: Option<[RawFd; 2]>,
+    stdio: Stdio,
 ) -> Result<Child, SpawnError> {
     let program = argv[0].to_string_lossy().into_owned();
     let fail = |error| SpawnError {
@@ -163,7 +180,8 @@ pub fn spawn(
             .and_then(|dir| CString::new(dir.as_os_str().as_bytes()).ok()),
     )
     .map_err(fail)?;
-    prepared.stdio = stdio;
+    prepared.stdio = stdio.writers;
+    prepared.stdio_readers = stdio.readers;
     prepared.report_fd = write_end.as_raw_fd();
     // Orphans whose guard died (SIGKILLed with the group) come to us, to be killed, not to init.
     // SAFETY: plain prctl on our own process.

@@ -34,6 +34,9 @@ use crate::signals::SigSet;
 /// Sent to the guard when cronlock dies. Not a signal cronlock forwards.
 pub const DEATH_SIGNAL: libc::c_int = libc::SIGPWR;
 
+/// A stream of [`Prepared::stdio`] the command gets as cronlock has it.
+pub const UNTOUCHED: RawFd = -1;
+
 /// How the guard reports an exec failure on the report pipe when the deadline had passed.
 pub const REPORT_TOO_LATE: i32 = -1;
 
@@ -72,8 +75,12 @@ pub struct Prepared {
     pub shared: Shared,
     /// Where the guard makes the job's cgroup, if cgroup v2 is there (see [`make_cgroup`]).
     pub cgroup_path: Option<CString>,
-    /// With `--ping-body`: the pipes that replace the command's stdout and stderr.
-    pub stdio: Option<[RawFd; 2]>,
+    /// The pipes that replace the command's stdout and stderr when its output is captured
+    /// (`--ping-body`, `--keep-output`); [`UNTOUCHED`] for a stream left as cronlock's own.
+    pub stdio: [RawFd; 2],
+    /// cronlock's read ends of those pipes, which the guard closes: once cronlock's copy ends
+    /// (its reader went away), the command's next write must fail as it would without cronlock.
+    pub stdio_readers: [RawFd; 2],
     /// The write end of a close-on-exec pipe on which exec failures are reported as an errno.
     pub report_fd: RawFd,
     /// The command's process runs on this until it calls `execve` (see [`start_command`]).
@@ -121,7 +128,8 @@ impl Prepared {
             parent: sys::getpid(),
             shared,
             cgroup_path,
-            stdio: None,
+            stdio: [UNTOUCHED; 2],
+            stdio_readers: [UNTOUCHED; 2],
             report_fd: -1,
             #[cfg(target_arch = "x86_64")]
             command_stack: sys::Stack::new(STACK)?,
@@ -190,11 +198,14 @@ unsafe fn run(p: &Prepared) -> ! {
     // For cronlock, which notices the command's end itself when this guard cannot (stopped).
     p.shared.set_command(pid);
     sys::close(p.report_fd);
-    if let Some(fds) = p.stdio {
-        // Only the command writes there: the pipes end when the job does.
-        fds.iter().for_each(|fd| {
-            sys::close(*fd);
-        });
+    // Only the command writes there: the pipes end when the job does; and only cronlock reads.
+    for fd in p
+        .stdio
+        .into_iter()
+        .chain(p.stdio_readers)
+        .filter(|&fd| fd != UNTOUCHED)
+    {
+        sys::close(fd);
     }
     loop {
         let now = sys::boottime_ns();
@@ -378,9 +389,14 @@ unsafe fn exec_command(p: &Prepared, cgroup: Option<CgroupFds>, joined: bool) ->
             }
         }
     }
-    if let Some([out, err]) = p.stdio {
-        sys::dup2(out, libc::STDOUT_FILENO);
-        sys::dup2(err, libc::STDERR_FILENO);
+    for (fd, target) in p
+        .stdio
+        .into_iter()
+        .zip([libc::STDOUT_FILENO, libc::STDERR_FILENO])
+    {
+        if fd != UNTOUCHED {
+            sys::dup2(fd, target);
+        }
     }
     // cronlock ignores SIGPIPE (see `start`); commands expect the default. No fault handler
     // may run here either, on memory shared with cronlock, before `execve`.

@@ -8,6 +8,7 @@ pub mod capture;
 pub mod cgroup;
 pub mod child;
 pub mod guard;
+pub mod kept;
 pub mod shared;
 pub mod supervise;
 pub mod sys;

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use crate::fleet::describe::{describe_suspension, round_ms};
 use crate::fleet::schedule::Schedule;
 use crate::record::holder::HolderValue;
-use crate::record::run::{Ending, RecordedEnding, RunRecord};
+use crate::record::run::{Ending, KeptStream, RecordedEnding, RunRecord};
 use crate::record::{or_unknown, Stored};
 use crate::store::inspect::Snapshot;
 
@@ -102,6 +102,25 @@ fn coarse(ms: u64) -> String {
     } else {
         round_ms(ms)
     }
+}
+
+/// The most a `--check` line quotes of a failed run's output.
+const QUOTED: usize = 200;
+
+/// The first line a failed run's kept output (`--keep-output`) has on stderr, where a failure
+/// is said (else its first line), quoted within [`QUOTED`] characters.
+fn first_said(run: &RunRecord) -> Option<String> {
+    let lines = run.output.as_deref()?;
+    let line = lines
+        .iter()
+        .find(|l| l.stream == KeptStream::Stderr && !l.line.trim().is_empty())
+        .or_else(|| lines.iter().find(|l| !l.line.trim().is_empty()))?;
+    let text = crate::log::printable(line.line.trim());
+    let mut quoted: String = text.chars().take(QUOTED).collect();
+    if text.chars().count() > QUOTED {
+        quoted.push('…');
+    }
+    Some(format!("\"{quoted}\""))
 }
 
 /// How a recorded run ended, in a few words; `None` when it succeeded.
@@ -250,9 +269,10 @@ fn judge_last(
     let host = or_unknown(run.host.as_deref());
     let when = format!("on {host} {} ago", coarse(age));
     if let Some(how) = failure(run) {
+        let said = first_said(run).map_or(String::new(), |line| format!(": {line}"));
         return CheckVerdict {
             state: CheckState::Critical,
-            message: format!("{key} failed {when} ({how}, {})", coarse(duration)),
+            message: format!("{key} failed {when} ({how}, {}){said}", coarse(duration)),
             perf,
         };
     }

@@ -36,8 +36,9 @@ use crate::store::tracking::Watch;
 /// How a run asks its replica to renew its lock ([`RunSide::renew_asker`]).
 pub type AskReplica = Box<dyn Fn() + Send>;
 
-/// The longest message (a lock value is at most a few hundred bytes).
-pub const MAX_MESSAGE: usize = 16 * 1024;
+/// The longest message: a run's `release` carries its record, with the output `--keep-output`
+/// kept (at most 64 KiB, each byte at most 5 once escaped, and 4,096 lines of 31 more).
+pub const MAX_MESSAGE: usize = 512 * 1024;
 
 /// The lock a replica won, as the run receives it.
 #[derive(Debug, Clone)]
@@ -482,9 +483,6 @@ impl RunSide {
 pub fn report_in(line: &[u8]) -> Option<RunReport> {
     RunReport::parse(String::from_utf8_lossy(line).trim_end()).ok()
 }
-
-/// The most a run's channel carries to the replica (a run sends three short reports).
-pub const MAX_REPORTS: usize = 4 * MAX_MESSAGE;
 
 mod heard;
 use heard::replica_gone;

@@ -137,6 +137,105 @@ pub fn at_or_before(cron: &Cron, tz: &TimeZone, t: i64, fixed: bool) -> Option<i
     None
 }
 
+/// A change of the zone's offset (daylight saving) that bears on an instant, for people to read
+/// beside it (`--next`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClockChange {
+    /// The clocks went forward at `at` (Unix seconds) by `by` seconds, after the instant before
+    /// this one: the civil times `[at + before, at + before + by)` did not happen. `in_gap`: the
+    /// civil second (as UTC) a job at a fixed time named inside them, run once at the gap's end,
+    /// which is this instant.
+    Forward {
+        at: i64,
+        before: i64,
+        by: i64,
+        in_gap: Option<i64>,
+    },
+    /// The clocks go back at `at` by `by` seconds (to offset `after`), and this instant's local
+    /// time comes twice. `first`: this is its first occurrence; `once`: a job at a fixed time,
+    /// which runs at the first only (else on elapsed time, at both).
+    Back {
+        at: i64,
+        after: i64,
+        by: i64,
+        first: bool,
+        once: bool,
+    },
+}
+
+/// The offset change that bears on instant `t`, the instant before it being `prev` (Unix
+/// seconds): a spring forward between them, or a fall back that makes `t`'s local time come
+/// twice.
+pub fn clock_change(
+    cron: &Cron,
+    tz: &TimeZone,
+    prev: i64,
+    t: i64,
+    fixed: bool,
+) -> Option<ClockChange> {
+    let changes = Timestamp::from_second(prev)
+        .ok()
+        .into_iter()
+        .flat_map(|p| tz.following(p).take(MAX_STRETCHES))
+        .map(|tr| tr.timestamp().as_second())
+        .take_while(|&at| at <= t);
+    for at in changes {
+        let (before, after) = (offset_at(tz, at - 1), offset_at(tz, at));
+        if after > before {
+            // A job at a fixed time in the gap runs at its end: this instant, when the pattern
+            // does not name it itself.
+            let named = civil_prev(cron, t + after) == Some(t + after);
+            let in_gap = (fixed && t == at && !named)
+                .then(|| civil_next(cron, at + before - 1))
+                .flatten()
+                .filter(|&c| c < at + after);
+            return Some(ClockChange::Forward {
+                at,
+                before,
+                by: after - before,
+                in_gap,
+            });
+        }
+    }
+    let stamp = Timestamp::from_second(t).ok()?;
+    let back = |at: i64| {
+        let (before, after) = (offset_at(tz, at - 1), offset_at(tz, at));
+        (before > after).then_some((at, before, after))
+    };
+    // The fall back after `t` whose repeated civil times hold `t`'s: the first occurrence.
+    let next = tz
+        .following(stamp)
+        .next()
+        .map(|tr| tr.timestamp().as_second());
+    if let Some((at, before, after)) = next.and_then(back) {
+        if t >= at - (before - after) {
+            return Some(ClockChange::Back {
+                at,
+                after,
+                by: before - after,
+                first: true,
+                once: fixed,
+            });
+        }
+    }
+    let last = Timestamp::from_second(t.saturating_add(1))
+        .ok()
+        .and_then(|ts| tz.preceding(ts).next())
+        .map(|tr| tr.timestamp().as_second());
+    if let Some((at, before, after)) = last.and_then(back) {
+        if t < at + (before - after) {
+            return Some(ClockChange::Back {
+                at,
+                after,
+                by: before - after,
+                first: false,
+                once: fixed,
+            });
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

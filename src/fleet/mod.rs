@@ -19,6 +19,7 @@ pub mod handover;
 pub mod instants;
 pub mod ledger;
 pub mod metrics;
+pub mod next;
 pub mod ping;
 pub mod record;
 pub mod report;

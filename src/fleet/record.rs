@@ -1,23 +1,30 @@
 //! The run record of a run that held `held` (a `record::run::RunRecord`), written at release as
-//! the KEY's last run and into its capped history.
-
-use std::time::Duration;
+//! the KEY's last run and into its capped history, with the output `--keep-output` kept.
 
 use crate::exit::Exit;
-use crate::record::run::{Ending, RecordedEnding, RunRecord};
+use crate::record::run::{Ending, KeptLine, RecordedEnding, RunRecord};
 use crate::store::lock::Held;
 
-/// The record of one run.
-pub fn run_record(held: &Held, ending: Ending, exit: Exit, duration: Duration) -> RunRecord {
+/// The record of one run: `started_ms` when its command started (the lock's ask, when it did
+/// not), ended now; `output`, what `--keep-output` kept of it.
+pub fn run_record(
+    held: &Held,
+    ending: Ending,
+    exit: Exit,
+    started_ms: Option<u64>,
+    output: Option<Vec<KeptLine>>,
+) -> RunRecord {
     let h = &held.holder;
     let several = held.limit > 1;
+    let started = started_ms.unwrap_or(h.started_ms);
+    let finished = crate::clock::unix_millis().max(started);
     RunRecord {
         command: Some(h.command.clone()),
-        duration_ms: Some(duration.as_millis() as u64),
+        duration_ms: Some(finished - started),
         ended: Some(RecordedEnding::Known(ending)),
         exit_status: Some(i64::from(exit.code())),
         fencing_token: Some(held.fence),
-        finished: Some(h.started_ms + duration.as_millis() as u64),
+        finished: Some(finished),
         host: Some(h.host.clone()),
         instant: held.instant,
         key: Some(held.keys.name.clone()),
@@ -28,8 +35,9 @@ pub fn run_record(held: &Held, ending: Ending, exit: Exit, duration: Duration) -
             _ => None,
         },
         slot: several.then_some(held.slot),
-        started: Some(h.started_ms),
+        started: Some(started),
         token: Some(h.token.clone()),
+        output,
         rest: Default::default(),
     }
 }

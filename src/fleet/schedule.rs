@@ -115,6 +115,12 @@ impl Schedule {
             }
             _ => (TimeZone::system(), trimmed),
         };
+        // cron's `@midnight` is `@daily`; croner knows only the latter.
+        let expr = if expr.eq_ignore_ascii_case("@midnight") {
+            "@daily"
+        } else {
+            expr
+        };
         let resolved = spread::is_hashed(expr)
             .then(|| spread::resolve(expr, key))
             .transpose()?;
@@ -195,6 +201,23 @@ impl Schedule {
         out
     }
 
+    /// The schedule's time zone.
+    pub fn zone(&self) -> &TimeZone {
+        &self.zone
+    }
+
+    /// The daylight-saving change that bears on instant `ms`, the instant before it being
+    /// `prev_ms` (see [`instants::clock_change`]).
+    pub fn clock_change(&self, prev_ms: i64, ms: i64) -> Option<instants::ClockChange> {
+        instants::clock_change(
+            &self.cron,
+            &self.zone,
+            prev_ms.div_euclid(1000),
+            ms.div_euclid(1000),
+            self.fixed,
+        )
+    }
+
     /// An instant as people name it: `02:00` (`02:00:10` with seconds), with the date when it
     /// is not today, in the schedule's time zone.
     pub fn label(&self, ms: i64) -> String {
@@ -233,7 +256,7 @@ fn explain(parser: &CronParser, expr: &str, err: &croner::errors::CronError) -> 
         7 => [&["second"][..], &FIELDS_5[..], &["year"][..]].concat(),
         _ if expr.starts_with('@') => {
             return format!(
-                "unknown nickname '{expr}' (use @yearly, @monthly, @weekly, @daily or @hourly)"
+                "unknown nickname '{expr}' (use @yearly, @annually, @monthly, @weekly, @daily, @midnight or @hourly)"
             );
         }
         n => {

@@ -97,6 +97,8 @@ struct ShownSchedule<'a> {
     last_instant_time: Option<String>,
     next_instant: Option<i64>,
     next_instant_time: Option<String>,
+    /// The next three instants (the first is `next_instant`).
+    next_instants: Vec<i64>,
     /// With `--jitter`: KEY's offset after each instant (ms).
     #[serde(skip_serializing_if = "Option::is_none")]
     offset_ms: Option<u64>,
@@ -224,8 +226,9 @@ fn json_status(keys: &Keys, view: &StatusView) -> String {
         schedule: view.plan.as_ref().map(|p| ShownSchedule {
             last_instant: p.last,
             last_instant_time: p.last.map(|ms| rfc3339(ms as u64)),
-            next_instant: p.next,
-            next_instant_time: p.next.map(|ms| rfc3339(ms as u64)),
+            next_instant: p.next.first().copied(),
+            next_instant_time: p.next.first().map(|&ms| rfc3339(ms as u64)),
+            next_instants: p.next.clone(),
             offset_ms: (!p.offset.is_zero()).then_some(p.offset.as_millis() as u64),
             resolved: p.schedule.resolved.as_deref(),
             schedule: &p.schedule.text,
@@ -360,7 +363,7 @@ fn schedule_lines(out: &mut String, p: &SchedulePlan, ledger: &Ledger) {
         let state = ledger::state_words(entry);
         w!(out, "  last manual:   {} ({state})", p.schedule.label(*ms));
     }
-    if let Some(ms) = p.next {
+    if let Some(&ms) = p.next.first() {
         let left = (ms as u64).saturating_sub(unix_millis());
         w!(
             out,
@@ -375,6 +378,10 @@ fn schedule_lines(out: &mut String, p: &SchedulePlan, ledger: &Ledger) {
                 p.schedule.label(ms + p.offset.as_millis() as i64),
                 round_ms(p.offset.as_millis() as u64)
             );
+        }
+        if p.next.len() > 1 {
+            let then: Vec<String> = p.next[1..].iter().map(|&ms| p.schedule.label(ms)).collect();
+            w!(out, "  then:          {}", then.join(", "));
         }
     }
 }
@@ -458,10 +465,14 @@ pub struct Planned<'a> {
 struct SchedulePlan {
     schedule: Schedule,
     last: Option<i64>,
-    next: Option<i64>,
+    /// The next [`NEXT_SHOWN`] instants.
+    next: Vec<i64>,
     /// `--jitter`: KEY's offset after each instant.
     offset: Duration,
 }
+
+/// How many instants to come `--status` shows.
+const NEXT_SHOWN: usize = 3;
 
 fn plan(snap: &inspect::Snapshot, key: &str, planned: Planned) -> Option<SchedulePlan> {
     let schedule = match planned.schedule {
@@ -470,7 +481,10 @@ fn plan(snap: &inspect::Snapshot, key: &str, planned: Planned) -> Option<Schedul
             .and_then(|s| s.for_key(key))
             .ok()?,
     };
-    let next = schedule.next_after(unix_millis() as i64);
+    let next = crate::fleet::next::instants(&schedule, None, NEXT_SHOWN)
+        .into_iter()
+        .map(|s| s.instant)
+        .collect();
     Some(SchedulePlan {
         schedule,
         last: snap.instant,
@@ -560,5 +574,19 @@ fn run_lines(r: &Stored<RunRecord>) -> Vec<String> {
     }
     lines.push(format!("  result:        {how}"));
     lines.push(format!("  fencing token: {}", or_unknown(r.fencing_token)));
+    if let Some(kept) = r.output.as_deref().filter(|k| !k.is_empty()) {
+        let n = match kept.len() {
+            1 => "1 line".to_string(),
+            n => format!("{n} lines"),
+        };
+        lines.push(format!("  output (last {n}, kept):"));
+        for line in kept {
+            lines.push(format!(
+                "    {} | {}",
+                line.stream.mark(),
+                crate::log::printable(&line.line)
+            ));
+        }
+    }
     lines
 }

@@ -84,8 +84,10 @@ pub fn trigger(
         largest: 0,
     };
     pokes.reach(masters, fleets);
-    let accepted = wait_for_answer(masters, keys, &mut pokes);
-    let accept = accept_within(pokes.largest);
+    // `--wait` bounds the whole of it, the wait for a replica to take it too.
+    let limit = asked.wait.map(|w| began + w);
+    let accepted = wait_for_answer(masters, keys, &mut pokes, limit);
+    let accept = accept_within(pokes.largest).min(asked.wait.unwrap_or(Duration::MAX));
     let Some(request) = accepted else {
         let answers = masters
             .untrigger(within, keys, instant)
@@ -100,10 +102,15 @@ pub fn trigger(
         if back {
             pokes.take_back(masters);
             let why = format!(
-                "none of the {} live fleet(s) on this Redis took it within {} s: none serves \
+                "none of the {} live fleet(s) on this Redis took it within {}{}: none serves \
                  KEY, or all are at --max-jobs",
                 pokes.fleets.len(),
-                accept.as_secs()
+                round_ms(accept.as_millis() as u64),
+                if asked.wait.is_some_and(|w| w <= accept) {
+                    " (--wait)"
+                } else {
+                    ""
+                }
             );
             return Ok(unserved(name, &why));
         }
@@ -267,19 +274,22 @@ impl Pokes<'_> {
 }
 
 /// How long a fleet of `replicas` has to take a manual instant: two of its heartbeats' periods
-/// and a claim (a heartbeat every second up to 5 replicas, 200 ms more per replica above), at
-/// least [`ACCEPT_WITHIN`].
-fn accept_within(replicas: usize) -> Duration {
-    let period = Duration::from_millis(200 * replicas.max(5) as u64);
+/// and a claim (a fleet beats at most 3 times a second: each replica every second up to 3
+/// replicas, every N/3 s above, `replica::beat::period`, whose tests hold this to it), at least
+/// [`ACCEPT_WITHIN`].
+pub fn accept_within(replicas: usize) -> Duration {
+    let period = Duration::from_secs(replicas.max(1).div_ceil(3) as u64);
     ACCEPT_WITHIN.max(period * 2 + Duration::from_secs(2))
 }
 
 /// Wait for a replica to take the instant (accepted or skipped), as long as the largest fleet
-/// poked needs ([`accept_within`]); fleets that come meanwhile are poked too (every [`RESCAN`]).
+/// poked needs ([`accept_within`]) and not past `limit` (`--wait`); fleets that come meanwhile
+/// are poked too (every [`RESCAN`]).
 fn wait_for_answer(
     masters: &mut Masters,
     keys: &Keys,
     pokes: &mut Pokes,
+    limit: Option<Instant>,
 ) -> Option<TriggerRequest> {
     let (within, instant) = (pokes.within, pokes.poke.instant);
     let began = Instant::now();
@@ -292,7 +302,7 @@ fn wait_for_answer(
             return Some(r);
         }
         let now = Instant::now();
-        if now >= began + accept_within(pokes.largest) {
+        if now >= began + accept_within(pokes.largest) || limit.is_some_and(|l| now >= l) {
             return None;
         }
         if now >= rescan {

@@ -52,6 +52,19 @@ pub struct Fleetwide {
     /// When a run last succeeded (Unix ms), by the last-run record and the ledger; `None` when
     /// neither has one.
     pub last_success: Option<u64>,
+    /// With `--show-output`: the newest kept run that did not succeed, with its kept output.
+    pub failed: Option<Failed>,
+}
+
+/// A run that did not succeed, as the page shows it (`--show-output`).
+#[derive(Clone, Debug)]
+pub struct Failed {
+    /// When it started (Unix ms).
+    pub started: Option<u64>,
+    pub host: Option<String>,
+    pub exit_status: Option<i64>,
+    /// Its kept output (`--keep-output`), oldest first.
+    pub output: Vec<crate::record::run::KeptLine>,
 }
 
 /// The round-trip times to Redis, as a histogram (upper bounds in seconds).

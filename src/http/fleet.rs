@@ -10,15 +10,35 @@ use crate::store::inspect::{merge, Snapshot};
 use crate::store::keys::Keys;
 use crate::store::quorum::Masters;
 
-use super::board::{Fleetwide, JobLine};
+use super::board::{Failed, Fleetwide, JobLine};
 
 /// The longest a request waits for Redis in all.
 pub const READ_WITHIN: Duration = Duration::from_millis(1500);
 
 /// The server's links, one per server list.
-#[derive(Default)]
 pub struct Reader {
     links: HashMap<Vec<u64>, Masters>,
+    /// `--show-output`: read each job's kept runs for its last failure's output.
+    show_output: bool,
+}
+
+/// How many of a job's newest runs `--show-output` looks through for its last failure.
+const FAILURE_AMONG: u32 = 10;
+
+/// The newest run of the snapshot (last run, then history) that did not succeed.
+fn last_failure(snap: &Snapshot) -> Option<Failed> {
+    let failed = snap
+        .last_run
+        .iter()
+        .chain(&snap.history)
+        .filter_map(|r| r.ours())
+        .find(|r| r.exit_status.is_some_and(|s| s != 0))?;
+    Some(Failed {
+        started: failed.started,
+        host: failed.host.clone(),
+        exit_status: failed.exit_status,
+        output: failed.output.clone().unwrap_or_default(),
+    })
 }
 
 /// When a run of the snapshot's KEY last succeeded (Unix ms): the last run's end when it exited
@@ -42,6 +62,13 @@ fn last_success(snap: &Snapshot) -> Option<u64> {
 }
 
 impl Reader {
+    pub fn new(show_output: bool) -> Reader {
+        Reader {
+            links: HashMap::new(),
+            show_output,
+        }
+    }
+
     /// Each job's fleet-wide state, read within [`READ_WITHIN`]: those read, and a line for the
     /// first that could not be.
     pub fn read(&mut self, jobs: &[JobLine]) -> (HashMap<String, Fleetwide>, Option<String>) {
@@ -62,13 +89,19 @@ impl Reader {
                 .or_insert_with(|| Masters::new(&config.servers));
             let keys = Keys::new(&config.prefix, &config.key);
             let within = left.min(config.connect_timeout);
-            let snaps = masters.snapshots(within, &keys, None);
+            let history = self.show_output.then_some(FAILURE_AMONG);
+            let snaps = masters.snapshots(within, &keys, history);
             match merge(snaps, masters.majority()) {
                 Ok((snap, _)) => {
                     out.insert(
                         job.key.clone(),
                         Fleetwide {
                             last_success: last_success(&snap),
+                            failed: if self.show_output {
+                                last_failure(&snap)
+                            } else {
+                                None
+                            },
                             suspended: snap.suspended,
                             ledger: snap.ledger,
                         },

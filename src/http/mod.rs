@@ -21,10 +21,11 @@ use anyhow::{anyhow, Result};
 
 use crate::log::Log;
 
-pub use board::{Board, BoardState, Fleetwide, JobLine, Running, HOLD_LOOP};
+pub use board::{Board, BoardState, Failed, Fleetwide, JobLine, Running, HOLD_LOOP};
 
 /// Bind `addr` and serve the board there, on a thread of its own (bad requests said at `-v`).
-pub fn start(addr: SocketAddr, board: Arc<Board>, log: Log) -> Result<()> {
+/// `show_output` (`--show-output`): the page shows each job's last failure's kept output.
+pub fn start(addr: SocketAddr, board: Arc<Board>, log: Log, show_output: bool) -> Result<()> {
     let listener = TcpListener::bind(addr).map_err(|e| {
         anyhow!(
             "--listen {addr}: cannot listen there: {}",
@@ -33,7 +34,7 @@ pub fn start(addr: SocketAddr, board: Arc<Board>, log: Log) -> Result<()> {
     })?;
     std::thread::Builder::new()
         .name("listen".into())
-        .spawn(move || request::serve(listener, &board, &log))
+        .spawn(move || request::serve(listener, &board, &log, show_output))
         .map_err(|e| anyhow!("--listen {addr}: cannot start its thread: {e}"))?;
     Ok(())
 }

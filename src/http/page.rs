@@ -14,7 +14,7 @@ use crate::record::ledger::{LedgerEntry, STATES};
 use crate::record::{or_unknown, Stored};
 
 use super::answer::Response;
-use super::board::{Board, Fleetwide, JobLine, Running};
+use super::board::{Board, Failed, Fleetwide, JobLine, Running};
 use super::fleet::Reader;
 
 /// The newest instants shown per job.
@@ -27,7 +27,7 @@ vertical-align:top}th{background:#f4f4f4}.cells{white-space:nowrap}\
 .c{display:inline-block;width:.8em;height:1.2em;margin-right:2px;border-radius:2px;background:#ccc}\
 .succeeded{background:#2e9e44}.failed{background:#d23c3c}.missed{background:#8a5cc2}\
 .abandoned{background:#e08a00}.interrupted{background:#c76b98}.skipped{background:#9aa5b1}\
-.running{background:#2f7bd9}.queued{background:#8fc3f0}.replaced{background:#b5651d}.manual{outline:2px solid #222;outline-offset:-2px}.warn{color:#b00}.muted{color:#777}\
+.running{background:#2f7bd9}.queued{background:#8fc3f0}.replaced{background:#b5651d}.manual{outline:2px solid #222;outline-offset:-2px}.warn{color:#b00}.muted{color:#777}.failure pre{white-space:pre-wrap;margin:.3em 0}\
 @media (max-width:640px){thead{display:none}tr.job{display:block;border-bottom:1px solid #ddd;\
 padding:.4em 0}tr.job td{display:block;border:0;padding:.1em .5em}\
 tr.job td::before{content:attr(data-label);font-weight:600;margin-right:.5em}}";
@@ -153,6 +153,37 @@ fn row(
         );
     }
     out.push_str("</td></tr>");
+    if let Some(failed) = fleet.and_then(|f| f.failed.as_ref()) {
+        failure_row(out, &job.key, failed);
+    }
+}
+
+/// With `--show-output`: the job's last failure and the output it kept, every byte of it
+/// escaped (a job's output is untrusted input to a browser).
+fn failure_row(out: &mut String, key: &str, failed: &Failed) {
+    let _ = write!(
+        out,
+        "<tr class=\"failure\" data-key=\"{k}\"><td colspan=\"6\"><details><summary>last \
+         failure: exit {status} on {host}{at}</summary><pre>",
+        k = esc(key),
+        status = failed.exit_status.map_or("?".into(), |s| s.to_string()),
+        host = esc(failed.host.as_deref().unwrap_or("?")),
+        at = failed
+            .started
+            .map_or(String::new(), |ms| format!(", started {}", rfc3339(ms))),
+    );
+    if failed.output.is_empty() {
+        out.push_str("(no output kept)");
+    }
+    for line in &failed.output {
+        let _ = writeln!(
+            out,
+            "{} | {}",
+            line.stream.mark(),
+            esc(&crate::log::printable(&line.line))
+        );
+    }
+    out.push_str("</pre></details></td></tr>");
 }
 
 /// Whether the job runs now, fleet-wide: the newest instant's attempt while it is `running`.

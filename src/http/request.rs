@@ -39,11 +39,11 @@ struct Conn {
 }
 
 /// Serve until the process ends.
-pub fn serve(listener: TcpListener, board: &Board, log: &Log) {
+pub fn serve(listener: TcpListener, board: &Board, log: &Log, show_output: bool) {
     if listener.set_nonblocking(true).is_err() {
         return;
     }
-    let mut fleet = Reader::default();
+    let mut fleet = Reader::new(show_output);
     let mut conns: Vec<Conn> = Vec::new();
     loop {
         let readable = wait(&listener, &conns);

@@ -75,13 +75,44 @@ pub struct RunRecord {
     pub signal: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slot: Option<u32>,
-    /// Wall-clock ms (when the lock was asked for).
+    /// Wall-clock ms: when the command started (when the lock was asked for, for a run whose
+    /// command did not start, and in records of versions before 0.2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started: Option<u64>,
     /// The holder's token (the run id).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
+    /// With `--keep-output`: the last lines the command printed, oldest first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<Vec<KeptLine>>,
     /// Fields this version does not know.
     #[serde(flatten)]
     pub rest: Map<String, Value>,
+}
+
+/// One line of a command's output kept with its run record (`--keep-output`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeptLine {
+    pub stream: KeptStream,
+    /// The line without its newline; a byte that is not printable UTF-8 (other than a tab) is
+    /// written `\xNN`, and a line cut at its head (longer than what is kept) starts with `…`.
+    pub line: String,
+}
+
+/// Which of the command's streams a kept line came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeptStream {
+    Stdout,
+    Stderr,
+}
+
+impl KeptStream {
+    /// `out` or `err`, the mark `--status` shows before a kept line.
+    pub fn mark(self) -> &'static str {
+        match self {
+            KeptStream::Stdout => "out",
+            KeptStream::Stderr => "err",
+        }
+    }
 }

@@ -231,6 +231,15 @@ fn next_slot(sent_ms: i64, every: Duration) -> i64 {
 mod tests {
     use super::*;
 
+    /// `--trigger` waits for a fleet to take its instant two heartbeats' periods and a claim.
+    #[test]
+    fn a_trigger_waits_two_of_the_fleets_periods() {
+        for live in 1..200 {
+            let need = period(live, Duration::MAX / 4) * 2 + Duration::from_secs(2);
+            assert!(crate::fleet::trigger::accept_within(live) >= need, "{live}");
+        }
+    }
+
     #[test]
     fn the_period_lets_a_dead_owners_instant_run_within_ttl_and_2_s() {
         let s = Duration::from_secs;

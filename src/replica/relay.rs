@@ -17,14 +17,11 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 /// What a line read from one descriptor is for; told `None` at its end of file.
 pub type OnLine = Box<dyn FnMut(Option<&[u8]>) + Send>;
 
-/// A descriptor to read, its handler, and how long its lines (and, when bounded, all it says)
-/// may be.
+/// A descriptor to read, its handler, and how long its lines may be.
 pub struct Source {
     pub fd: OwnedFd,
     pub on_line: OnLine,
     pub max_line: usize,
-    /// After this many bytes the descriptor is taken as ended (a run's channel is bounded).
-    pub max_total: Option<usize>,
 }
 
 /// The handle on a relay thread.
@@ -58,9 +55,7 @@ struct Reading {
     file: std::fs::File,
     on_line: OnLine,
     max_line: usize,
-    max_total: Option<usize>,
     buf: Vec<u8>,
-    total: usize,
 }
 
 fn serve(mut wake: PipeReader, added: &Receiver<Source>) {
@@ -96,9 +91,7 @@ fn serve(mut wake: PipeReader, added: &Receiver<Source>) {
                         file: source.fd.into(),
                         on_line: source.on_line,
                         max_line: source.max_line.max(1),
-                        max_total: source.max_total,
                         buf: Vec::new(),
-                        total: 0,
                     },
                 );
             }
@@ -121,7 +114,6 @@ impl Reading {
             Ok(0) | Err(_) => return true,
             Ok(n) => n,
         };
-        self.total += got;
         self.buf.extend_from_slice(&chunk[..got]);
         loop {
             let cut = match self.buf.iter().position(|b| *b == b'\n') {
@@ -132,7 +124,7 @@ impl Reading {
             let line: Vec<u8> = self.buf.drain(..cut).collect();
             (self.on_line)(Some(&line));
         }
-        self.max_total.is_some_and(|max| self.total >= max)
+        false
     }
 
     /// Its end: a last line without a newline, then `None`.

@@ -93,7 +93,7 @@ impl<'a> Replicant<'a> {
         every: Duration,
     ) -> Result<Replicant<'a>> {
         let runs = Runs::new(json, log)?;
-        let board = watched::board(replica.listen, replica.max_jobs, log)?;
+        let board = watched::board(replica, log)?;
         let claims = Claims::start(board.clone())
             .map_err(|e| anyhow!("cannot start the claims thread: {e}"))?;
         Ok(Replicant {

@@ -29,7 +29,6 @@ use crate::clock::Instant;
 use crate::config::CronJob;
 use crate::fleet::handover::{
     changed_line, releasing_line, renewed_line, report_in, Handover, RunReport, MAX_MESSAGE,
-    MAX_REPORTS,
 };
 use crate::log::Log;
 use crate::replica::output;
@@ -523,7 +522,6 @@ impl Relays<'_> {
                     }
                 }),
                 max_line: output::MAX_LINE,
-                max_total: None,
             });
         }
         let heard = self.heard.clone();
@@ -552,8 +550,9 @@ impl Relays<'_> {
                 let _ = heard.send((pid, report));
                 signals::wake_main();
             }),
+            // Bounded per line, not in all: a long run asks a renewal every interval for as
+            // long as it runs (and only our own binary writes on the channel).
             max_line: MAX_MESSAGE,
-            max_total: Some(MAX_REPORTS),
         });
     }
 }

@@ -195,16 +195,16 @@ fn ended(run: &Spawned, end: &RunEnd, since: Option<u64>) -> MetricsAttempt {
     }
 }
 
-/// The board for `--listen`, serving there; none without it.
+/// The board for `--listen`, serving there (with `--show-output`, the page shows each job's
+/// last failure's kept output); none without it.
 pub(super) fn board(
-    listen: Option<std::net::SocketAddr>,
-    max_jobs: u32,
+    replica: &crate::config::Replica,
     log: &crate::log::Log,
 ) -> anyhow::Result<Option<std::sync::Arc<Board>>> {
-    let Some(addr) = listen else {
+    let Some(addr) = replica.listen else {
         return Ok(None);
     };
-    let board = Board::new(max_jobs);
-    crate::http::start(addr, board.clone(), log.clone())?;
+    let board = Board::new(replica.max_jobs);
+    crate::http::start(addr, board.clone(), log.clone(), replica.show_output)?;
     Ok(Some(board))
 }

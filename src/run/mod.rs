@@ -11,10 +11,12 @@ use std::time::Duration;
 use anyhow::Result;
 
 use crate::clock::Instant;
+use crate::command::capture::{self, CapturePlan};
+use crate::command::cgroup;
+use crate::command::child::Stdio;
 use crate::command::child::{self, Child, Ended, Stop};
 use crate::command::shared::Shared;
 use crate::command::supervise::{self, Limits};
-use crate::command::{capture, cgroup};
 use crate::config::RunConfig;
 use crate::duration::Span;
 use crate::exit::Exit;
@@ -25,6 +27,7 @@ use crate::fleet::report::RunOutcome;
 use crate::lease::{self, LockState, Validity};
 use crate::log::Log;
 use crate::record::run::Ending;
+use crate::record::run::KeptLine;
 use crate::signals;
 use crate::store::lock::{Held, LedgerEnd, ReleaseOptions};
 use crate::store::quorum::Masters;
@@ -97,8 +100,10 @@ fn run_locked(
     if run.channel.is_some() {
         handed::wait_for_instant(&run.held, config.jitter_offset());
     }
-    let end = run.command(shared, on_start, &mut outcome.body);
-    outcome.run = run.finish(end);
+    let mut captured = capture::Captured::default();
+    let end = run.command(shared, on_start, &mut captured);
+    outcome.body = captured.body;
+    outcome.run = run.finish(end, captured.kept);
     Ok(end.exit)
 }
 
@@ -107,6 +112,8 @@ fn run_locked(
 struct CommandEnd {
     exit: Exit,
     ending: Ending,
+    /// When the command started (wall-clock ms), if it did.
+    started_ms: Option<u64>,
 }
 
 /// One run that holds its lock: what it was asked to do, the lock, its log, the channel to the
@@ -174,13 +181,13 @@ impl<'a> Run<'a> {
     }
 
     /// Spawn and supervise the command; the lock is held throughout. `on_start` (and the
-    /// replica, for its run) is told when it started; the tail of its output goes to `body`
-    /// (`--ping-body`).
+    /// replica, for its run) is told when it started; the end of its output goes to `captured`
+    /// (`--ping-body`, `--keep-output`).
     fn command(
         &mut self,
         shared: Shared,
         on_start: OnStart<'_>,
-        body: &mut Option<Vec<u8>>,
+        captured: &mut capture::Captured,
     ) -> CommandEnd {
         let (child, capture) = match self.start(shared) {
             Ok(started) => started,
@@ -188,9 +195,11 @@ impl<'a> Run<'a> {
                 return CommandEnd {
                     exit,
                     ending: Ending::NotStarted,
+                    started_ms: None,
                 }
             }
         };
+        let started_ms = crate::clock::unix_millis();
         on_start(&self.held.holder.token, self.held.attempt);
         if let Some(c) = self.channel.as_mut() {
             let pid = RUNNING_GROUP.load(Ordering::SeqCst).max(0) as u32;
@@ -213,8 +222,13 @@ impl<'a> Run<'a> {
         self.watchdog.track(plan, started);
         let ended = supervise::supervise(child, &mut self.watchdog, self.limits, self.log);
         RUNNING_GROUP.store(0, Ordering::SeqCst);
-        *body = capture.map(|c| c.finish(Duration::from_secs(1)));
-        finished(&ended, started, self.log)
+        if let Some(c) = capture {
+            *captured = c.finish(Duration::from_secs(1));
+        }
+        CommandEnd {
+            started_ms: Some(started_ms),
+            ..finished(&ended, started, self.log)
+        }
     }
 
     /// After the command: stop the watchdog (within `--connect-timeout`), then release and
@@ -222,7 +236,7 @@ impl<'a> Run<'a> {
     /// and tell the replica how it ended: the end of a run is bounded by 2x `--connect-timeout`
     /// (a scheduled run's release retries until its lock would lapse). Returns the command's
     /// run for the reports, if it started.
-    fn finish(self, end: CommandEnd) -> Option<metrics::Ran> {
+    fn finish(self, end: CommandEnd, kept: Vec<KeptLine>) -> Option<metrics::Ran> {
         if end.ending == Ending::NotStarted
             && matches!(end.exit, Exit::Signal(_))
             && self.channel.is_some()
@@ -238,7 +252,11 @@ impl<'a> Run<'a> {
             watchdog,
             ..
         } = self;
-        let CommandEnd { exit, ending } = end;
+        let CommandEnd {
+            exit,
+            ending,
+            started_ms,
+        } = end;
         // Stopping the watchdog waits at most --connect-timeout (a renewal in flight); the
         // release then has a --connect-timeout of its own.
         let release_by = Instant::now() + config.connect_timeout;
@@ -272,7 +290,14 @@ impl<'a> Run<'a> {
             exit_status: exit.code(),
             attempt: held.attempt,
         });
-        let record = record::run_record(&held, ending, exit, duration);
+        let succeeded = ending == Ending::Exited && exit.code() == 0;
+        let record = record::run_record(
+            &held,
+            ending,
+            exit,
+            started_ms,
+            config.keep_output.keeps(succeeded).then_some(kept),
+        );
         let opts = ReleaseOptions {
             hold: (held.sent_at + config.min_hold).saturating_duration_since(Instant::now()),
             record: Some(crate::record::to_text(&record)),
@@ -401,17 +426,33 @@ impl<'a> Run<'a> {
         };
         let planned = cgroup.clone();
         let mut capture = None;
-        if config.reports.wants_body() {
-            capture = Some(capture::Capture::start().map_err(|e| {
+        let plan = CapturePlan::new(config.reports.wants_body(), config.keep_output.bytes);
+        // `--ping-body` needs the output: a capture that cannot start fails the run. What
+        // `--keep-output` keeps is a record's extra: the command runs without it (said at -v).
+        match plan.map(capture::Capture::start) {
+            Some(Ok(c)) => capture = Some(c),
+            Some(Err(e)) if config.reports.wants_body() => {
                 let text = crate::log::io_text(&e);
                 log.error(
                     "spawn_failed",
                     &format!("cannot capture the output for --ping-body: {text}"),
                 );
-                Exit::Failure
-            })?);
+                return Err(Exit::Failure);
+            }
+            Some(Err(e)) => log.info(
+                "output_not_kept",
+                &format!(
+                    "cannot capture the command's output to keep it (--keep-output): {}; \
+                     running it without",
+                    crate::log::io_text(&e)
+                ),
+                &[],
+            ),
+            None => {}
         }
-        let stdio = capture.as_ref().and_then(capture::Capture::fds);
+        let stdio = capture
+            .as_ref()
+            .map_or(Stdio::UNTOUCHED, capture::Capture::stdio);
         let child = match child::spawn(&config.argv, &env, shared, cgroup, stdio) {
             Ok(c) => c,
             Err(e) if e.too_late => return Err(too_late()),
@@ -527,5 +568,9 @@ fn finished(ended: &Ended, started: Instant, log: &Log) -> CommandEnd {
             ("duration_ms", took_ms.into()),
         ],
     );
-    CommandEnd { exit, ending }
+    CommandEnd {
+        exit,
+        ending,
+        started_ms: None,
+    }
 }

@@ -376,3 +376,53 @@ mod alone {
         replicas::retried_on_another(&Redis::start().url(), "retry");
     }
 }
+
+/// `--crontab FILE --test`: the file read and checked as a replica reads it, each job shown with
+/// its next instant; a bad line is `FILE:LINE: message` and 125; nothing runs and no Redis is
+/// needed.
+#[test]
+fn test_checks_the_file_and_shows_each_jobs_next_instant() {
+    let dir = scratch("crontab-test");
+    let marker = dir.join("ran");
+    let file = crontab(
+        &dir,
+        &format!(
+            "CRON_TZ=UTC\n# a comment\n* * * * * * every-second touch {m}\n\
+             H 3 * * * --overlap queue nightly touch {m}\n",
+            m = marker.display()
+        ),
+    );
+    let test = |file: &std::path::Path| {
+        run(cronlock_at("redis://127.0.0.1:1")
+            .arg("--crontab")
+            .arg(file)
+            .arg("--test"))
+    };
+    let out = test(&file);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = stdout(&out);
+    let shown = file.display();
+    assert!(
+        text.starts_with(&format!("{shown}: 2 jobs, every line valid\n")),
+        "{text}"
+    );
+    assert!(text.contains(&format!(
+        "{shown}:3: every-second: CRON_TZ=UTC * * * * * *: next "
+    )));
+    assert!(text.contains(&format!("{shown}:4: nightly: CRON_TZ=UTC H 3 * * * (H: ")));
+    assert!(text.contains(" UTC  20"), "{text}");
+    assert!(!marker.exists());
+    // A bad line: one line naming it, 125.
+    let bad = crontab(&dir, "* * * * * --grace 30s x /bin/true\n");
+    let out = test(&bad);
+    assert_eq!(code(&out), 125);
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "cronlock: {}:1: --grace 30s must be at most half of --ttl 30s: the command must be \
+             gone before the lock can expire\n",
+            bad.display()
+        )
+    );
+    assert_eq!(stdout(&out), "");
+}

@@ -127,3 +127,94 @@ fn the_examples_watch_each_replica_on_its_listen_port() {
     assert!(wait_for(Duration::from_secs(10), probe));
     assert_eq!(stop(c), Some(0));
 }
+
+/// The fenced blocks of a Markdown text: (line of the fence, info string, body).
+fn fenced(text: &str) -> Vec<(usize, String, String)> {
+    let mut out = Vec::new();
+    let mut open: Option<(usize, String, Vec<&str>)> = None;
+    for (i, line) in text.lines().enumerate() {
+        let fence = line.trim_start().strip_prefix("```");
+        match (&mut open, fence) {
+            (None, Some(info)) => open = Some((i + 1, info.trim().to_string(), Vec::new())),
+            (Some(_), Some(_)) => {
+                let (at, info, body) = open.take().unwrap();
+                out.push((at, info, body.join("\n") + "\n"));
+            }
+            (Some((_, _, body)), None) => body.push(line),
+            (None, None) => {}
+        }
+    }
+    out
+}
+
+/// A block that reads as a `--crontab` file: every line a comment, a `NAME=value` or a job
+/// (a schedule, then no `cronlock` on the line: a plain crontab's lines call cronlock).
+fn looks_like_a_replicas_crontab(body: &str) -> bool {
+    let jobs: Vec<&str> = body
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter(|l| {
+            !l.split_once('=')
+                .is_some_and(|(n, _)| n.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
+        })
+        .collect();
+    let scheduled = |l: &&str| {
+        let first = l.split_whitespace().next().unwrap_or("");
+        first.starts_with('@')
+            || (l.split_whitespace().count() > 5
+                && l.split_whitespace().take(5).all(|f| {
+                    f.chars().all(|c| {
+                        c.is_ascii_digit() || "*/,-H".contains(c) || c.is_ascii_alphabetic()
+                    })
+                })
+                && first
+                    .chars()
+                    .any(|c| c.is_ascii_digit() || c == '*' || c == 'H'))
+    };
+    !jobs.is_empty() && jobs.iter().all(scheduled) && !jobs.iter().any(|l| l.contains("cronlock"))
+}
+
+/// Every `--crontab` file the README and docs/ show (a block fenced as `crontab`) is read by
+/// `cronlock --crontab FILE --test` as pasted: every line valid. A block that reads as one but
+/// is not fenced so fails too, so none escapes the check.
+#[test]
+fn every_crontab_block_of_the_docs_passes_the_crontab_test() {
+    let mut docs = vec![Path::new(ROOT).join("README.md")];
+    let mut more: Vec<_> = std::fs::read_dir(Path::new(ROOT).join("docs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    more.sort();
+    docs.extend(more);
+    let dir = scratch("docs-crontabs");
+    let mut tested = 0;
+    for doc in &docs {
+        let text = std::fs::read_to_string(doc).unwrap();
+        for (line, info, body) in fenced(&text) {
+            let at = format!("{}:{line}", doc.display());
+            if info != "crontab" {
+                assert!(
+                    !looks_like_a_replicas_crontab(&body),
+                    "{at}: a --crontab file not fenced as crontab:\n{body}"
+                );
+                continue;
+            }
+            // The check below would catch this block were it not fenced so.
+            assert!(looks_like_a_replicas_crontab(&body), "{at}");
+            let file = dir.join(format!("crontab-{tested}"));
+            std::fs::write(&file, &body).unwrap();
+            let out = run(cronlock_at("redis://127.0.0.1:1")
+                .arg("--crontab")
+                .arg(&file)
+                .arg("--test"));
+            assert_eq!(code(&out), 0, "{at}: {}", stderr(&out));
+            assert!(stdout(&out).contains("every line valid"), "{at}");
+            tested += 1;
+        }
+    }
+    // README's two and docs/fleet.md's.
+    assert!(tested >= 3, "{tested}");
+}

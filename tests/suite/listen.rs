@@ -184,27 +184,7 @@ fn the_page_in_chromium_shows_each_job_and_its_state() {
             && page.matches("data-state=\"succeeded\"").count() >= 3
             && page.matches("data-state=\"skipped\"").count() >= 2
     }));
-    let url = format!("http://127.0.0.1:{port}/");
-    let profile = dir.join("chromium-profile");
-    let chromium = |args: &[&str]| {
-        std::process::Command::new("chromium")
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--timeout=10000",
-            ])
-            .arg(format!("--user-data-dir={}", profile.display()))
-            .args(args)
-            .arg(&url)
-            .output()
-            .expect("chromium is required (Debian: apt-get install chromium; scripts/test.sh installs it)")
-    };
+    let chromium = |args: &[&str]| chromium(&dir, port, args);
     let out = chromium(&["--dump-dom"]);
     let dom = String::from_utf8_lossy(&out.stdout).into_owned();
     let rows: Vec<&str> = dom
@@ -236,18 +216,91 @@ fn the_page_in_chromium_shows_each_job_and_its_state() {
     assert_eq!(stop(child), Some(0));
 }
 
+/// Debian's chromium, headless, on the page of the replica on `port`.
+fn chromium(dir: &Path, port: u16, args: &[&str]) -> std::process::Output {
+    let url = format!("http://127.0.0.1:{port}/");
+    let profile = dir.join("chromium-profile");
+    std::process::Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--timeout=10000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .arg(&url)
+        .output()
+        .expect(
+            "chromium is required (Debian: apt-get install chromium; scripts/test.sh installs it)",
+        )
+}
+
+/// A job's output is untrusted input to a browser, and may hold secrets: the page shows the
+/// output a failed run kept only under `--show-output`, and then as text, never as markup
+/// (checked in chromium: the DOM has the text, and no element the output tried to make).
+#[test]
+fn a_failures_kept_output_shows_on_the_page_only_when_asked_and_as_text() {
+    let r = Redis::start();
+    let dir = scratch("listen-output");
+    let text = "CRON_TZ=UTC\n* * * * * * hostile-job printf '<script>document.title=\"owned\"</script>\\n<img src=x onerror=alert(1)> & \\033[31mred\\n' >&2; exit 7\n";
+    let (plain, port) = listening(&r.url(), &dir, text, &[]);
+    assert!(wait_for(Duration::from_secs(10), || {
+        get(port, "/").1.contains("data-state=\"failed\"")
+    }));
+    let page = get(port, "/").1;
+    assert!(!page.contains("class=\"failure\""), "{page}");
+    assert!(
+        !page.contains("onerror") && !page.contains("document.title"),
+        "{page}"
+    );
+    assert_eq!(stop(plain), Some(0));
+    let (shown, port) = listening_with(&r.url(), &dir, text, &[], &["--show-output"]);
+    assert!(wait_for(Duration::from_secs(10), || {
+        get(port, "/").1.contains("class=\"failure\"")
+    }));
+    let out = chromium(&dir, port, &["--dump-dom"]);
+    let dom = String::from_utf8_lossy(&out.stdout).into_owned();
+    let failure = dom
+        .split("<tr class=\"failure\"")
+        .nth(1)
+        .and_then(|r| r.split("</tr>").next())
+        .unwrap_or_else(|| panic!("no failure row: {dom}"));
+    assert!(failure.contains("exit 7"), "{failure}");
+    assert!(
+        failure.contains("err | &lt;script&gt;document.title=\"owned\"&lt;/script&gt;"),
+        "{failure}"
+    );
+    assert!(
+        failure.contains("err | &lt;img src=x onerror=alert(1)&gt; &amp; \\x1b[31mred"),
+        "{failure}"
+    );
+    // Nothing the output said became an element, and the script never ran.
+    assert!(!dom.contains("<img"), "{dom}");
+    assert!(!dom.contains("<title>owned"), "{dom}");
+    assert_eq!(stop(shown), Some(0));
+}
+
 #[test]
 fn no_secret_on_any_endpoint() {
     let mut r = Redis::with_password("hunter2-redis-pw");
     let dir = scratch("listen-secrets");
     let url = r.url();
     assert!(url.contains("hunter2-redis-pw"), "{url}");
-    let text = "SECRET=s3cr3t-env-value\n* * * * * * secret-job echo $SECRET > /dev/null\n";
+    // A job that prints the secret and fails: its kept output is in Redis, never on the page
+    // (without --show-output).
+    let text = "SECRET=s3cr3t-env-value\n* * * * * * secret-job echo $SECRET > /dev/null\n\
+                * * * * * * telling-job echo $SECRET; exit 1\n";
     let (child, port) = listening(&url, &dir, text, &[]);
     assert!(wait_for(Duration::from_secs(10), || {
-        get(port, "/metrics")
-            .1
-            .contains("cronlock_last_run_exit_status{key=\"secret-job\"")
+        let metrics = get(port, "/metrics").1;
+        metrics.contains("cronlock_last_run_exit_status{key=\"secret-job\"")
+            && metrics.contains("cronlock_last_run_exit_status{key=\"telling-job\"")
     }));
     let scan = |when: &str| {
         for path in ["/", "/metrics", "/healthz", "/readyz", "/nowhere"] {

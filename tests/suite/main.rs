@@ -25,6 +25,7 @@ mod listen;
 mod locking;
 mod monitoring;
 mod newcomer;
+mod output;
 mod owner;
 mod policies;
 mod quorum;

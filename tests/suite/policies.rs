@@ -986,6 +986,17 @@ fn trigger_of_a_key_nobody_serves_leaves_nothing() {
             "{left:?}"
         );
     }
+    // `--wait` bounds it all: a wait of 2 s ends within it, with the same 69 and line.
+    let began = std::time::Instant::now();
+    let out = trigger_of(&url, &["--wait", "2s", "nobody-serves-this"]);
+    let took = began.elapsed();
+    assert_eq!(code(&out), 69, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("within 2s (--wait)"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(took < Duration::from_secs(8), "{took:?}");
     for c in fleet {
         stop(c);
     }

@@ -300,3 +300,68 @@ fn check_unknown(r: &Redis) {
         "{text}"
     );
 }
+
+/// `--next`: the instants the scheduler's own code names, in the schedule's zone with UTC
+/// beside them and a daylight-saving change in words; no Redis needed; a bad expression is the
+/// same one line `--schedule` gives, and 125.
+#[test]
+fn next_prints_the_instants_as_cronlock_runs_them() {
+    let next = |args: &[&str]| run(cronlock_at("redis://127.0.0.1:1").arg("--next").args(args));
+    let out = next(&[
+        "CRON_TZ=Europe/Berlin 30 2 * * *",
+        "--from",
+        "2026-03-28",
+        "--count",
+        "3",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "Sat 2026-03-28 02:30:00 CET   2026-03-28T01:30:00Z\n\
+         Sun 2026-03-29 03:00:00 CEST  2026-03-29T01:00:00Z  clocks go forward 1h at 02:00: \
+         02:30 does not happen that day, so it runs once, at 03:00\n\
+         Mon 2026-03-30 02:30:00 CEST  2026-03-30T00:30:00Z\n"
+    );
+    // H drawn for the KEY as a replica draws it (given as --key or as KEY).
+    let drawn = next(&["CRON_TZ=UTC H 3 * * *", "--key", "backup", "--count", "1"]);
+    let positional = next(&["CRON_TZ=UTC H 3 * * *", "backup", "--count", "1"]);
+    assert_eq!(code(&drawn), 0, "{}", stderr(&drawn));
+    assert_eq!(stdout(&drawn), stdout(&positional));
+    assert!(stdout(&drawn).starts_with("H drawn for KEY 'backup': "));
+    let out = next(&["CRON_TZ=UTC H 3 * * *"]);
+    assert_eq!(code(&out), 125);
+    assert!(stderr(&out).contains("give --key KEY"), "{}", stderr(&out));
+    // JSON.
+    let out = next(&[
+        "CRON_TZ=UTC @hourly",
+        "--from",
+        "2026-11-27T10:30:00Z",
+        "--count",
+        "2",
+        "--json",
+    ]);
+    let doc: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(doc["instants"][1]["utc"], "2026-11-27T12:00:00Z");
+    assert_eq!(doc["instants"][0]["instant"], 1_795_777_200_000i64);
+    // A bad expression: the line --schedule gives.
+    let bad = next(&["61 * * * *"]);
+    let sched =
+        run(cronlock_at("redis://127.0.0.1:1").args(["--schedule", "61 * * * *", "k", "true"]));
+    assert_eq!(code(&bad), 125);
+    assert_eq!(code(&sched), 125);
+    assert_eq!(
+        stderr(&bad).replace("--next", "--schedule"),
+        stderr(&sched),
+        "{}",
+        stderr(&bad)
+    );
+    for wrong in [
+        &["* * * * *", "--from", "yesterday"][..],
+        &["* * * * *", "k", "true"][..],
+        &["* * * * *", "--count", "0"][..],
+    ] {
+        let out = next(wrong);
+        assert_eq!(code(&out), 125, "{wrong:?}: {}", stdout(&out));
+        assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+    }
+}

@@ -206,13 +206,13 @@ fn a_released_answer_is_read_past_changes() {
 /// The replica's reading of a run's reports as the relay does it, line by line through
 /// [`report_in`], until end of file (`None`).
 struct ReplicaSide {
-    reader: BufReader<std::io::Take<UnixStream>>,
+    reader: BufReader<UnixStream>,
 }
 
 impl ReplicaSide {
     fn new(stream: UnixStream) -> ReplicaSide {
         ReplicaSide {
-            reader: BufReader::new(stream.take(MAX_REPORTS as u64)),
+            reader: BufReader::new(stream),
         }
     }
 
