@@ -80,6 +80,26 @@ fn fd_open(fd: RawFd) -> bool {
     nix::fcntl::fcntl(borrowed(fd), nix::fcntl::FcntlArg::F_GETFD).is_ok()
 }
 
+/// Wait (at most `within`) until whoever reads cronlock's stdout and stderr pipes has read
+/// what is in them: a replica's run, before it asks for its release, so that the replica, which
+/// keeps the lines of its runs' output as it relays them (`--keep-output`), has every line the
+/// command wrote. A stream that is not a pipe has nothing waiting.
+pub fn wait_until_read(within: Duration) {
+    let end = std::time::Instant::now() + within;
+    let waiting = || {
+        [libc::STDOUT_FILENO, libc::STDERR_FILENO]
+            .into_iter()
+            .any(|fd| crate::command::sys::unread(fd) > 0 && is_pipe(fd))
+    };
+    while waiting() && std::time::Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn is_pipe(fd: RawFd) -> bool {
+    nix::sys::stat::fstat(borrowed(fd)).is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFIFO)
+}
+
 /// The output's ends, as the run's reports and record want them.
 #[derive(Default)]
 pub struct Captured {

@@ -117,6 +117,26 @@ impl Kept {
         }
     }
 
+    /// The lines kept so far, oldest first, each stream's unfinished line ended, leaving this
+    /// as it was (a replica keeps its runs' lines as it relays them, and takes them at the
+    /// run's release).
+    pub fn lines(&self) -> Vec<KeptLine> {
+        let mut copy = Kept {
+            budget: self.budget,
+            lines: self.lines.clone(),
+            bytes: self.bytes,
+            partial: self.partial.clone(),
+            cut: self.cut,
+            arrived: self.arrived,
+        };
+        for stream in 0..2 {
+            if !copy.partial[stream].is_empty() {
+                copy.end_line(stream);
+            }
+        }
+        copy.finish()
+    }
+
     /// The kept lines, oldest first, each stream's unfinished line ended.
     pub fn finish(mut self) -> Vec<KeptLine> {
         for stream in 0..2 {

@@ -107,6 +107,24 @@ pub fn dup2(old: libc::c_int, new: libc::c_int) -> isize {
     plain(libc::SYS_dup3, [old as usize, new as usize, 0, 0, 0, 0])
 }
 
+/// How many bytes wait unread in the pipe `fd` is an end of (`FIONREAD`), or `-errno`.
+pub fn unread(fd: libc::c_int) -> isize {
+    let mut n: libc::c_int = 0;
+    let at = &mut n as *mut libc::c_int as usize;
+    // SAFETY: FIONREAD writes one int, to `n`, which lives through the call.
+    let r = unsafe {
+        syscall(
+            libc::SYS_ioctl,
+            [fd as usize, libc::FIONREAD as usize, at, 0, 0, 0],
+        )
+    };
+    if r < 0 {
+        r
+    } else {
+        n as isize
+    }
+}
+
 /// `prctl` with an integer argument (`PR_SET_PDEATHSIG`, `PR_SET_CHILD_SUBREAPER`).
 pub fn prctl(option: libc::c_int, arg: libc::c_ulong) -> isize {
     plain(libc::SYS_prctl, [option as usize, arg as usize, 0, 0, 0, 0])

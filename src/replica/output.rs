@@ -21,6 +21,16 @@ pub enum OutputStream {
     Stderr,
 }
 
+impl OutputStream {
+    /// 0 for stdout, 1 for stderr, as `command::kept` numbers them.
+    pub fn index(self) -> usize {
+        match self {
+            OutputStream::Stdout => 0,
+            OutputStream::Stderr => 1,
+        }
+    }
+}
+
 /// One line of a job's output, whole.
 pub fn write_line(stream: OutputStream, key: &str, line: &str, json_out: bool) {
     let mut text = if json_out {

@@ -627,7 +627,8 @@ impl<'a> Replicant<'a> {
                     pid: run.pid(),
                     held: run.held.clone(),
                 }),
-                Followup::Release { opts, reply } => {
+                Followup::Release { mut opts, reply } => {
+                    reports::keep_output(&mut opts, run);
                     let ask = Ask::ReleaseRun {
                         config: run.config.clone(),
                         held: run.held.clone(),

@@ -9,7 +9,8 @@ use std::time::Duration;
 use crate::clock::{rfc3339, unix_millis};
 use crate::fleet::handover::{RunEnd, RunReport};
 use crate::log::Log;
-use crate::record::run::Ending;
+use crate::record::run::{Ending, RecordedEnding, RunRecord};
+use crate::record::Stored;
 use crate::store::lock::ReleaseOptions;
 
 use super::runs::Spawned;
@@ -62,6 +63,28 @@ pub fn heard(run: &mut Spawned, report: Option<RunReport>, log: &Log) -> Followu
         }
     }
     Followup::Nothing
+}
+
+/// `--keep-output`: the record the run asks to be released with, given the last lines of its
+/// command's output as the replica relayed them (the run waited until they were read), when
+/// the run did not succeed or the job keeps every run's. A record that does not read as ours
+/// is left as it is.
+pub fn keep_output(opts: &mut ReleaseOptions, run: &Spawned) {
+    let keep = run.config.keep_output;
+    let Some(text) = opts.record.as_deref() else {
+        return;
+    };
+    let Stored::Ours(mut record) = Stored::<RunRecord>::read(text) else {
+        return;
+    };
+    let succeeded = record.ended == Some(RecordedEnding::Known(Ending::Exited))
+        && record.exit_status == Some(0);
+    if !keep.keeps(succeeded) {
+        return;
+    }
+    let lines = run.kept.lock().unwrap_or_else(|e| e.into_inner()).lines();
+    record.output = Some(lines);
+    opts.record = Some(crate::record::to_text(&record));
 }
 
 /// What follows a run that is over without having reported its end.

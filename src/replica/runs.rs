@@ -21,11 +21,13 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
 
 use crate::clock::Instant;
+use crate::command::kept::Kept;
 use crate::config::CronJob;
 use crate::fleet::handover::{
     changed_line, releasing_line, renewed_line, report_in, Handover, RunReport, MAX_MESSAGE,
@@ -99,6 +101,9 @@ pub struct Spawned {
     pub closed: bool,
     /// A renewal it asked for was asked of the claims thread and not answered yet.
     pub renewing: bool,
+    /// Its command's last lines as the output relay reads them (`--keep-output`), added to its
+    /// record at its release.
+    pub kept: Arc<Mutex<Kept>>,
 }
 
 impl Spawned {
@@ -464,7 +469,8 @@ fn hand_over(
             ),
         );
     }
-    relays.relay(pid, &key, out, err, reading);
+    let kept = Arc::new(Mutex::new(Kept::new(config.keep_output.bytes)));
+    relays.relay(pid, &key, [out, err], reading, &kept);
     Ok(Spawned {
         instant: held.instant,
         manual: held.manual,
@@ -485,6 +491,7 @@ fn hand_over(
         orphaned: false,
         closed: false,
         renewing: false,
+        kept,
     })
 }
 
@@ -503,19 +510,22 @@ impl Relays<'_> {
         &self,
         pid: u32,
         key: &str,
-        out: std::io::PipeReader,
-        err: std::io::PipeReader,
+        [out, err]: [std::io::PipeReader; 2],
         channel: UnixStream,
+        kept: &Arc<Mutex<Kept>>,
     ) {
         for (from, stream) in [
             (OwnedFd::from(out), output::OutputStream::Stdout),
             (OwnedFd::from(err), output::OutputStream::Stderr),
         ] {
-            let (key, json) = (key.to_string(), self.json);
+            let (key, json, kept) = (key.to_string(), self.json, kept.clone());
             self.outputs.add(Source {
                 fd: from,
                 on_line: Box::new(move |line| {
                     if let Some(line) = line {
+                        kept.lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(stream.index(), line);
                         let text = String::from_utf8_lossy(line);
                         let text = text.strip_suffix('\n').unwrap_or(&text);
                         output::write_line(stream, &key, text, json);

@@ -46,6 +46,10 @@ mod take;
 use release::{release, said_released};
 use take::{acquired_line, take, Taken};
 
+/// How long a replica's run waits, at its end, for its replica to read the output its command
+/// left in the pipes (a replica whose stdout is stalled reads nothing meanwhile).
+const OUTPUT_READ_WITHIN: Duration = Duration::from_millis(100);
+
 /// The command's process group while one runs, so a panic on the main thread can still end it.
 pub static RUNNING_GROUP: AtomicI32 = AtomicI32::new(0);
 
@@ -320,6 +324,11 @@ impl<'a> Run<'a> {
             .saturating_duration_since(Instant::now())
             .saturating_sub(within + Duration::from_millis(100));
         let wait = (within + Duration::from_millis(250)).min(left);
+        // The replica keeps the command's last lines as it reads them: every one of them read
+        // before it is asked to release (and adds them to the record).
+        if channel.is_some() && config.keep_output.bytes > 0 && ending != Ending::NotStarted {
+            capture::wait_until_read(OUTPUT_READ_WITHIN.min(left));
+        }
         match channel
             .as_mut()
             .and_then(|c| c.release_by_replica(&opts, wait))
@@ -426,7 +435,13 @@ impl<'a> Run<'a> {
         };
         let planned = cgroup.clone();
         let mut capture = None;
-        let plan = CapturePlan::new(config.reports.wants_body(), config.keep_output.bytes);
+        // A replica keeps its runs' output as it relays it (`replica/runs.rs`): no pipe, no
+        // thread of the run's own for it.
+        let keep = match config.handover {
+            Some(_) => 0,
+            None => config.keep_output.bytes,
+        };
+        let plan = CapturePlan::new(config.reports.wants_body(), keep);
         // `--ping-body` needs the output: a capture that cannot start fails the run. What
         // `--keep-output` keeps is a record's extra: the command runs without it (said at -v).
         match plan.map(capture::Capture::start) {

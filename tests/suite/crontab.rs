@@ -426,3 +426,35 @@ fn test_checks_the_file_and_shows_each_jobs_next_instant() {
     );
     assert_eq!(stdout(&out), "");
 }
+
+/// A replica claims an instant 50 ms ahead; its run's record says when the command started,
+/// never before its instant (a run of 11:45:00 read as started 11:44:59 before).
+#[test]
+fn a_replicas_run_is_recorded_started_at_or_after_its_instant() {
+    let r = Redis::start();
+    let dir = scratch("crontab-started");
+    let file = crontab(&dir, "CRON_TZ=UTC\n* * * * * * tick true\n");
+    let c = replica(&r.url(), &file, &[]);
+    let mut records = Vec::new();
+    assert!(wait_for(Duration::from_secs(15), || {
+        let out = run(cronlock(&r).args(["--status", "--json", "--history", "tick"]));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap_or_default();
+        records = v["history"].as_array().cloned().unwrap_or_default();
+        records.len() >= 3
+    }));
+    assert_eq!(stop(c), Some(0));
+    for rec in &records {
+        let (instant, started, finished) = (
+            rec["instant"].as_u64().unwrap(),
+            rec["started"].as_u64().unwrap(),
+            rec["finished"].as_u64().unwrap(),
+        );
+        assert!(started >= instant, "{rec}");
+        assert!(finished >= started, "{rec}");
+        assert_eq!(
+            rec["duration_ms"].as_u64().unwrap(),
+            finished - started,
+            "{rec}"
+        );
+    }
+}

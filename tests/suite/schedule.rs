@@ -94,6 +94,14 @@ fn one_run_per_instant_whatever_each_hosts_timing() {
     assert_eq!(v["schedule"]["schedule"], EVERY_10S);
     let next = v["schedule"]["next_instant"].as_u64().unwrap();
     assert!(next > now_ms() - 100 && next.is_multiple_of(10_000), "{v}");
+    // And the two after it.
+    let three: Vec<u64> = v["schedule"]["next_instants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_u64().unwrap())
+        .collect();
+    assert_eq!(three, [next, next + 10_000, next + 20_000], "{v}");
     let out = run(cronlock(&r).args(["--status", "tick"]));
     assert!(
         stdout(&out).contains("schedule:        */10 * * * * *"),
@@ -102,6 +110,11 @@ fn one_run_per_instant_whatever_each_hosts_timing() {
     );
     assert!(stdout(&out).contains("last instant:"), "{}", stdout(&out));
     assert!(stdout(&out).contains("next instant:"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("  then:          "),
+        "{}",
+        stdout(&out)
+    );
 
     // A host firing well before the next instant (nearer to it than to T) runs for it.
     until(t + 6_500);
