@@ -425,6 +425,12 @@ fn test_checks_the_file_and_shows_each_jobs_next_instant() {
         )
     );
     assert_eq!(stdout(&out), "");
+    // A file others may change is refused, as a replica refuses it.
+    let loose = crontab(&dir, "* * * * * x /bin/true\n");
+    std::fs::set_permissions(&loose, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    let out = test(&loose);
+    assert_eq!(code(&out), 125);
+    assert!(stderr(&out).contains("chmod go-w"), "{}", stderr(&out));
 }
 
 /// A replica claims an instant 50 ms ahead; its run's record says when the command started,
