@@ -15,12 +15,14 @@
 #   6. a replica's RSS (and its children's), idle, with 1,000 jobs, and how long 20,000 take to read.
 # Installs redis-server and redis-tools when missing.
 # Usage: scripts/bench-crontab.sh [SECS] [ROUNDS] (SECS for 3, default 200: 1,000 runs;
-# ROUNDS for 2, default 7).
+# ROUNDS for 2, default 7). SECTIONS="4 5" runs only those; SUSTAINED="200 300 500" sets the
+# rates of 4.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-200}
 ROUNDS=${2:-7}
 . scripts/bench-common.sh
+want() { [[ " ${SECTIONS:-1 2 3 4 5 6} " == *" $1 "* ]]; }
 bench_install redis-server:redis-server redis-cli:redis-tools gcc:gcc
 bench_setup
 bench_redis
@@ -69,6 +71,7 @@ echo
 echo "$(nproc) cores, $(uname -r), $(redis-server --version | cut -d' ' -f3), cronlock $("$BIN" --version | cut -d' ' -f2), $(date -u +%F)"
 echo
 
+if want 1; then
 # 1. Client commands per run.
 echo "### 1. Redis client commands per scheduled run (20 jobs every second, 15 s, MONITOR)"
 echo
@@ -99,6 +102,8 @@ PY
 done
 echo
 
+fi
+if want 2; then
 # 2. Interleaved CPU rounds.
 echo "### 2. CPU per run: 1, 3 and 10 replicas, interleaved"
 echo
@@ -158,6 +163,8 @@ for n in (3, 10):
 PY
 echo
 
+fi
+if want 3; then
 # 3. Start delay.
 delays() { # FILE LABEL
   local runs p50 p90 p99 max
@@ -182,10 +189,12 @@ for spec in "5 $SECS" "20 20"; do
 done
 echo
 
+fi
+if want 4; then
 # 4. Sustained.
 echo "### 4. Sustained: N jobs every second on 3 replicas, 15 s"
 echo
-for n in 200 300; do
+for n in ${SUSTAINED:-200 300}; do
   jobs_every_second "$n" "$WORK/sus$n" > "$WORK/sus$n.crontab"
   : > "$WORK/sus$n"
   start_replicas 3 "$WORK/sus$n.crontab" --max-jobs 1024
@@ -208,6 +217,8 @@ PY
 done
 echo
 
+fi
+if want 5; then
 # 5. 1,000 at once.
 echo "### 5. 1,000 jobs due at the same instant on 3 replicas (default --max-jobs 16)"
 echo
@@ -235,6 +246,8 @@ for inst, rows in sorted(by.items()):
 PY
 echo
 
+fi
+if want 6; then
 # 6. Idle memory and reading.
 echo "### 6. An idle replica"
 echo
@@ -261,3 +274,4 @@ print(f"- {n:,} jobs (one expression): RSS **{rss / 1024:.1f} MiB** (VmRSS, idle
       f"{kids / 1024:.1f} MiB; read and checked in **{(t1 - t0) * 1000:.0f} ms**.")
 PY
 done
+fi

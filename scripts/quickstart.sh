@@ -115,7 +115,8 @@ else
   say "done: the manual is $PREFIX/share/man/man1/cronlock.1 (install man-db to read it with"
   say "'man cronlock'). A crontab line for every host, as it is:"
 fi
-say "  * * * * * $PREFIX/bin/cronlock -u redis://127.0.0.1:$REDIS_PORT hello -- date"
+LINE="* * * * * $PREFIX/bin/cronlock -u redis://127.0.0.1:$REDIS_PORT hello -- date"
+say "  $LINE"
 # A crontab line needs cron to run it; a minimal system has none (and no editor for crontab -e).
 if command -v crontab >/dev/null 2>&1; then
   say "add it with 'crontab -e', or without an editor:"
@@ -123,6 +124,6 @@ else
   say "there is no cron here: install it first (as root: apt-get install cron), then add it"
   say "with 'crontab -e', or without an editor:"
 fi
-say "  (crontab -l 2>/dev/null; echo '* * * * * $PREFIX/bin/cronlock -u redis://127.0.0.1:$REDIS_PORT hello -- date') | crontab -"
+say "  (crontab -l 2>/dev/null; echo '$LINE') | crontab -"
 say "cron mails a job's output, which a system without a mail program drops: see what the line"
 say "did, on any host, with: cronlock -u redis://127.0.0.1:$REDIS_PORT --status --history hello"
