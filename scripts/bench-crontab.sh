@@ -96,8 +96,8 @@ import sys
 n, runs, total = (int(x) for x in sys.argv[1:4])
 kinds = ", ".join(f"{c} {k}" for c, k in (l.split() for l in open(sys.argv[4])))
 print(f"- {n} replicas: {runs} runs, {total} client commands ({kinds}): **{total / runs:.2f} "
-      f"per run** (a claim, a release, and the heartbeats: each replica's every second up to 5 "
-      f"replicas, every 0.2 s x N above).")
+      f"per run** (a claim, a release, and the heartbeats: each replica's every second up to 3 "
+      f"replicas, every N/3 s above).")
 PY
 done
 echo
