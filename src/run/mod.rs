@@ -434,37 +434,7 @@ impl<'a> Run<'a> {
             Err(why) => (None, Some(why)),
         };
         let planned = cgroup.clone();
-        let mut capture = None;
-        // A replica keeps its runs' output as it relays it (`replica/runs.rs`): no pipe, no
-        // thread of the run's own for it.
-        let keep = match config.handover {
-            Some(_) => 0,
-            None => config.keep_output.bytes,
-        };
-        let plan = CapturePlan::new(config.reports.wants_body(), keep);
-        // `--ping-body` needs the output: a capture that cannot start fails the run. What
-        // `--keep-output` keeps is a record's extra: the command runs without it (said at -v).
-        match plan.map(capture::Capture::start) {
-            Some(Ok(c)) => capture = Some(c),
-            Some(Err(e)) if config.reports.wants_body() => {
-                let text = crate::log::io_text(&e);
-                log.error(
-                    "spawn_failed",
-                    &format!("cannot capture the output for --ping-body: {text}"),
-                );
-                return Err(Exit::Failure);
-            }
-            Some(Err(e)) => log.info(
-                "output_not_kept",
-                &format!(
-                    "cannot capture the command's output to keep it (--keep-output): {}; \
-                     running it without",
-                    crate::log::io_text(&e)
-                ),
-                &[],
-            ),
-            None => {}
-        }
+        let mut capture = capture_for(config, log)?;
         let stdio = capture
             .as_ref()
             .map_or(Stdio::UNTOUCHED, capture::Capture::stdio);
@@ -488,6 +458,43 @@ impl<'a> Run<'a> {
             panic!("injected by CRONLOCK_DEBUG_PANIC");
         }
         Ok((child, capture))
+    }
+}
+
+/// The capture of the command's output, when `--ping-body` or `--keep-output` asks for one.
+/// A replica keeps its runs' output as it relays it (`replica/runs.rs`): no pipe, no thread of
+/// the run's own for it. `--ping-body` needs the output: a capture that cannot start fails the
+/// run. What `--keep-output` keeps is a record's extra: the command runs without it (said at
+/// -v).
+fn capture_for(config: &RunConfig, log: &Log) -> Result<Option<capture::Capture>, Exit> {
+    let keep = match config.handover {
+        Some(_) => 0,
+        None => config.keep_output.bytes,
+    };
+    let plan = CapturePlan::new(config.reports.wants_body(), keep);
+    match plan.map(capture::Capture::start) {
+        Some(Ok(c)) => Ok(Some(c)),
+        Some(Err(e)) if config.reports.wants_body() => {
+            let text = crate::log::io_text(&e);
+            log.error(
+                "spawn_failed",
+                &format!("cannot capture the output for --ping-body: {text}"),
+            );
+            Err(Exit::Failure)
+        }
+        Some(Err(e)) => {
+            log.info(
+                "output_not_kept",
+                &format!(
+                    "cannot capture the command's output to keep it (--keep-output): {}; \
+                     running it without",
+                    crate::log::io_text(&e)
+                ),
+                &[],
+            );
+            Ok(None)
+        }
+        None => Ok(None),
     }
 }
 
