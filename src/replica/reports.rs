@@ -71,6 +71,10 @@ pub fn heard(run: &mut Spawned, report: Option<RunReport>, log: &Log) -> Followu
 /// is left as it is.
 pub fn keep_output(opts: &mut ReleaseOptions, run: &Spawned) {
     let keep = run.config.keep_output;
+    // A scheduled run's exit is in its ledger end: a success that keeps nothing costs no parse.
+    if opts.ledger.is_some_and(|l| !keep.keeps(l.exit == 0)) || keep.bytes == 0 {
+        return;
+    }
     let Some(text) = opts.record.as_deref() else {
         return;
     };
