@@ -50,7 +50,7 @@ complete -c cronlock -l force-release -d 'Delete KEY\'s lock whoever holds it (t
 complete -c cronlock -l suspend -d 'Suspend KEY across the fleet until --resume: every firing skips with the -E status (a running command goes on), and the instants that pass meanwhile are recorded skipped and never caught up; then exit'
 complete -c cronlock -l resume -d 'End KEY\'s suspension: the next due instant runs; then exit'
 complete -c cronlock -l trigger -d 'Ask the --crontab fleet serving KEY to run it once now, as a manual instant, under its own lock, suspension, --limit and --retries; exit 0 once a replica took it (with --wait: the command\'s status, 124 when the wait runs out), -E\'s status when it is skipped, 69 when no replica serving KEY took it within 10 s (within --wait, when shorter)'
-complete -c cronlock -l json -d 'Print --status, --list, --force-release, --suspend and --resume results as JSON'
+complete -c cronlock -l json -d 'Print --status, --list, --force-release, --suspend, --resume and --next results as JSON'
 complete -c cronlock -l test -d 'With --crontab: read and check FILE as a replica would (its owner, every line, every option against the others), print each job with its next instant, and exit: 0, or 125 with FILE:LINE: message. Runs nothing and needs no Redis'
 complete -c cronlock -l show-output -d 'With --crontab and --listen: show on the status page the output each job\'s last failed run kept (--keep-output). Off by default: a job\'s output may hold secrets, and the page is read-only but not private'
 complete -c cronlock -s h -l help -d 'Print help (see more with \'--help\')'

@@ -376,7 +376,7 @@ pub struct Cli {
     )]
     pub token: Option<String>,
 
-    /// Print --status, --list, --force-release, --suspend and --resume results as JSON
+    /// Print --status, --list, --force-release, --suspend, --resume and --next results as JSON
     #[arg(long, env = "CRONLOCK_JSON", value_parser = switch,
           default_value_t = false, num_args = 0, default_missing_value = "true")]
     pub json: bool,
