@@ -130,7 +130,16 @@ fn jobs_due_among_thousands_of_idle_ones_run_at_every_instant() {
     }
     let file = crontab(&dir, &text);
     let fleet: Vec<_> = (0..2).map(|_| replica(&r.url(), &file, &[])).collect();
-    let from = now_secs() + 3;
+    // Counted from when both serve: reading 3,006 jobs takes a loaded machine a while.
+    assert!(
+        wait_for(Duration::from_secs(20), || replica_err(&file)
+            .matches("serving 3006 jobs")
+            .count()
+            >= 2),
+        "{}",
+        replica_err(&file)
+    );
+    let from = now_secs() + 2;
     let began = Instant::now();
     assert!(wait_for(Duration::from_secs(20), || began.elapsed()
         >= Duration::from_secs(8)));
