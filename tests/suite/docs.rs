@@ -476,3 +476,156 @@ fn architecture_cites_only_paths_that_exist() {
         "ARCHITECTURE.md cites what does not exist: {missing:#?}"
     );
 }
+
+/// The Rust sources under `src/`, as (path relative to `src/`, text).
+fn sources() -> Vec<(String, String)> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut found = Vec::new();
+    let mut dirs = vec![src.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let rel = path
+                    .strip_prefix(&src)
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned();
+                found.push((rel, std::fs::read_to_string(&path).unwrap()));
+            }
+        }
+    }
+    found
+}
+
+/// Whether `text` defines an item (or a field or variant) named `name`.
+fn defines(text: &str, name: &str) -> bool {
+    let kinds = [
+        "struct", "enum", "trait", "type", "fn", "const", "static", "mod", "union",
+    ];
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    text.match_indices(name).any(|(at, _)| {
+        let after = text[at + name.len()..].chars().next();
+        if text[..at].chars().next_back().is_some_and(ident) || after.is_some_and(ident) {
+            return false;
+        }
+        let before = text[..at].trim_end();
+        let word = before.rsplit(|c: char| !ident(c)).next().unwrap_or("");
+        let line = &text[text[..at].rfind('\n').map_or(0, |n| n + 1)..at];
+        // An item, or a field (`name:`) or variant (`Name,` `Name(` `Name {`) at a line's start.
+        let starts_line =
+            line.trim().is_empty() || line.trim() == "pub" || line.trim().starts_with("pub(");
+        let variant = name.starts_with(|c: char| c.is_ascii_uppercase())
+            && after.is_some_and(|c| matches!(c, ',' | '(' | ' ' | '{'));
+        kinds.contains(&word) || starts_line && (after == Some(':') || variant)
+    })
+}
+
+/// Every Rust item ARCHITECTURE.md cites by name exists: a qualified one (`store::acquire::
+/// AcquireOutcome`, `run/mod.rs::start`, `Link::unpin`) is defined in the file its module path
+/// names (a `Type::item` anywhere a file defines both), and a bare type name (`RunConfig`,
+/// `Shown`) or function name with an underscore (`run_job`) somewhere in `src/`. Other bare
+/// lowercase words are left alone: they are as often flags, states or plain words (`take`,
+/// `fork`, `released`) as functions.
+#[test]
+fn architecture_cites_only_items_that_exist() {
+    let sources = sources();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let is_ident = |s: &str| {
+        !s.is_empty()
+            && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && !s.starts_with(|c: char| c.is_ascii_digit())
+    };
+    let outside = [
+        "cronlock", "super", "self", "std", "rustls", "serde", "clap", "nix", "crate", "libc",
+    ];
+    let mut missing = Vec::new();
+    let mut checked = 0;
+    for cited in text.split('`').skip(1).step_by(2) {
+        let cited = cited.trim_end_matches("()");
+        let mut parts: Vec<&str> = cited.split("::").collect();
+        let first_is_file = parts[0].ends_with(".rs");
+        if parts.len() == 1 {
+            // A bare type name: CamelCase, not an ALL_CAPS constant of libc's.
+            let name = parts[0];
+            let camel = name.starts_with(|c: char| c.is_ascii_uppercase())
+                && name.chars().any(|c| c.is_ascii_lowercase());
+            // A function's name: lowercase with an underscore (`run_job`), not one of libc's
+            // or std's.
+            let function = name.contains('_')
+                && name.starts_with(|c: char| c.is_ascii_lowercase())
+                && !["posix_spawn", "pre_exec"].contains(&name);
+            if is_ident(name) && (camel || function) {
+                checked += 1;
+                if !sources.iter().any(|(_, t)| defines(t, name)) {
+                    missing.push(cited.to_string());
+                }
+            }
+            continue;
+        }
+        if outside.contains(&parts[0])
+            || !parts[1..].iter().all(|p| is_ident(p))
+            || !(first_is_file || is_ident(parts[0]))
+        {
+            continue;
+        }
+        checked += 1;
+        let name = parts.pop().unwrap();
+        // The files the module path may name (`holder::` is `record/holder.rs` or
+        // `store/holder.rs`): those of the longest prefix of lowercase segments that names any.
+        let named = |m: &str| -> Vec<&str> {
+            sources
+                .iter()
+                .filter(|(p, _)| {
+                    [format!("{m}.rs"), format!("{m}/mod.rs")]
+                        .iter()
+                        .any(|want| p == want || p.ends_with(&format!("/{want}")))
+                })
+                .map(|(_, t)| t.as_str())
+                .collect()
+        };
+        let (files, types): (Vec<&str>, &[&str]) = if first_is_file {
+            (named(parts[0].trim_end_matches(".rs")), &parts[1..])
+        } else {
+            let modules = parts
+                .iter()
+                .take_while(|s| s.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+                .count();
+            match (1..=modules)
+                .rev()
+                .map(|n| (n, named(&parts[..n].join("/"))))
+                .find(|(_, f)| !f.is_empty())
+            {
+                Some((n, f)) => (f, &parts[n..]),
+                None if modules == 0 => (
+                    sources.iter().map(|(_, t)| t.as_str()).collect(),
+                    &parts[..],
+                ),
+                None => {
+                    missing.push(cited.to_string());
+                    continue;
+                }
+            }
+        };
+        // What is left of the path are the types the item belongs to (`Type::method`).
+        let ok = files.iter().any(|t| {
+            defines(t, name)
+                && types.iter().all(|ty| {
+                    defines(t, ty)
+                        || t.contains(&format!("impl {ty}"))
+                        || t.contains(&format!("for {ty}"))
+                })
+        });
+        if !ok {
+            missing.push(cited.to_string());
+        }
+    }
+    assert!(checked >= 50, "only {checked} names checked");
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md cites items that do not exist: {missing:#?}"
+    );
+}
