@@ -52,6 +52,46 @@ pub struct Replica {
     pub show_output: bool,
 }
 
+/// An option of the replica itself: `--crontab` and the options that need it. A crontab line
+/// refuses it (it is no job's), and the replica keeps its variable from its runs. The list is
+/// checked against the clap definition (`cli` unit tests): every option clap says needs
+/// `--crontab` is here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaOption {
+    /// The long flag, `--max-jobs`.
+    pub flag: &'static str,
+    /// Its variable, `CRONLOCK_MAX_JOBS`.
+    pub variable: &'static str,
+}
+
+/// Every [`ReplicaOption`]: the one list of them.
+pub const REPLICA_OPTIONS: [ReplicaOption; 6] = [
+    ReplicaOption {
+        flag: "--crontab",
+        variable: "CRONLOCK_CRONTAB",
+    },
+    ReplicaOption {
+        flag: "--max-jobs",
+        variable: "CRONLOCK_MAX_JOBS",
+    },
+    ReplicaOption {
+        flag: "--drain",
+        variable: "CRONLOCK_DRAIN",
+    },
+    ReplicaOption {
+        flag: "--listen",
+        variable: "CRONLOCK_LISTEN",
+    },
+    ReplicaOption {
+        flag: "--test",
+        variable: "CRONLOCK_CRONTAB_TEST",
+    },
+    ReplicaOption {
+        flag: "--show-output",
+        variable: "CRONLOCK_SHOW_OUTPUT",
+    },
+];
+
 /// A crontab's `NAME=value` lines in force for a job, shared between the jobs below them.
 pub type Env = std::sync::Arc<Vec<(String, String)>>;
 

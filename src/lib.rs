@@ -11,6 +11,7 @@ pub mod duration;
 pub mod exit;
 pub mod files;
 pub mod fleet;
+pub mod hooks;
 pub mod host;
 pub mod http;
 pub mod lease;

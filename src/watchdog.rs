@@ -293,9 +293,10 @@ fn replica_step(
 }
 
 fn spawn(r: Renewal, watch: Validity) -> std::io::Result<RenewalState> {
-    #[cfg(debug_assertions)]
-    if std::env::var_os("CRONLOCK_DEBUG_PANIC").is_some_and(|v| v == "watchdog-start") {
-        return Err(std::io::Error::other("injected by CRONLOCK_DEBUG_PANIC"));
+    if crate::hooks::fault_at("watchdog-start") {
+        return Err(std::io::Error::other(
+            "injected by a test hook (hooks::PANIC)",
+        ));
     }
     let (stop, stop_rx) = mpsc::channel();
     let (done_tx, done) = mpsc::channel();
@@ -340,9 +341,8 @@ fn renew_loop(
             Err(RecvTimeoutError::Timeout) | Ok(Msg::Renew) => {}
             _ => return Some(masters),
         }
-        #[cfg(debug_assertions)]
-        if std::env::var_os("CRONLOCK_DEBUG_PANIC").is_some_and(|v| v == "watchdog") {
-            panic!("injected by CRONLOCK_DEBUG_PANIC");
+        if crate::hooks::fault_at("watchdog") {
+            panic!("injected by a test hook (hooks::PANIC)");
         }
         let now = Instant::now();
         let valid_until = watch.valid_until();

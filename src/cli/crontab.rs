@@ -19,22 +19,16 @@ use anyhow::{anyhow, bail, Result};
 use clap::CommandFactory;
 
 use crate::cli::{from_matches, one_line, Cli, Mode, ADMIN_MODES};
-use crate::config::{CronJob, Env, Replica};
+use crate::config::{CronJob, Env, Replica, REPLICA_OPTIONS};
 use crate::fleet::schedule::Schedule;
 use crate::signals;
 
 /// The largest crontab read: a table, not data.
 const MAX_FILE: u64 = 1 << 20;
 
-/// Options that belong to the replica or to the line itself, never to one job's OPTIONS (nor do
-/// the admin modes, [`ADMIN_MODES`]).
-const NOT_PER_JOB: [&str; 15] = [
-    "--crontab",
-    "--max-jobs",
-    "--drain",
-    "--listen",
-    "--show-output",
-    "--test",
+/// Options that belong to the line itself, never to one job's OPTIONS (nor do the replica's,
+/// [`REPLICA_OPTIONS`], or the admin modes, [`ADMIN_MODES`]).
+const OF_THE_LINE: [&str; 9] = [
     "--schedule",
     "--wait",
     "-w",
@@ -283,7 +277,8 @@ fn job(
             break;
         }
         let name = word.split('=').next().unwrap_or(word);
-        if NOT_PER_JOB.contains(&name) || ADMIN_MODES.contains(&name) {
+        let replicas = REPLICA_OPTIONS.iter().any(|o| o.flag == name);
+        if replicas || OF_THE_LINE.contains(&name) || ADMIN_MODES.contains(&name) {
             bail!("{name} is not an option of one job");
         }
         args.push(word.to_string());

@@ -60,3 +60,88 @@ fn shell_command() {
     assert!(parse(&["k"]).target().is_err());
     assert!(parse(&["", "true"]).target().is_err());
 }
+
+/// `config::REPLICA_OPTIONS` is the clap definition's list: exactly the options clap refuses
+/// without `--crontab` (directly, or through another such option, as `--show-output` through
+/// `--listen`), and `--crontab` itself, each with its variable.
+#[test]
+fn replica_options_are_those_that_need_crontab() {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let command = Cli::command();
+    // What clap says is missing when `--FLAG [VALUE]` is given alone before a run.
+    let missing = |arg: &clap::Arg| -> Option<Vec<String>> {
+        let flag = format!("--{}", arg.get_long()?);
+        let takes_value = arg.get_action().takes_values();
+        let values: &[&str] = if takes_value {
+            &["1", "1s", ":0", "x"]
+        } else {
+            &[""]
+        };
+        for value in values {
+            let mut argv = vec!["cronlock", &flag];
+            if takes_value {
+                argv.push(value);
+            }
+            argv.extend(["k", "--", "true"]);
+            let Err(e) = Cli::command().try_get_matches_from(argv) else {
+                return Some(Vec::new());
+            };
+            match e.kind() {
+                ErrorKind::ValueValidation | ErrorKind::InvalidValue => continue,
+                ErrorKind::MissingRequiredArgument => {
+                    return match e.get(ContextKind::InvalidArg) {
+                        Some(ContextValue::Strings(s)) => Some(
+                            s.iter()
+                                .map(|m| m.split(' ').next().unwrap_or(m).to_string())
+                                .collect(),
+                        ),
+                        _ => Some(Vec::new()),
+                    }
+                }
+                _ => return Some(Vec::new()),
+            }
+        }
+        None
+    };
+    let mut replica: Vec<String> = vec!["--crontab".into()];
+    let needs: Vec<(String, Vec<String>)> = command
+        .get_arguments()
+        .filter_map(|a| Some((format!("--{}", a.get_long()?), missing(a)?)))
+        .collect();
+    loop {
+        let before = replica.len();
+        for (flag, missing) in &needs {
+            if !missing.is_empty()
+                && missing.iter().all(|m| replica.contains(m))
+                && !replica.contains(flag)
+            {
+                replica.push(flag.clone());
+            }
+        }
+        if replica.len() == before {
+            break;
+        }
+    }
+    replica.sort();
+    let mut listed: Vec<String> = crate::config::REPLICA_OPTIONS
+        .iter()
+        .map(|o| o.flag.to_string())
+        .collect();
+    listed.sort();
+    assert_eq!(listed, replica);
+    for option in crate::config::REPLICA_OPTIONS {
+        let arg = command
+            .get_arguments()
+            .find(|a| {
+                a.get_long()
+                    .is_some_and(|l| format!("--{l}") == option.flag)
+            })
+            .unwrap();
+        assert_eq!(
+            arg.get_env().and_then(|e| e.to_str()),
+            Some(option.variable),
+            "{}",
+            option.flag
+        );
+    }
+}

@@ -106,25 +106,17 @@ pub struct Board {
     born: Instant,
     /// Milliseconds from `born` to the loop's last turn.
     turned: AtomicU64,
-    /// A test hook ([`HOLD_LOOP`], read by debug builds only): the loop stops turning while this
-    /// file exists.
+    /// The test hook [`crate::hooks::HOLD_LOOP`]: the loop stops turning while this file exists.
     pub hold: Option<std::path::PathBuf>,
     state: Mutex<BoardState>,
 }
-
-/// The test hook that holds the replica's loop (for `/healthz`): while the file this variable
-/// names exists, the loop sleeps instead of turning. Only a debug build (the tests' own) reads
-/// it: the shipped binary's behaviour never depends on it.
-pub const HOLD_LOOP: &str = "CRONLOCK_TEST_HOLD_LOOP";
 
 impl Board {
     pub fn new(max_jobs: u32) -> Arc<Board> {
         Arc::new(Board {
             born: Instant::now(),
             turned: AtomicU64::new(0),
-            hold: cfg!(debug_assertions)
-                .then(|| std::env::var_os(HOLD_LOOP).map(Into::into))
-                .flatten(),
+            hold: crate::hooks::file(crate::hooks::HOLD_LOOP),
             state: Mutex::new(BoardState {
                 max_jobs,
                 ..BoardState::default()

@@ -21,7 +21,7 @@ use anyhow::{anyhow, Result};
 
 use crate::log::Log;
 
-pub use board::{Board, BoardState, Failed, Fleetwide, JobLine, Running, HOLD_LOOP};
+pub use board::{Board, BoardState, Failed, Fleetwide, JobLine, Running};
 
 /// Bind `addr` and serve the board there, on a thread of its own (bad requests said at `-v`).
 /// `show_output` (`--show-output`): the page shows each job's last failure's kept output.

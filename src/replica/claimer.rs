@@ -109,11 +109,6 @@ fn serve(inbox: Receiver<Ask>, answers: Sender<Answer>, board: Option<Arc<Board>
 #[derive(Debug)]
 pub struct LoopGone;
 
-/// A test hook: with this variable naming N, the claims thread holds each won claim's answer N ms
-/// before the loop hears it (a test then changes the crontab while a claim is in flight). Only a
-/// debug build (the tests' own) reads it.
-pub const HOLD_CLAIM_ANSWER_MS: &str = "CRONLOCK_TEST_HOLD_CLAIM_ANSWER_MS";
-
 /// Send an answer and wake the loop.
 fn tell(answers: &Sender<Answer>, answer: Answer) -> Result<(), LoopGone> {
     let won = matches!(
@@ -123,11 +118,8 @@ fn tell(answers: &Sender<Answer>, answer: Answer) -> Result<(), LoopGone> {
             ..
         }
     );
-    if cfg!(debug_assertions) && won {
-        let hold = std::env::var(HOLD_CLAIM_ANSWER_MS).ok();
-        if let Some(ms) = hold.and_then(|v| v.parse().ok()) {
-            std::thread::sleep(Duration::from_millis(ms));
-        }
+    if let Some(hold) = crate::hooks::millis(crate::hooks::HOLD_CLAIM_ANSWER_MS).filter(|_| won) {
+        std::thread::sleep(hold);
     }
     answers.send(answer).map_err(|_| LoopGone)?;
     signals::wake_main();

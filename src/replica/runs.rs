@@ -41,28 +41,14 @@ use crate::signals;
 use crate::store::lock::Held;
 
 /// The replica's own settings and test hooks: not the run's.
-const NOT_FOR_RUNS: &[&str] = &[
-    "CRONLOCK_CRONTAB",
-    "CRONLOCK_MAX_JOBS",
-    "CRONLOCK_DRAIN",
-    "CRONLOCK_LISTEN",
-    HOLD_AFTER_CLAIM,
-    crate::replica::claimer::HOLD_CLAIM_ANSWER_MS,
-    STARTER_IDLE_MS,
-    crate::http::HOLD_LOOP,
-];
+fn not_for_runs() -> Vec<&'static str> {
+    let options = crate::config::REPLICA_OPTIONS.iter().map(|o| o.variable);
+    options.chain(crate::hooks::REPLICA).collect()
+}
 
 /// A starter with no run left that was asked for none this long is let go (it exits at once),
 /// and spawned again at the next run: a replica whose jobs are far apart keeps no second process.
 const STARTER_IDLE: Duration = Duration::from_secs(60);
-
-/// A test hook: [`STARTER_IDLE`] in milliseconds. Only a debug build reads it.
-pub const STARTER_IDLE_MS: &str = "CRONLOCK_TEST_STARTER_IDLE_MS";
-
-/// A test hook: with this variable naming a file, a replica that won a claim writes the KEY
-/// there and stops before starting the run (a test then kills it "between claim and spawn").
-/// Only a debug build (the tests' own) reads it.
-pub const HOLD_AFTER_CLAIM: &str = "CRONLOCK_TEST_HOLD_AFTER_CLAIM";
 
 /// What a run's channel said, for the loop: the run's pid, and a report, or `None` at its end.
 type Heard = (u32, Option<RunReport>);
@@ -143,7 +129,7 @@ pub struct Runs {
     reports: Relay,
     /// A run had to be stopped (the replica's exit status says so).
     interrupted: bool,
-    /// The test hook [`HOLD_AFTER_CLAIM`]: where to say a claim was won, then stop.
+    /// The test hook [`crate::hooks::HOLD_AFTER_CLAIM`]: where to say a claim was won, then stop.
     hold: Option<PathBuf>,
 }
 
@@ -163,18 +149,14 @@ impl Runs {
             heard: mpsc::channel(),
             starter: None,
             starter_used: Instant::now(),
-            starter_idle: cfg!(debug_assertions)
-                .then(|| std::env::var(STARTER_IDLE_MS).ok()?.parse().ok())
-                .flatten()
-                .map_or(STARTER_IDLE, Duration::from_millis),
+            starter_idle: crate::hooks::millis(crate::hooks::STARTER_IDLE_MS)
+                .unwrap_or(STARTER_IDLE),
             news: mpsc::channel(),
             watches: Watches::new(log),
             outputs: Relay::start("output")?,
             reports: Relay::start("reports")?,
             interrupted: false,
-            hold: cfg!(debug_assertions)
-                .then(|| std::env::var_os(HOLD_AFTER_CLAIM).map(Into::into))
-                .flatten(),
+            hold: crate::hooks::file(crate::hooks::HOLD_AFTER_CLAIM),
         })
     }
 
@@ -208,7 +190,7 @@ impl Runs {
         }
         if !self.starter.as_mut().is_some_and(Starter::usable) {
             self.starter = None;
-            let s = Starter::spawn(&self.exe, NOT_FOR_RUNS, &self.news.0)
+            let s = Starter::spawn(&self.exe, &not_for_runs(), &self.news.0)
                 .map_err(|e| anyhow!("cannot start its starter: {e:#}"))?;
             self.starter = Some(s);
         }

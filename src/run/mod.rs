@@ -453,9 +453,8 @@ impl<'a> Run<'a> {
             cgroup::sweep(ours);
         }
         contained(&child, shared, planned, no_cgroup, log);
-        #[cfg(debug_assertions)]
-        if std::env::var_os("CRONLOCK_DEBUG_PANIC").is_some_and(|v| v == "main") {
-            panic!("injected by CRONLOCK_DEBUG_PANIC");
+        if crate::hooks::fault_at("main") {
+            panic!("injected by a test hook (hooks::PANIC)");
         }
         Ok((child, capture))
     }

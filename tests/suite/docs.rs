@@ -477,23 +477,22 @@ fn architecture_cites_only_paths_that_exist() {
     );
 }
 
-/// The Rust sources under `src/`, as (path relative to `src/`, text).
+/// The Rust sources under `src/` and `tests/`, as (path relative to either, text).
 fn sources() -> Vec<(String, String)> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut found = Vec::new();
-    let mut dirs = vec![src.clone()];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                let rel = path
-                    .strip_prefix(&src)
-                    .unwrap()
-                    .to_string_lossy()
-                    .into_owned();
-                found.push((rel, std::fs::read_to_string(&path).unwrap()));
+    for root in ["src", "tests"] {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(root);
+        let mut dirs = vec![root.clone()];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    let rel = path.strip_prefix(&root).unwrap();
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    found.push((rel.to_string_lossy().into_owned(), text));
+                }
             }
         }
     }
@@ -526,7 +525,7 @@ fn defines(text: &str, name: &str) -> bool {
 /// Every Rust item ARCHITECTURE.md cites by name exists: a qualified one (`store::acquire::
 /// AcquireOutcome`, `run/mod.rs::start`, `Link::unpin`) is defined in the file its module path
 /// names (a `Type::item` anywhere a file defines both), and a bare type name (`RunConfig`,
-/// `Shown`) or function name with an underscore (`run_job`) somewhere in `src/`. Other bare
+/// `Shown`) or function name with an underscore (`run_job`) somewhere in `src/` or `tests/`. Other bare
 /// lowercase words are left alone: they are as often flags, states or plain words (`take`,
 /// `fork`, `released`) as functions.
 #[test]

@@ -197,7 +197,8 @@ fn no_import_cycle_between_files() {
 fn layer(module: &str) -> Option<(u8, &str)> {
     let wing = module.split("::").next().unwrap_or_default();
     let rank = match wing {
-        "clock" | "duration" | "files" | "host" | "log" | "exit" | "memory" | "signals" => 0,
+        "clock" | "duration" | "files" | "hooks" | "host" | "log" | "exit" | "memory"
+        | "signals" => 0,
         "lease" | "record" => 1,
         "store" | "command" => 2,
         "fleet" => 3,
@@ -351,4 +352,23 @@ fn no_parameters_are_packed_into_tuples() {
         }
     }
     assert!(wrong.is_empty(), "tuple-packed parameters: {wrong:#?}");
+}
+
+/// Test hooks have one idiom: only `src/hooks.rs` names a `CRONLOCK_TEST_*` variable or asks
+/// whether this is a debug build; everything else reads a hook through it.
+#[test]
+fn test_hooks_are_read_in_one_place() {
+    let mut elsewhere = Vec::new();
+    for (module, code) in modules() {
+        if module == "hooks" {
+            continue;
+        }
+        if code.contains("CRONLOCK_TEST_") || code.contains("debug_assertions") {
+            elsewhere.push(module);
+        }
+    }
+    assert!(
+        elsewhere.is_empty(),
+        "test hooks read outside src/hooks.rs: {elsewhere:?}"
+    );
 }

@@ -438,12 +438,12 @@ fn fencing_token_survives_data_loss() {
     );
 }
 
-/// A long job with `CRONLOCK_DEBUG_PANIC=injected` (debug builds only): waits for it to end and
+/// A long job with `CRONLOCK_TEST_PANIC=injected` (debug builds only): waits for it to end and
 /// returns its output and the command's pid, if it started.
 fn injected(r: &Redis, injected: &str, args: &[&str]) -> (std::process::Output, Option<i32>) {
     let dir = scratch(injected);
     let c = cronlock_debug(r)
-        .env("CRONLOCK_DEBUG_PANIC", injected)
+        .env("CRONLOCK_TEST_PANIC", injected)
         .args(args)
         .args(["k", "-c"])
         .arg(sh(
@@ -609,7 +609,7 @@ mod alone {
 
         // A job shorter than one renewal interval never needs the thread at all.
         let out = run(cronlock_debug(&r)
-            .env("CRONLOCK_DEBUG_PANIC", "watchdog-start")
+            .env("CRONLOCK_TEST_PANIC", "watchdog-start")
             .args(["--ttl", "3s", "k", "true"]));
         assert_eq!(code(&out), 0, "{}", stderr(&out));
     }

@@ -161,7 +161,7 @@ pub fn cronlock_at(url: &str) -> Command {
 }
 
 /// This test build's binary, whatever `CRONLOCK_TEST_BIN` says: the only one with the fault
-/// injection hooks (`CRONLOCK_DEBUG_PANIC`), which a release build leaves out.
+/// injection hooks (`CRONLOCK_TEST_PANIC`), which a release build leaves out.
 pub fn cronlock_debug(redis: &Redis) -> Command {
     cronlock_of(BIN, &redis.url())
 }
