@@ -68,24 +68,25 @@ pub(crate) fn left(ms: u64) -> String {
     round_ms(ms.saturating_sub(unix_millis()))
 }
 
+/// A suspension with its start also in RFC 3339.
+#[derive(serde::Serialize)]
+struct ShownSuspension<'a> {
+    #[serde(flatten)]
+    record: &'a Suspension,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    since_time: Option<String>,
+    /// With `--for`: when it ends, and how long is left (by this host's clock).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    until_time: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    left_ms: Option<u64>,
+}
+
 /// A suspension record (`--suspend`) as JSON, with `since_time`; one cronlock did not write is
 /// shown as `{"value": ...}`.
 pub fn suspension_json(record: &Stored<Suspension>) -> Value {
-    /// A suspension with its start also in RFC 3339.
-    #[derive(serde::Serialize)]
-    struct Shown<'a> {
-        #[serde(flatten)]
-        record: &'a Suspension,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        since_time: Option<String>,
-        /// With `--for`: when it ends, and how long is left (by this host's clock).
-        #[serde(skip_serializing_if = "Option::is_none")]
-        until_time: Option<String>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        left_ms: Option<u64>,
-    }
     match record {
-        Stored::Ours(record) => crate::record::to_json(&Shown {
+        Stored::Ours(record) => crate::record::to_json(&ShownSuspension {
             record,
             since_time: record.since.map(rfc3339),
             until_time: record.until.map(rfc3339),

@@ -13,7 +13,7 @@ use crate::record::ledger::MissedReason;
 
 use super::claim::ClaimVerdict;
 pub(super) use super::entry::Pending;
-use super::watched::Shown;
+use super::watched::BoardFeed;
 
 /// Missed instants whose record Redis did not take (no primary answered: a failover, an
 /// outage): asked again every [`AGAIN_MS`] until one answers, so an instant lost while Redis was
@@ -61,7 +61,7 @@ pub(super) fn missed(
     instant: i64,
     reason: MissedReason,
     recorded: Result<bool, String>,
-    shown: &Shown,
+    shown: &BoardFeed,
     log: &Log,
 ) {
     let at = rfc3339(instant.max(0) as u64);
@@ -99,7 +99,7 @@ pub(super) fn lost(
     job: &CronJob,
     instant: i64,
     verdict: ClaimVerdict,
-    shown: &Shown,
+    shown: &BoardFeed,
     log: &Log,
 ) -> Option<i64> {
     let key = &job.key;

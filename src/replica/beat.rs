@@ -16,7 +16,7 @@ use super::claim::{Ask, Group};
 use super::claimer::Claims;
 use super::entry::LEAD_MS;
 use super::table::Table;
-use super::watched::Shown;
+use super::watched::BoardFeed;
 
 /// The heartbeat's period with up to [`FLEET_BEATS`] replicas; a second more per
 /// [`FLEET_BEATS`] replicas above that, so a fleet's heartbeats cost Redis at most
@@ -193,7 +193,7 @@ impl Heartbeats {
         table: &mut Table,
         group: Group,
         view: Result<FleetView, String>,
-        shown: &Shown,
+        shown: &BoardFeed,
         log: &Log,
     ) -> Vec<Poke> {
         if let Ok(view) = &view {

@@ -15,7 +15,7 @@ use std::time::Duration;
 use crate::clock::Instant;
 use crate::log::Log;
 
-use super::watched::Shown;
+use super::watched::BoardFeed;
 
 /// How often a sick replica probes.
 pub const PROBE_EVERY: Duration = Duration::from_secs(2);
@@ -76,7 +76,7 @@ impl Health {
     /// A sick replica probes when its time comes, and serves again once it can start runs; one
     /// that started no run for [`IDLE_PROBE`] probes too (so `/readyz` says it is sick before it
     /// loses a claim). `exe` is the binary its starter starts from.
-    pub(super) fn probe(&mut self, exe: &Path, log: &Log, shown: &Shown) {
+    pub(super) fn probe(&mut self, exe: &Path, log: &Log, shown: &BoardFeed) {
         let now = Instant::now();
         let Some(sick) = &mut self.sick else {
             if now >= self.idle_probe_at {
@@ -113,7 +113,7 @@ impl Health {
 
     /// This replica cannot start runs: it claims nothing (and says it is full) until a probe
     /// shows it can.
-    pub(super) fn fell_sick(&mut self, why: String, log: &Log, shown: &Shown) {
+    pub(super) fn fell_sick(&mut self, why: String, log: &Log, shown: &BoardFeed) {
         if self.sick.is_none() {
             log.error(
                 "cannot_start_runs",

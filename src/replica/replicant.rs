@@ -52,7 +52,7 @@ pub(super) struct Replicant<'a> {
     health: Health,
     beats: Heartbeats,
     /// With `--listen`: what the server shows (`watched.rs`).
-    shown: watched::Shown,
+    shown: watched::BoardFeed,
     /// "At --max-jobs" was said, and no room came since.
     full_told: bool,
     /// A failed claim was said, and none went through since.
@@ -103,7 +103,7 @@ impl<'a> Replicant<'a> {
             claims,
             health: Health::new(),
             beats: Heartbeats::new(me, every),
-            shown: watched::Shown::new(board),
+            shown: watched::BoardFeed::new(board),
             full_told: false,
             trouble_told: false,
             manuals: Manuals::default(),

@@ -18,15 +18,15 @@ use super::runs::Spawned;
 use super::table::Table;
 
 /// The board a replica shows (with `--listen`), and the table it last showed.
-pub(super) struct Shown {
+pub(super) struct BoardFeed {
     board: Option<Arc<Board>>,
     /// The table (its `loaded` count) the board last showed.
     loaded: Option<u64>,
 }
 
-impl Shown {
-    pub(super) fn new(board: Option<Arc<Board>>) -> Shown {
-        Shown {
+impl BoardFeed {
+    pub(super) fn new(board: Option<Arc<Board>>) -> BoardFeed {
+        BoardFeed {
             board,
             loaded: None,
         }
