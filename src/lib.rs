@@ -329,7 +329,7 @@ fn check_key(admin: &Admin, masters: &mut Masters) -> check::CheckVerdict {
     };
     let keys = Keys::new(&admin.prefix, key);
     let snaps = masters.snapshots(admin.timeout, &keys, None);
-    let snap = inspect::merge(snaps, masters.majority()).map(|(snap, _)| snap);
+    let snap = inspect::merge(snaps, masters.majority()).map(|m| m.view);
     match snap {
         Ok(snap) => check::judge(
             key,

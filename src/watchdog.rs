@@ -92,7 +92,11 @@ enum LockStep {
 }
 
 enum TrackingStage {
-    Planned(Instant, Box<dyn crate::store::tracking::Watch>),
+    /// To start at `at`.
+    Planned {
+        at: Instant,
+        plan: Box<dyn crate::store::tracking::Watch>,
+    },
     /// Looked at on each wake-up; its `Drop` ends the watch.
     Running {
         watch: Box<dyn crate::store::tracking::Watching>,
@@ -174,8 +178,10 @@ impl Watchdog {
     /// Watch the lock key for changes once the command started at `started` has run a little:
     /// the run's own watch, or its replica's.
     pub fn track(&mut self, plan: Box<dyn crate::store::tracking::Watch>, started: Instant) {
-        self.tracking =
-            TrackingStage::Planned(crate::store::tracking::WatchPlan::due(started), plan);
+        self.tracking = TrackingStage::Planned {
+            at: crate::store::tracking::WatchPlan::due(started),
+            plan,
+        };
     }
 
     /// Stop renewing; returns the links if they are still good, for the release. Waits at most
@@ -208,7 +214,7 @@ impl Keeper for Watchdog {
             _ => None,
         };
         let tracking = match &self.tracking {
-            TrackingStage::Planned(at, _) => Some(*at),
+            TrackingStage::Planned { at, .. } => Some(*at),
             _ => None,
         };
         renewal.into_iter().chain(tracking).min()
@@ -219,8 +225,8 @@ impl Keeper for Watchdog {
     /// start, nothing will renew the lock: it is marked lost, so the command is stopped before the
     /// lock can expire.
     fn start_if_due(&mut self, now: Instant) {
-        if matches!(&self.tracking, TrackingStage::Planned(at, _) if now >= *at) {
-            if let TrackingStage::Planned(_, plan) =
+        if matches!(&self.tracking, TrackingStage::Planned { at, .. } if now >= *at) {
+            if let TrackingStage::Planned { plan, .. } =
                 std::mem::replace(&mut self.tracking, TrackingStage::Off)
             {
                 let heard = ValidityListener {

@@ -157,17 +157,18 @@ fn held_under(
             let e = s.as_ref().err()?;
             (e.failure.code() == Some("WRONGTYPE")).then(|| e.to_string())
         });
-        let (snap, each) = match (inspect::merge(snaps, masters.majority()), wrong_type) {
-            (Ok(found), _) => found,
-            (Err(_), Some(e)) => {
-                log.warn(
-                    "list_skipped",
-                    &format!("skipped '{}': not a cronlock lock ({e})", keys.lock),
-                );
-                continue;
-            }
-            (Err(e), None) => return Err(e),
-        };
+        let inspect::Merged { view: snap, each } =
+            match (inspect::merge(snaps, masters.majority()), wrong_type) {
+                (Ok(found), _) => found,
+                (Err(_), Some(e)) => {
+                    log.warn(
+                        "list_skipped",
+                        &format!("skipped '{}': not a cronlock lock ({e})", keys.lock),
+                    );
+                    continue;
+                }
+                (Err(e), None) => return Err(e),
+            };
         let holding = each
             .iter()
             .filter(|s| matches!(s, Ok(s) if s.holder.is_some() && s.holder == snap.holder))

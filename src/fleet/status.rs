@@ -17,7 +17,7 @@ use crate::record::holder::HolderValue;
 use crate::record::run::{Ending, RecordedEnding, RunRecord};
 use crate::record::{or_unknown, Stored};
 use crate::store::inspect;
-use crate::store::inspect::merge;
+use crate::store::inspect::{merge, Merged};
 use crate::store::keys::Keys;
 use crate::store::quorum::Masters;
 
@@ -169,7 +169,7 @@ pub fn status(
     planned: Planned,
 ) -> Result<String> {
     let snaps = masters.snapshots(within, keys, history.map(|n| n.unwrap_or(u32::MAX)));
-    let (snap, each) = merge(snaps, masters.majority())?;
+    let Merged { view: snap, each } = merge(snaps, masters.majority())?;
     let per_master: Vec<(String, MasterView)> = if masters.len() > 1 {
         each.iter()
             .enumerate()

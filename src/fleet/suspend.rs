@@ -67,7 +67,8 @@ pub fn suspend(
     });
     let lasting = asked.lasting.unwrap_or_default();
     let answers = masters.suspend(within, keys, &record, lasting);
-    let (before, now) = majority(masters, answers, &format!("suspend lock '{}'", keys.name))?;
+    let crate::store::inspect::Suspended { before, now } =
+        majority(masters, answers, &format!("suspend lock '{}'", keys.name))?;
     let now: Stored<Suspension> = Stored::read(&now);
     let mut out = String::new();
     if as_json {

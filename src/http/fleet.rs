@@ -92,7 +92,7 @@ impl Reader {
             let history = self.show_output.then_some(FAILURE_AMONG);
             let snaps = masters.snapshots(within, &keys, history);
             match merge(snaps, masters.majority()) {
-                Ok((snap, _)) => {
+                Ok(crate::store::inspect::Merged { view: snap, .. }) => {
                     out.insert(
                         job.key.clone(),
                         Fleetwide {

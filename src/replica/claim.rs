@@ -317,9 +317,9 @@ fn claim(
 pub(super) fn verdict(outcome: RoundOutcome, config: &RunConfig) -> ClaimVerdict {
     match outcome {
         Ok(AcquireOutcome::Held(held)) => ClaimVerdict::Won(held),
-        Ok(AcquireOutcome::Busy(expires_in, holder, _)) => {
-            ClaimVerdict::Busy { holder, expires_in }
-        }
+        Ok(AcquireOutcome::Busy {
+            expires_in, holder, ..
+        }) => ClaimVerdict::Busy { holder, expires_in },
         Ok(AcquireOutcome::AlreadyRan { .. }) => ClaimVerdict::AlreadyRan,
         Ok(AcquireOutcome::Suspended { record, .. }) => ClaimVerdict::Suspended(record),
         Ok(AcquireOutcome::Mismatch(other)) => ClaimVerdict::Failed(format!(

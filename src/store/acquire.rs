@@ -67,7 +67,7 @@ pub fn try_acquire(
             acquire_reply,
         )?
     } else {
-        let (keys, args) = plain_call(keys, holder, ttl, instants, &abandoned);
+        let ScriptCall { keys, args } = plain_call(keys, holder, ttl, instants, &abandoned);
         eval(
             link,
             within,
@@ -85,9 +85,15 @@ pub fn try_acquire(
 #[derive(Debug)]
 pub enum AcquireOutcome {
     Held(Box<Held>),
-    /// Held elsewhere; the holder's lock expires in this much (None: no expiry set), the
-    /// holder's value, and (with a schedule) the instant this attempt was for.
-    Busy(Option<Duration>, String, Option<i64>),
+    /// Held elsewhere.
+    Busy {
+        /// When the holder's lock expires (None: no expiry set).
+        expires_in: Option<Duration>,
+        /// The holder's value.
+        holder: String,
+        /// With a schedule, the instant this attempt was for.
+        instant: Option<i64>,
+    },
     /// The run for this instant already started (at `ran`, the recorded instant); `holder`: the
     /// lock's value, while it is held (by that run, or by a contender's grant not yet decided).
     AlreadyRan {
@@ -184,11 +190,11 @@ fn attempt(
     }
     if reply.fence <= 0 {
         let left = u64::try_from(reply.pttl).ok().map(Duration::from_millis);
-        return Ok(AcquireOutcome::Busy(
-            left,
-            reply.holder.unwrap_or_default(),
+        return Ok(AcquireOutcome::Busy {
+            expires_in: left,
+            holder: reply.holder.unwrap_or_default(),
             instant,
-        ));
+        });
     }
     // A grant names its slot (0 for the plain lock): a broken server, never a lock, otherwise.
     let Ok(slot) = u32::try_from(reply.slot) else {
@@ -328,5 +334,5 @@ fn plain_call<'a>(
         &keys.replaced,
         &keys.running,
     ];
-    (keys, args)
+    ScriptCall { keys, args }
 }

@@ -17,7 +17,7 @@ use crate::clock::Instant;
 use crate::store::failure::Failure;
 use crate::store::resp::{Bad, Reply};
 use crate::store::tls::TlsOptions;
-use crate::store::url::{explain, HostsUrl};
+use crate::store::url::{explain, HostsUrl, Node};
 use crate::store::wire::{Addr, Session, Wire, WireError};
 
 /// A cluster, known by its seed nodes.
@@ -29,7 +29,7 @@ pub struct Cluster {
 /// An open connection to a cluster: its slot map and a connection per node used so far.
 pub struct ClusterCon {
     /// (first slot, last slot, primary).
-    slots: Vec<(u16, u16, Addr)>,
+    slots: Vec<SlotRange>,
     nodes: HashMap<Addr, Wire>,
     session: Session,
 }
@@ -71,7 +71,7 @@ impl Cluster {
             password: u.password,
             db: 0,
         };
-        let seeds = u.hosts.into_iter().map(|(h, p)| Addr::Tcp(h, p)).collect();
+        let seeds = u.hosts;
         Ok(Cluster { seeds, session })
     }
 
@@ -105,13 +105,16 @@ impl Cluster {
 
 impl Cluster {
     /// The primary that serves `key` now, and how to open a session on it.
-    pub fn side(&self, key: &str, deadline: Instant) -> Result<(Addr, Session)> {
+    pub fn side(&self, key: &str, deadline: Instant) -> Result<Node> {
         let con = self.connect(deadline)?;
         let addr = con
             .owner(key_slot(key.as_bytes()))
             .cloned()
             .ok_or_else(|| anyhow!("no node of the cluster serves this KEY's slot"))?;
-        Ok((addr, self.session.clone()))
+        Ok(Node {
+            addr,
+            session: self.session.clone(),
+        })
     }
 }
 
@@ -138,8 +141,8 @@ impl ClusterCon {
     fn owner(&self, slot: u16) -> Option<&Addr> {
         self.slots
             .iter()
-            .find(|(a, b, _)| (*a..=*b).contains(&slot))
-            .map(|(_, _, addr)| addr)
+            .find(|r| (r.first..=r.last).contains(&slot))
+            .map(|r| &r.primary)
     }
 
     /// Run `args` on the primary that serves `key`'s slot, following redirections.
@@ -198,7 +201,7 @@ impl ClusterCon {
     /// Every primary in the slot map, once each.
     pub fn primaries(&self) -> Vec<Addr> {
         let mut out: Vec<Addr> = Vec::new();
-        for (_, _, addr) in &self.slots {
+        for SlotRange { primary: addr, .. } in &self.slots {
             if !out.contains(addr) {
                 out.push(addr.clone());
             }
@@ -220,14 +223,21 @@ impl ClusterCon {
 /// `host:port` as Redis writes it in a redirection.
 fn parse_addr(text: &str) -> Option<Addr> {
     let (host, port) = text.rsplit_once(':')?;
-    Some(Addr::Tcp(
-        host.trim_matches(['[', ']']).to_string(),
-        port.parse().ok()?,
-    ))
+    Some(Addr::Tcp {
+        host: host.trim_matches(['[', ']']).to_string(),
+        port: port.parse().ok()?,
+    })
 }
 
-/// The ranges of a `CLUSTER SLOTS` reply: (first, last, primary).
-fn slot_map(map: &Value) -> Result<Vec<(u16, u16, Addr)>, WireError> {
+/// One range of slots of a `CLUSTER SLOTS` reply, and the primary that serves it.
+struct SlotRange {
+    first: u16,
+    last: u16,
+    primary: Addr,
+}
+
+/// The ranges of a `CLUSTER SLOTS` reply.
+fn slot_map(map: &Value) -> Result<Vec<SlotRange>, WireError> {
     let bad = || WireError::Bad(Bad::Protocol("a CLUSTER SLOTS reply of the wrong shape"));
     let Value::Array(ranges) = map else {
         return Err(bad());
@@ -254,7 +264,11 @@ fn slot_map(map: &Value) -> Result<Vec<(u16, u16, Addr)>, WireError> {
             return Err(bad());
         };
         if !host.is_empty() {
-            out.push((a, b, Addr::Tcp(host, port)));
+            out.push(SlotRange {
+                first: a,
+                last: b,
+                primary: Addr::tcp(host, port),
+            });
         }
     }
     if out.is_empty() {

@@ -246,7 +246,7 @@ impl Replicas {
             let wanted = (remembered.len() as u32).max(at_least);
             let mut acked = if first {
                 first = false;
-                let (role, acked) = role_and_wait(wire, wanted, step, deadline)?;
+                let RoleAndAcks { role, acked } = role_and_wait(wire, wanted, step, deadline)?;
                 self.reported(primary, &role);
                 acked
             } else {
@@ -317,14 +317,20 @@ impl Replicas {
     }
 }
 
-/// `ROLE` and `WAIT wanted` for up to `step`, as one pipeline: the primary's reply to `ROLE`, and
-/// how many replicas acknowledged every write made on `wire`.
+/// What [`role_and_wait`] read: the primary's reply to `ROLE`, and how many replicas acknowledged
+/// every write made on the connection.
+struct RoleAndAcks {
+    role: Value,
+    acked: u32,
+}
+
+/// `ROLE` and `WAIT wanted` for up to `step`, as one pipeline.
 fn role_and_wait(
     wire: &mut Wire,
     wanted: u32,
     step: Duration,
     deadline: Instant,
-) -> Result<(Value, u32), Shortfall> {
+) -> Result<RoleAndAcks, Shortfall> {
     let ms = step.as_millis().max(1).to_string();
     let wanted = wanted.to_string();
     let call_by = deadline.max(Instant::now() + step + Duration::from_millis(250));
@@ -341,7 +347,10 @@ fn role_and_wait(
         )));
     };
     let role = role.ok().map_err(Shortfall::Call)?;
-    Ok((role, count(acked.ok().map_err(Shortfall::Call)?)?))
+    Ok(RoleAndAcks {
+        role,
+        acked: count(acked.ok().map_err(Shortfall::Call)?)?,
+    })
 }
 
 /// `WAIT`'s reply: a count.
@@ -464,7 +473,7 @@ fn role_of(
             _ => Role::Promoted,
         };
     }
-    let same = matches!(primary, Addr::Tcp(_, p) if Some(*p) == theirs.master_port);
+    let same = matches!(primary, Addr::Tcp { port, .. } if Some(*port) == theirs.master_port);
     match (same, theirs.link_up) {
         (true, true) => Role::Following,
         (true, false) => Role::Gone,
@@ -486,7 +495,10 @@ fn attached(role: &Value) -> Vec<Addr> {
             Value::Array(f) => match (f.first(), f.get(1)) {
                 (Some(Value::BulkString(ip)), Some(Value::BulkString(port))) => {
                     let port = std::str::from_utf8(port).ok()?.parse().ok()?;
-                    Some(Addr::Tcp(String::from_utf8_lossy(ip).into_owned(), port))
+                    Some(Addr::Tcp {
+                        host: String::from_utf8_lossy(ip).into_owned(),
+                        port,
+                    })
                 }
                 _ => None,
             },
@@ -516,8 +528,14 @@ mod tests {
         assert_eq!(
             attached(&role),
             vec![
-                Addr::Tcp("127.0.0.1".into(), 6380),
-                Addr::Tcp("10.0.0.2".into(), 6381)
+                Addr::Tcp {
+                    host: "127.0.0.1".into(),
+                    port: 6380
+                },
+                Addr::Tcp {
+                    host: "10.0.0.2".into(),
+                    port: 6381
+                }
             ]
         );
         assert!(attached(&Value::Nil).is_empty());
@@ -525,8 +543,14 @@ mod tests {
 
     #[test]
     fn replicas_are_remembered_per_primary() {
-        let one = Addr::Tcp("127.0.0.1".into(), 1);
-        let two = Addr::Tcp("127.0.0.1".into(), 2);
+        let one = Addr::Tcp {
+            host: "127.0.0.1".into(),
+            port: 1,
+        };
+        let two = Addr::Tcp {
+            host: "127.0.0.1".into(),
+            port: 2,
+        };
         let role = |port: &str| {
             Value::Array(vec![
                 bulk("master"),
@@ -545,16 +569,35 @@ mod tests {
             &one,
             &Value::Array(vec![bulk("master"), Value::Int(0), Value::Array(vec![])]),
         );
-        assert_eq!(r.of(&one), vec![Addr::Tcp("127.0.0.1".into(), 7)]);
+        assert_eq!(r.of(&one), vec![Addr::tcp("127.0.0.1", 7)]);
         r.reported(&two, &role("1"));
         // The old primary, named again while the sentinels disagree, keeps its promoted replica.
-        assert_eq!(r.of(&one), vec![Addr::Tcp("127.0.0.1".into(), 7)]);
-        assert_eq!(r.of(&two), vec![Addr::Tcp("127.0.0.1".into(), 1)]);
+        assert_eq!(r.of(&one), vec![Addr::tcp("127.0.0.1", 7)]);
+        assert_eq!(
+            r.of(&two),
+            vec![Addr::Tcp {
+                host: "127.0.0.1".into(),
+                port: 1,
+            }]
+        );
         // Excused a while (it cannot be promoted with this primary's writes), never forgotten:
         // listed attached again, it is waited for at once.
-        r.excuse(&two, &Addr::Tcp("127.0.0.1".into(), 1), false);
+        r.excuse(
+            &two,
+            &Addr::Tcp {
+                host: "127.0.0.1".into(),
+                port: 1,
+            },
+            false,
+        );
         assert!(r.of(&two).is_empty());
         r.reported(&two, &role("1"));
-        assert_eq!(r.of(&two), vec![Addr::Tcp("127.0.0.1".into(), 1)]);
+        assert_eq!(
+            r.of(&two),
+            vec![Addr::Tcp {
+                host: "127.0.0.1".into(),
+                port: 1,
+            }]
+        );
     }
 }

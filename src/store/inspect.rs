@@ -38,16 +38,23 @@ static RESUME: LazyLock<Script> = LazyLock::new(|| Script::new(RESUME_LUA));
 /// How many instants the ledger keeps (`KEEP` in `acquire.lua`, which trims in batches above it).
 pub const LEDGER_KEEP: usize = 64;
 
+/// A master's answer to `--suspend`.
+pub struct Suspended {
+    /// The record in force before (None: KEY was not suspended, or its suspension had run out).
+    pub before: Option<String>,
+    /// The record in force now.
+    pub now: String,
+}
+
 /// `--suspend KEY`: store `record` (JSON: host, user, reason; Redis adds `since`, and `until`
-/// when `lasting` is not zero). Returns the record in force before (None: KEY was not suspended,
-/// or its suspension had run out) and the one now.
+/// when `lasting` is not zero).
 pub fn suspend(
     link: &mut Link,
     within: Duration,
     keys: &Keys,
     record: &str,
     lasting: Duration,
-) -> Result<(Option<String>, String)> {
+) -> Result<Suspended> {
     eval(
         link,
         within,
@@ -57,6 +64,7 @@ pub fn suspend(
         &[record.to_string(), lasting.as_millis().to_string()],
         |v| {
             redis::from_redis_value::<(Option<String>, String)>(v.clone())
+                .map(|(before, now)| Suspended { before, now })
                 .map_err(|_| Failure::shape("a suspend reply that is not {before, now}"))
         },
     )
@@ -254,17 +262,24 @@ impl std::fmt::Display for Unread {
 
 impl std::error::Error for Unread {}
 
-/// One lock as the masters see it: the merged view (held when a majority holds the same value;
-/// the newest run record; the highest counter) and each master's own answer. With one master,
-/// its answer.
-pub fn merge(
-    snaps: Vec<Result<Snapshot, Unread>>,
-    majority: usize,
-) -> Result<(Snapshot, Vec<Result<Snapshot, Unread>>)> {
+/// One lock as the masters see it.
+pub struct Merged {
+    /// The merged view: held when a majority holds the same value; the newest run record; the
+    /// highest counter. With one master, its answer.
+    pub view: Snapshot,
+    /// Each master's own answer.
+    pub each: Vec<Result<Snapshot, Unread>>,
+}
+
+/// One lock as the masters see it ([`Merged`]).
+pub fn merge(snaps: Vec<Result<Snapshot, Unread>>, majority: usize) -> Result<Merged> {
     if snaps.len() == 1 {
         let mut snaps = snaps;
         let only = snaps.remove(0)?;
-        return Ok((only.clone(), vec![Ok(only)]));
+        return Ok(Merged {
+            view: only.clone(),
+            each: vec![Ok(only)],
+        });
     }
     let ok: Vec<&Snapshot> = snaps.iter().filter_map(|s| s.as_ref().ok()).collect();
     if ok.len() < majority {
@@ -312,5 +327,8 @@ pub fn merge(
         // Suspended wherever one master says so, as an acquire reads it.
         suspended: ok.iter().find_map(|s| s.suspended.clone()),
     };
-    Ok((merged, snaps))
+    Ok(Merged {
+        view: merged,
+        each: snaps,
+    })
 }

@@ -237,7 +237,7 @@ pub fn claimed_many(
         return Vec::new();
     }
     if link.redis().one_node() {
-        let (keys, args) = claimed_call(items);
+        let ScriptCall { keys, args } = claimed_call(items);
         let read = |v: &Value| match v {
             Value::Array(a) if a.len() == items.len() => a
                 .iter()
@@ -264,13 +264,16 @@ fn claimed_call<'a>(items: &[(&'a Keys, i64)]) -> ScriptCall<'a> {
         .iter()
         .flat_map(|(k, _)| [k.schedule.as_str(), k.ledger.as_str()])
         .collect();
-    (keys, items.iter().map(|(_, at)| at.to_string()).collect())
+    ScriptCall {
+        keys,
+        args: items.iter().map(|(_, at)| at.to_string()).collect(),
+    }
 }
 
 /// Extend our lock to `ttl` from now if it is still ours: `Ok(true)` ours, `Ok(false)` not ours.
 /// Any other reply (`+OK`, RESP3 `#t`, a string) is a failure: the renewal is not confirmed.
 pub fn renew(link: &mut Link, within: Duration, held: &Held) -> Result<bool, Failure> {
-    let (keys, args) = renew_call(held);
+    let ScriptCall { keys, args } = renew_call(held);
     eval(link, within, &RENEW, RENEW_LUA, &keys, &args, renewed)
 }
 
@@ -289,15 +292,15 @@ pub fn renew_many(
 fn renew_call(held: &Held) -> ScriptCall<'_> {
     let ttl = ms(held.ttl).to_string();
     if held.limit > 1 {
-        (
-            vec![held.keys.lock.as_str(), held.keys.limit.as_str()],
-            vec![held.holder.value.clone(), ttl, held.limit.to_string()],
-        )
+        ScriptCall {
+            keys: vec![held.keys.lock.as_str(), held.keys.limit.as_str()],
+            args: vec![held.holder.value.clone(), ttl, held.limit.to_string()],
+        }
     } else {
-        (
-            vec![held.keys.lock.as_str()],
-            vec![held.holder.value.clone(), ttl],
-        )
+        ScriptCall {
+            keys: vec![held.keys.lock.as_str()],
+            args: vec![held.holder.value.clone(), ttl],
+        }
     }
 }
 
@@ -401,7 +404,7 @@ pub fn release(
     held: &Held,
     opts: &ReleaseOptions,
 ) -> Result<Released, Failure> {
-    let (keys, args) = release_call(held, opts);
+    let ReleaseCall { keys, args } = release_call(held, opts);
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
     eval(link, within, &RELEASE, RELEASE_LUA, &keys, &args, released)
 }
@@ -412,19 +415,28 @@ pub fn release_many(
     within: Duration,
     items: &[(&Held, &ReleaseOptions)],
 ) -> Vec<Result<Released, Failure>> {
-    let calls: Vec<(Vec<String>, Vec<String>)> = items
+    let calls: Vec<ReleaseCall> = items
         .iter()
         .map(|(held, opts)| release_call(held, opts))
         .collect();
     let calls: Vec<ScriptCall<'_>> = calls
         .iter()
-        .map(|(keys, args)| (keys.iter().map(String::as_str).collect(), args.clone()))
+        .map(|c| ScriptCall {
+            keys: c.keys.iter().map(String::as_str).collect(),
+            args: c.args.clone(),
+        })
         .collect();
     eval_many(link, within, &RELEASE, RELEASE_LUA, &calls, released)
 }
 
+/// `release.lua`'s keys and arguments for a lock (owned: a slot's keys are made here).
+struct ReleaseCall {
+    keys: Vec<String>,
+    args: Vec<String>,
+}
+
 /// `release.lua`'s keys and arguments for `held`.
-fn release_call(held: &Held, opts: &ReleaseOptions) -> (Vec<String>, Vec<String>) {
+fn release_call(held: &Held, opts: &ReleaseOptions) -> ReleaseCall {
     let keys = &held.keys;
     let hold = if opts.hold.is_zero() {
         0
@@ -460,7 +472,7 @@ fn release_call(held: &Held, opts: &ReleaseOptions) -> (Vec<String>, Vec<String>
         .to_string(),
         held.holder.quoted(),
     ];
-    (all, args)
+    ReleaseCall { keys: all, args }
 }
 
 /// A release's reply, read.

@@ -55,6 +55,13 @@ struct Round {
     budget: Duration,
 }
 
+/// How one acquisition round ended: its outcome, and whether it split (no grant and no refusal
+/// has a majority, so another round may settle it).
+struct RoundEnd {
+    outcome: RoundOutcome,
+    split: bool,
+}
+
 impl Masters {
     pub fn new(redis: &[Redis]) -> Masters {
         Masters {
@@ -135,7 +142,7 @@ impl Masters {
         let mut fresh: Option<Holder> = None;
         for round in 1.. {
             let holder = fresh.as_ref().unwrap_or(ask.holder);
-            let (outcome, split) = self.round(within, ask.by(holder));
+            let RoundEnd { outcome, split } = self.round(within, ask.by(holder));
             if !split || round >= SPLIT_ROUNDS {
                 return outcome;
             }
@@ -151,8 +158,8 @@ impl Masters {
         unreachable!("the rounds end by returning")
     }
 
-    /// One acquisition round, and whether it split (see [`Masters::acquire`]).
-    fn round(&mut self, within: Duration, ask: Acquire<'_>) -> (RoundOutcome, bool) {
+    /// One acquisition round (see [`Masters::acquire`]).
+    fn round(&mut self, within: Duration, ask: Acquire<'_>) -> RoundEnd {
         let budget = self.budget(within, ask.ttl);
         let sent_at = Instant::now();
         let answers = self.each(|_, link| -> MasterAnswer {
@@ -180,10 +187,10 @@ impl Masters {
             && self.len() > 1
             && (matches!(
                 outcome,
-                Ok(AcquireOutcome::Busy(..) | AcquireOutcome::AlreadyRan { .. })
+                Ok(AcquireOutcome::Busy { .. } | AcquireOutcome::AlreadyRan { .. })
             ) || (outcome.is_err() && ours))
             && split(&answers, self.majority());
-        (outcome, split)
+        RoundEnd { outcome, split }
     }
 
     /// Several acquisition rounds of plain locks (`--limit 1`): on one master, their attempts go
@@ -520,7 +527,7 @@ impl Masters {
         keys: &Keys,
         record: &str,
         lasting: Duration,
-    ) -> Vec<anyhow::Result<(Option<String>, String)>> {
+    ) -> Vec<anyhow::Result<inspect::Suspended>> {
         self.each(|_, link| inspect::suspend(link, within, keys, record, lasting))
     }
 

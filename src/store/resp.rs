@@ -48,12 +48,19 @@ pub fn encode(args: &[&[u8]]) -> Vec<u8> {
     out
 }
 
-/// Parse one reply from the start of `buf`: `Ok(None)` when more bytes are needed, else the reply
-/// and how many bytes it took.
-pub fn parse(buf: &[u8]) -> Result<Option<(Reply, usize)>, Bad> {
+/// One reply parsed from the start of a buffer.
+#[derive(Debug, PartialEq)]
+pub struct Parsed {
+    pub reply: Reply,
+    /// How many bytes of the buffer it took.
+    pub used: usize,
+}
+
+/// Parse one reply from the start of `buf`: `Ok(None)` when more bytes are needed.
+pub fn parse(buf: &[u8]) -> Result<Option<Parsed>, Bad> {
     let mut p = Parser { buf, at: 0 };
     match p.reply(0) {
-        Ok(r) => Ok(Some((r, p.at))),
+        Ok(reply) => Ok(Some(Parsed { reply, used: p.at })),
         Err(ParseStop::More) if buf.len() > MAX_REPLY => Err(Bad::TooLarge),
         Err(ParseStop::More) => Ok(None),
         Err(ParseStop::Bad(b)) => Err(b),
@@ -182,7 +189,7 @@ mod tests {
     use super::*;
 
     fn whole(bytes: &[u8]) -> Reply {
-        let (r, n) = parse(bytes).unwrap().unwrap();
+        let Parsed { reply: r, used: n } = parse(bytes).unwrap().unwrap();
         assert_eq!(n, bytes.len());
         r
     }

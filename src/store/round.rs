@@ -50,7 +50,7 @@ pub(super) fn refused(answers: &[MasterAnswer], majority: usize) -> Option<Round
         }));
     }
     let count = |f: fn(&MasterAnswer) -> bool| answers.iter().filter(|a| f(a)).count();
-    let busy = count(|a| matches!(a, Ok(AcquireOutcome::Busy(..))));
+    let busy = count(|a| matches!(a, Ok(AcquireOutcome::Busy { .. })));
     let ran = count(|a| matches!(a, Ok(AcquireOutcome::AlreadyRan { .. })));
     if ran >= majority || (ran > 0 && ran + busy >= majority) {
         if let Some(Ok(AcquireOutcome::AlreadyRan {
@@ -75,7 +75,12 @@ pub(super) fn refused(answers: &[MasterAnswer], majority: usize) -> Option<Round
     let mut value = String::new();
     let mut at = None;
     for a in answers {
-        if let Ok(AcquireOutcome::Busy(left, v, instant)) = a {
+        if let Ok(AcquireOutcome::Busy {
+            expires_in: left,
+            holder: v,
+            instant,
+        }) = a
+        {
             if let Some(l) = left {
                 soonest = Some(soonest.map_or(*l, |s| s.min(*l)));
             }
@@ -85,7 +90,11 @@ pub(super) fn refused(answers: &[MasterAnswer], majority: usize) -> Option<Round
             at = at.or(*instant);
         }
     }
-    Some(Ok(AcquireOutcome::Busy(soonest, value, at)))
+    Some(Ok(AcquireOutcome::Busy {
+        expires_in: soonest,
+        holder: value,
+        instant: at,
+    }))
 }
 
 /// The one line for a single master's acquire that neither got the lock nor found it busy.
@@ -240,7 +249,7 @@ pub(super) fn split(answers: &[MasterAnswer], majority: usize) -> bool {
     let holders: Vec<&str> = answers
         .iter()
         .filter_map(|a| match a {
-            Ok(AcquireOutcome::Busy(_, value, _)) => Some(value.as_str()),
+            Ok(AcquireOutcome::Busy { holder, .. }) => Some(holder.as_str()),
             Ok(AcquireOutcome::AlreadyRan { holder, .. }) => Some(holder.as_deref().unwrap_or("")),
             _ => None,
         })
@@ -255,7 +264,11 @@ mod tests {
     use super::*;
 
     fn busy(holder: &str) -> MasterAnswer {
-        Ok(AcquireOutcome::Busy(None, holder.into(), None))
+        Ok(AcquireOutcome::Busy {
+            expires_in: None,
+            holder: holder.into(),
+            instant: None,
+        })
     }
 
     #[test]

@@ -49,8 +49,12 @@ pub(super) fn eval<T>(
     link.read(reply, read)
 }
 
-/// One call of a script: its keys (the first names the node) and its arguments.
-pub(super) type ScriptCall<'a> = (Vec<&'a str>, Vec<String>);
+/// One call of a script.
+pub(super) struct ScriptCall<'a> {
+    /// Its keys; the first names the node.
+    pub keys: Vec<&'a str>,
+    pub args: Vec<String>,
+}
 
 /// [`eval`] for several calls of `script` at once, as one pipeline ([`Link::call_many`]): each
 /// one's answer, in order. A call the server had no script for (`NOSCRIPT`) is sent again alone,
@@ -64,14 +68,11 @@ pub(super) fn eval_many<T>(
     read: impl Fn(&Value) -> Result<T, Failure>,
 ) -> Vec<Result<T, Failure>> {
     let deadline = Instant::now() + within;
-    let counts: Vec<String> = calls
-        .iter()
-        .map(|(keys, _)| keys.len().to_string())
-        .collect();
+    let counts: Vec<String> = calls.iter().map(|c| c.keys.len().to_string()).collect();
     let frames: Vec<Vec<&[u8]>> = calls
         .iter()
         .zip(&counts)
-        .map(|((keys, args), n)| {
+        .map(|(ScriptCall { keys, args }, n)| {
             let mut all: Vec<&[u8]> = vec![b"EVALSHA", script.get_hash().as_bytes(), n.as_bytes()];
             all.extend(keys.iter().map(|k| k.as_bytes()));
             all.extend(args.iter().map(|a| a.as_bytes()));
@@ -81,13 +82,16 @@ pub(super) fn eval_many<T>(
     let pipeline: Vec<Call<'_>> = calls
         .iter()
         .zip(&frames)
-        .map(|((keys, _), frame)| (keys[0], frame.as_slice()))
+        .map(|(c, frame)| Call {
+            key: c.keys[0],
+            args: frame.as_slice(),
+        })
         .collect();
     let replies = link.call_many(within, &pipeline);
     replies
         .into_iter()
         .zip(calls)
-        .map(|(reply, (keys, args))| match reply {
+        .map(|(reply, ScriptCall { keys, args })| match reply {
             Err(Failure::Call(e)) if e.code() == Some("NOSCRIPT") => {
                 let left = deadline.saturating_duration_since(Instant::now());
                 eval(link, left, script, text, keys, args, &read)

@@ -22,7 +22,7 @@ use crate::store::durable::{Replicas, Shortfall};
 use crate::store::failure::Failure;
 use crate::store::resp::{Bad, Reply};
 use crate::store::tls::TlsOptions;
-use crate::store::url::{explain, HostsUrl};
+use crate::store::url::{explain, HostsUrl, Node};
 use crate::store::wire::{Addr, Session, Wire, WireError};
 
 /// A connection that took longer than this to make is checked against the sentinels again.
@@ -36,10 +36,16 @@ const PORT: u16 = 26379;
 /// host that is down costs a lookup that much.
 const STRAGGLERS: Duration = Duration::from_millis(50);
 
+/// A connection to the primary the sentinels named, and its address.
+pub struct Primary {
+    pub wire: Wire,
+    pub addr: Addr,
+}
+
 /// A service (a primary and its replicas) watched by sentinels.
 pub struct Service {
     name: String,
-    sentinels: Vec<(String, u16)>,
+    sentinels: Vec<Addr>,
     /// For the data nodes (the URL's userinfo, TLS, db).
     data: Session,
     /// For the sentinels (`?sentinel_username=...&sentinel_password=...`, TLS).
@@ -52,7 +58,7 @@ pub struct Service {
 enum Named {
     /// The primary it names, and how current that is: after a failover the new configuration has
     /// a higher epoch, and the highest one wins (Sentinel's own rule).
-    Primary(Addr, Current),
+    Primary { addr: Addr, current: Current },
     /// It knows no primary of that name.
     Unknown,
 }
@@ -136,7 +142,7 @@ impl Service {
 
     /// Connect to the service's primary by `deadline`, lookup included: the node the sentinels
     /// name, which must say with `ROLE` that it is a primary. Returns it with its address.
-    pub fn connect(&self, deadline: Instant) -> Result<(Wire, Addr), Failure> {
+    pub fn connect(&self, deadline: Instant) -> Result<Primary, Failure> {
         let asked = Instant::now();
         let addr = self.primary(deadline)?;
         let wire = self.connect_to(&addr, deadline)?;
@@ -152,7 +158,7 @@ impl Service {
                 self.name
             )));
         }
-        Ok((wire, addr))
+        Ok(Primary { wire, addr })
     }
 
     /// Is `addr` still the primary the sentinels name? Asked before a connection to it is used
@@ -187,8 +193,11 @@ impl Service {
 
     /// The primary the sentinels name now, and how to open a session on it (for a connection of
     /// its own, see [`crate::store::tracking`]).
-    pub fn side(&self, deadline: Instant) -> Result<(Addr, Session)> {
-        Ok((self.primary(deadline)?, self.data.clone()))
+    pub fn side(&self, deadline: Instant) -> Result<Node> {
+        Ok(Node {
+            addr: self.primary(deadline)?,
+            session: self.data.clone(),
+        })
     }
 
     /// Connect to `addr` and check that it is a primary.
@@ -230,9 +239,9 @@ impl Service {
     fn primary(&self, deadline: Instant) -> Result<Addr> {
         let (tx, rx) = mpsc::channel();
         let name = Arc::new(self.name.clone());
-        for (i, (host, port)) in self.sentinels.iter().enumerate() {
+        for (i, addr) in self.sentinels.iter().enumerate() {
             let (tx, name, session) = (tx.clone(), Arc::clone(&name), self.sentinel.clone());
-            let addr = Addr::Tcp(host.clone(), *port);
+            let addr = addr.clone();
             let spawned = std::thread::Builder::new()
                 .name("sentinel".into())
                 .stack_size(256 * 1024)
@@ -252,7 +261,7 @@ impl Service {
         loop {
             let left = until.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
-                Ok((_, Ok(Named::Primary(addr, current)))) => {
+                Ok((_, Ok(Named::Primary { addr, current }))) => {
                     answered += 1;
                     if best.as_ref().is_none_or(|(_, c)| current > *c) {
                         best = Some((addr, current));
@@ -300,9 +309,9 @@ impl Service {
         let by = deadline.min(Instant::now() + Duration::from_millis(250));
         let (tx, rx) = mpsc::channel();
         let name = Arc::new(self.name.clone());
-        for (host, port) in &self.sentinels {
+        for addr in &self.sentinels {
             let (tx, name, session) = (tx.clone(), Arc::clone(&name), self.sentinel.clone());
-            let addr = Addr::Tcp(host.clone(), *port);
+            let addr = addr.clone();
             let primary = primary.clone();
             let _ = std::thread::Builder::new()
                 .name("sentinel".into())
@@ -331,7 +340,11 @@ impl Service {
         let parts: Vec<String> = errors
             .iter()
             .map(|(i, a)| {
-                let (host, port) = &self.sentinels[*i];
+                // As the URL gave it (an IPv6 address without brackets).
+                let at = match &self.sentinels[*i] {
+                    Addr::Tcp { host, port } => format!("{host}:{port}"),
+                    other => other.to_string(),
+                };
                 let text = match a {
                     Ok(_) => "knows no working primary of that name".to_string(),
                     Err(WireError::Server(t))
@@ -341,7 +354,7 @@ impl Service {
                     }
                     Err(e) => explain(e).to_lowercase(),
                 };
-                format!("{host}:{port}: {text}")
+                format!("{at}: {text}")
             })
             .collect();
         format!(" ({})", parts.join("; "))
@@ -358,7 +371,7 @@ fn ask(addr: &Addr, session: &Session, name: &str, deadline: Instant) -> Result<
     };
     let bad = || WireError::Bad(Bad::Protocol("a SENTINEL MASTER reply of the wrong shape"));
     let fields = fields_of(reply).ok_or_else(bad)?;
-    let field = |k: &str| fields.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    let field = |k: &str| fields.get(k);
     let (Some(ip), Some(port)) = (field("ip"), field("port").and_then(|p| p.parse().ok())) else {
         return Err(bad());
     };
@@ -371,16 +384,27 @@ fn ask(addr: &Addr, session: &Session, name: &str, deadline: Instant) -> Result<
         .unwrap_or(0);
     let settled =
         !field("flags").is_some_and(|f| f.split(',').any(|f| f == "failover_in_progress"));
-    Ok(Named::Primary(
-        Addr::Tcp(ip.to_string(), port),
-        Current { epoch, settled },
-    ))
+    Ok(Named::Primary {
+        addr: Addr::tcp(ip.to_string(), port),
+        current: Current { epoch, settled },
+    })
 }
 
-/// A sentinel's flat field list (`SENTINEL MASTER`, or one replica of `SENTINEL REPLICAS`) as
-/// pairs; `None` for another shape.
-fn fields_of(reply: Value) -> Option<Vec<(String, String)>> {
-    let fields: Vec<(String, String)> = match reply {
+/// A sentinel's flat field list (`SENTINEL MASTER`, or one replica of `SENTINEL REPLICAS`), by
+/// name (the first of a name repeated).
+struct Fields {
+    by_name: std::collections::BTreeMap<String, String>,
+}
+
+impl Fields {
+    fn get(&self, name: &str) -> Option<&str> {
+        self.by_name.get(name).map(String::as_str)
+    }
+}
+
+/// A reply's [`Fields`]; `None` for another shape.
+fn fields_of(reply: Value) -> Option<Fields> {
+    let pairs: Vec<(String, String)> = match reply {
         Value::Array(flat) => flat
             .chunks(2)
             .filter_map(|kv| match kv {
@@ -403,7 +427,11 @@ fn fields_of(reply: Value) -> Option<Vec<(String, String)>> {
             .collect(),
         _ => return None,
     };
-    Some(fields)
+    let mut by_name = std::collections::BTreeMap::new();
+    for (name, value) in pairs {
+        by_name.entry(name).or_insert(value);
+    }
+    Some(Fields { by_name })
 }
 
 /// The replicas one sentinel knows for `name`, not believed down, if it names `primary` as its
@@ -428,15 +456,15 @@ fn replicas_of(
     let (Some(master), Some(replicas)) = (replies.next(), replies.next()) else {
         return Ok(Vec::new());
     };
-    let address = |fields: &[(String, String)]| {
-        let field = |k: &str| fields.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    let address = |fields: &Fields| {
+        let field = |k: &str| fields.get(k);
         let ip = field("ip")?;
         let port = field("port")?.parse().ok()?;
         // (One flagged `disconnected` still counts: the promotion kills the sentinels' own links
         // to the promoted replica. One that is gone is forgotten when its connection is refused.)
         let down =
             field("flags").is_some_and(|f| f.split(',').any(|f| matches!(f, "s_down" | "o_down")));
-        (!down).then(|| Addr::Tcp(ip.to_string(), port))
+        (!down).then(|| Addr::tcp(ip.to_string(), port))
     };
     let names = fields_of(master.ok()?).and_then(|f| address(&f));
     if names.as_ref() != Some(primary) {

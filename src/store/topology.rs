@@ -23,7 +23,7 @@ use crate::clock::Instant;
 use crate::store::cluster::{Cluster, ClusterCon};
 pub use crate::store::failure::Failure;
 use crate::store::resp::{Bad, Reply};
-use crate::store::sentinel::Service;
+use crate::store::sentinel::{Primary, Service};
 use crate::store::tls::TlsOptions;
 use crate::store::url::{explain, redact_url, Node};
 use crate::store::wire::{Wire, WireError};
@@ -104,7 +104,7 @@ impl Redis {
                 .map_err(|e| Failure::connect(&e, format!("{before}{}", explain(&e)))),
             Topology::Sentinel(service) => service
                 .connect(deadline)
-                .map(|(w, addr)| Con::Primary(w, addr))
+                .map(Con::Primary)
                 .map_err(|f| f.context(&before)),
             Topology::Cluster(cluster) => cluster
                 .connect(deadline)
@@ -124,13 +124,9 @@ impl Redis {
         matches!(&*self.target, Topology::Node(_))
     }
 
-    pub fn side(
-        &self,
-        key: &str,
-        deadline: Instant,
-    ) -> Result<(crate::store::wire::Addr, crate::store::wire::Session)> {
+    pub fn side(&self, key: &str, deadline: Instant) -> Result<Node> {
         match &*self.target {
-            Topology::Node(node) => Ok((node.addr.clone(), node.session.clone())),
+            Topology::Node(node) => Ok(node.clone()),
             Topology::Sentinel(service) => service.side(deadline),
             Topology::Cluster(cluster) => cluster.side(key, deadline),
         }
@@ -140,8 +136,8 @@ impl Redis {
 /// An open connection of any shape.
 enum Con {
     Node(Wire),
-    /// The primary the sentinels named, at this address.
-    Primary(Wire, crate::store::wire::Addr),
+    /// The primary the sentinels named.
+    Primary(crate::store::sentinel::Primary),
     Cluster(Box<ClusterCon>),
 }
 
@@ -149,12 +145,12 @@ impl Con {
     /// Run `args` for `key` by `deadline` (on a cluster, on the node that serves `key`).
     fn call(&mut self, key: &str, args: &[&[u8]], deadline: Instant) -> Result<Reply, WireError> {
         match self {
-            Con::Node(w) | Con::Primary(w, _) => w.call(args, deadline),
+            Con::Node(w) | Con::Primary(Primary { wire: w, .. }) => w.call(args, deadline),
             Con::Cluster(c) => c.call(key, args, deadline),
         }
     }
 
-    /// Run each `(key, args)` by `deadline`, their replies in order: one pipeline on a node; on a
+    /// Run each call by `deadline`, their replies in order: one pipeline on a node; on a
     /// cluster, one call after another, each on the node that serves its key.
     fn call_many(
         &mut self,
@@ -162,20 +158,25 @@ impl Con {
         deadline: Instant,
     ) -> Result<Vec<Reply>, WireError> {
         match self {
-            Con::Node(w) | Con::Primary(w, _) => {
-                let args: Vec<&[&[u8]]> = calls.iter().map(|c| c.1).collect();
+            Con::Node(w) | Con::Primary(Primary { wire: w, .. }) => {
+                let args: Vec<&[&[u8]]> = calls.iter().map(|c| c.args).collect();
                 w.call_many(&args, deadline)
             }
             Con::Cluster(c) => calls
                 .iter()
-                .map(|(key, args)| c.call(key, args, deadline))
+                .map(|call| c.call(call.key, call.args, deadline))
                 .collect(),
         }
     }
 }
 
-/// One command of a pipeline: the key it is for, and its arguments.
-pub type Call<'a> = (&'a str, &'a [&'a [u8]]);
+/// One command of a pipeline.
+pub struct Call<'a> {
+    /// The key it is for (on a cluster, it names the node).
+    pub key: &'a str,
+    /// The command and its arguments.
+    pub args: &'a [&'a [u8]],
+}
 
 /// A connection that (re)connects itself: see the module comment.
 pub struct Link {
@@ -307,9 +308,9 @@ impl Link {
             }
         }
         match (self.con.take(), &*self.redis.target) {
-            (Some(Con::Primary(w, addr)), Topology::Sentinel(service)) => {
-                match service.still_primary(&addr, deadline) {
-                    Ok(true) => Ok(Con::Primary(w, addr)),
+            (Some(Con::Primary(primary)), Topology::Sentinel(service)) => {
+                match service.still_primary(&primary.addr, deadline) {
+                    Ok(true) => Ok(Con::Primary(primary)),
                     Ok(false) => self.redis.connect(deadline),
                     Err(e) => Err(Failure::Connect(anyhow!(
                         "cannot confirm the primary of {}: {e:#}",
@@ -343,10 +344,10 @@ impl Link {
     fn confirm_with(&mut self, key: &str, within: Duration, wanted: u32) -> Result<(), Failure> {
         let deadline = Instant::now() + within;
         let con = match (self.con.take(), &*self.redis.target) {
-            (Some(Con::Primary(mut w, addr)), Topology::Sentinel(service)) => {
-                let confirmed = service.durable(&mut w, &addr, wanted, deadline);
+            (Some(Con::Primary(mut primary)), Topology::Sentinel(service)) => {
+                let confirmed = service.durable(&mut primary.wire, &primary.addr, wanted, deadline);
                 if !matches!(confirmed, Err(Failure::Call(_))) {
-                    self.con = Some(Con::Primary(w, addr));
+                    self.con = Some(Con::Primary(primary));
                     self.pinned = confirmed.is_err();
                 }
                 return confirmed;
@@ -408,7 +409,7 @@ impl Link {
         let deadline = Instant::now() + within;
         let mut con = self.reuse_or_connect(deadline)?;
         let found = match &mut con {
-            Con::Node(w) | Con::Primary(w, _) => {
+            Con::Node(w) | Con::Primary(Primary { wire: w, .. }) => {
                 scan_node(&mut |args| w.call(args, deadline), pattern)
             }
             Con::Cluster(c) => c

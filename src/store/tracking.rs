@@ -29,7 +29,7 @@ use crate::clock::Instant;
 use crate::log::{Level, Log};
 use crate::store::resp::Reply;
 use crate::store::topology::Redis;
-use crate::store::url::explain;
+use crate::store::url::{explain, Node};
 use crate::store::wire::{Wire, WireError};
 
 pub mod shared;
@@ -213,15 +213,19 @@ impl Watcher {
     /// Set up the two connections and watch until told to stop or a connection fails.
     fn watch_once(&self, told: &mut bool) -> End {
         match self.set_up(told) {
-            Ok((sub, reader)) => self.listen(sub, reader),
+            Ok(Pair { sub, reader, .. }) => self.listen(sub, reader),
             Err(end) => end,
         }
     }
 
     /// The subscribed connection and the tracking one, with the watch on and the key checked
     /// once (whatever happened before the watch was on).
-    fn set_up(&self, told: &mut bool) -> Result<(Wire, Wire), End> {
-        let (sub, mut reader, addr) = pair(&self.redis, &self.key, Some(&self.key))?;
+    fn set_up(&self, told: &mut bool) -> Result<Pair, End> {
+        let Pair {
+            sub,
+            mut reader,
+            at: addr,
+        } = pair(&self.redis, &self.key, Some(&self.key))?;
         if !*told {
             *told = true;
             self.log.event(
@@ -237,7 +241,11 @@ impl Watcher {
         if let Err(e) = self.check(&mut reader) {
             return Err(End::Broken(explain(&e)));
         }
-        Ok((sub, reader))
+        Ok(Pair {
+            sub,
+            reader,
+            at: addr,
+        })
     }
 
     /// Wait for invalidations (and look at the tracking connection) until told to stop or a
@@ -312,10 +320,20 @@ impl Watcher {
 /// A subscribed connection and a tracking one redirecting to it, on the node of `key`: with
 /// `prefix`, every change under it is told (`BCAST`); without, a key is watched once the
 /// tracking connection has read it. The node's address, for a line.
-fn pair(redis: &Redis, key: &str, prefix: Option<&str>) -> Result<(Wire, Wire, String), End> {
+/// The two connections of a watch on one node.
+struct Pair {
+    /// Subscribed: it receives the invalidations.
+    sub: Wire,
+    /// Tracking: it reads keys, and the server redirects their invalidations to `sub`.
+    reader: Wire,
+    /// The node's address, for a line.
+    at: String,
+}
+
+fn pair(redis: &Redis, key: &str, prefix: Option<&str>) -> Result<Pair, End> {
     let budget = redis.connect_timeout;
     let deadline = Instant::now() + budget;
-    let (addr, session) = match redis.side(key, deadline) {
+    let Node { addr, session } = match redis.side(key, deadline) {
         Ok(node) => node,
         Err(e) => return Err(End::Broken(format!("{e:#}"))),
     };
@@ -352,7 +370,11 @@ fn pair(redis: &Redis, key: &str, prefix: Option<&str>) -> Result<(Wire, Wire, S
         }
         Err(e) => return Err(End::Broken(explain(&e))),
     }
-    Ok((sub, reader, addr.to_string()))
+    Ok(Pair {
+        sub,
+        reader,
+        at: addr.to_string(),
+    })
 }
 
 /// A refusal that will not change (an ACL, an unknown command): renewals alone. Anything else:

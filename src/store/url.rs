@@ -26,7 +26,13 @@ impl Node {
         let Some((scheme, rest)) = url.split_once("://") else {
             return Err(invalid(EXPECTED));
         };
-        let (addr, is_tls, user, password, db) = match scheme.to_ascii_lowercase().as_str() {
+        let Parts {
+            addr,
+            tls: is_tls,
+            user,
+            password,
+            db,
+        } = match scheme.to_ascii_lowercase().as_str() {
             "redis" | "rediss" => tcp_parts(url, &invalid)?,
             "redis+unix" | "unix" => unix_parts(rest, &invalid)?,
             "rediss+unix" => {
@@ -71,7 +77,7 @@ pub struct HostsUrl {
     pub tls: bool,
     pub user: Option<String>,
     pub password: Option<String>,
-    pub hosts: Vec<(String, u16)>,
+    pub hosts: Vec<Addr>,
     /// The path's segments, decoded (empty ones dropped).
     pub path: Vec<String>,
     /// The query's pairs, decoded.
@@ -122,7 +128,7 @@ impl HostsUrl {
 }
 
 /// `host[:port]` or `[v6]:port`.
-fn host_port(text: &str, default_port: Option<u16>) -> Result<(String, u16), String> {
+fn host_port(text: &str, default_port: Option<u16>) -> Result<Addr, String> {
     let (host, port) = match text.strip_prefix('[') {
         Some(v6) => {
             let (host, rest) = v6.split_once(']').ok_or("an IPv6 address without ']'")?;
@@ -145,7 +151,10 @@ fn host_port(text: &str, default_port: Option<u16>) -> Result<(String, u16), Str
         (None, Some(d)) => d,
         (None, None) => return Err(format!("host '{host}' needs a port (host:port)")),
     };
-    Ok((host.to_string(), port))
+    Ok(Addr::Tcp {
+        host: host.to_string(),
+        port,
+    })
 }
 
 /// Undo percent-encoding (`%40` is `@`).
@@ -317,12 +326,20 @@ fn secret_param(key: &str) -> bool {
 }
 
 /// What a URL names: the address, TLS or not, the user, the password and the database.
-type Parts = (Addr, bool, Option<String>, Option<String>, i64);
+/// What a URL says: where the server is, whether to speak TLS, and the session's credentials and
+/// database.
+struct Parts {
+    addr: Addr,
+    tls: bool,
+    user: Option<String>,
+    password: Option<String>,
+    db: i64,
+}
 
 /// A `redis://` or `rediss://` URL's parts.
 fn tcp_parts(url: &str, invalid: &dyn Fn(&str) -> anyhow::Error) -> Result<Parts> {
     let u = HostsUrl::parse(url, Some(6379)).map_err(|p| invalid(&p))?;
-    let [(host, port)] = u.hosts.as_slice() else {
+    let [addr] = u.hosts.as_slice() else {
         return Err(invalid(
             "several hosts in a redis:// URL (for a Sentinel or a Cluster use \
                  redis+sentinel:// or redis+cluster://; for several masters give several URLs)",
@@ -340,8 +357,13 @@ fn tcp_parts(url: &str, invalid: &dyn Fn(&str) -> anyhow::Error) -> Result<Parts
             ))
         }
     };
-    let addr = Addr::Tcp(host.clone(), *port);
-    Ok((addr, u.tls, u.user, u.password, db))
+    Ok(Parts {
+        addr: addr.clone(),
+        tls: u.tls,
+        user: u.user,
+        password: u.password,
+        db,
+    })
 }
 
 /// A `redis+unix://` (or `unix://`) URL's parts, from what follows `://`.
@@ -372,7 +394,13 @@ fn unix_parts(rest: &str, invalid: &dyn Fn(&str) -> anyhow::Error) -> Result<Par
             _ => return Err(invalid(&unknown_parameter(&k, "db, user, pass"))),
         }
     }
-    Ok((Addr::Unix(path.into()), false, user, password, db))
+    Ok(Parts {
+        addr: Addr::Unix(path.into()),
+        tls: false,
+        user,
+        password,
+        db,
+    })
 }
 
 #[cfg(test)]
@@ -388,13 +416,25 @@ mod tests {
     #[test]
     fn parses_the_urls_of_one_server() {
         let n = node("redis://u:p%40ss@h.example:6380/3").unwrap();
-        assert_eq!(n.addr, Addr::Tcp("h.example".into(), 6380));
+        assert_eq!(
+            n.addr,
+            Addr::Tcp {
+                host: "h.example".into(),
+                port: 6380
+            }
+        );
         assert_eq!(n.session.user.as_deref(), Some("u"));
         assert_eq!(n.session.password.as_deref(), Some("p@ss"));
         assert_eq!(n.session.db, 3);
         assert!(n.session.tls.is_none());
         let n = node("redis://:a/b@c@[::1]").unwrap();
-        assert_eq!(n.addr, Addr::Tcp("::1".into(), 6379));
+        assert_eq!(
+            n.addr,
+            Addr::Tcp {
+                host: "::1".into(),
+                port: 6379
+            }
+        );
         assert_eq!(n.session.password.as_deref(), Some("a/b@c"));
         // TLS needs no feature of any library: the configuration comes from rustls.
         assert!(node("rediss://127.0.0.1:6380")

@@ -138,7 +138,11 @@ pub fn acquire(
             Ok(AcquireOutcome::Suspended { record, instant }) => {
                 return Ok(Acquired::Suspended { record, instant })
             }
-            Ok(AcquireOutcome::Busy(expires_in, value, instant)) => {
+            Ok(AcquireOutcome::Busy {
+                expires_in,
+                holder: value,
+                instant,
+            }) => {
                 if let (Some(s), Some(i)) = (instants.as_mut(), instant) {
                     s.candidates = vec![i];
                 }

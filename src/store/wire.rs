@@ -26,15 +26,25 @@ use crate::store::wire_error::{io_error, left};
 /// Where a server listens.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Addr {
-    Tcp(String, u16),
+    Tcp { host: String, port: u16 },
     Unix(PathBuf),
+}
+
+impl Addr {
+    /// A TCP server's address.
+    pub fn tcp(host: impl Into<String>, port: u16) -> Addr {
+        Addr::Tcp {
+            host: host.into(),
+            port,
+        }
+    }
 }
 
 impl std::fmt::Display for Addr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Addr::Tcp(h, p) if h.contains(':') => write!(f, "[{h}]:{p}"),
-            Addr::Tcp(h, p) => write!(f, "{h}:{p}"),
+            Addr::Tcp { host, port } if host.contains(':') => write!(f, "[{host}]:{port}"),
+            Addr::Tcp { host, port } => write!(f, "{host}:{port}"),
             Addr::Unix(p) => write!(f, "{}", p.display()),
         }
     }
@@ -99,7 +109,7 @@ impl Wire {
     pub fn connect(addr: &Addr, session: &Session, deadline: Instant) -> Result<Wire, WireError> {
         let stream = match addr {
             Addr::Unix(path) => Socket::Unix(Bounded::new(unix_connect(path, deadline)?, deadline)),
-            Addr::Tcp(host, port) => {
+            Addr::Tcp { host, port } => {
                 let tcp = Bounded::new(tcp_connect(host, *port, deadline)?, deadline);
                 match &session.tls {
                     None => Socket::Tcp(tcp),
@@ -231,7 +241,9 @@ impl Wire {
         let mut chunk = [0u8; 16 * 1024];
         self.stream.bound(deadline);
         loop {
-            if let Some((reply, used)) = resp::parse(&self.buf).map_err(WireError::Bad)? {
+            if let Some(resp::Parsed { reply, used }) =
+                resp::parse(&self.buf).map_err(WireError::Bad)?
+            {
                 self.buf.drain(..used);
                 return Ok(reply);
             }

@@ -377,3 +377,107 @@ fn test_hooks_are_read_in_one_place() {
         "test hooks read outside src/hooks.rs: {elsewhere:?}"
     );
 }
+
+/// The tuples in a type's text: `(A, B)` groups with a comma at their own depth, not a closure's
+/// parameters (`Fn(A, B)`) nor the unit `()`.
+fn tuples_in(ty: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let bytes: Vec<char> = ty.chars().collect();
+    for (i, &c) in bytes.iter().enumerate() {
+        if c != '(' {
+            continue;
+        }
+        let before: String = bytes[..i].iter().collect();
+        if before.trim_end().ends_with("Fn")
+            || before.trim_end().ends_with("FnMut")
+            || before.trim_end().ends_with("FnOnce")
+        {
+            continue;
+        }
+        let mut depth = 0;
+        let mut comma = false;
+        for (j, &d) in bytes.iter().enumerate().skip(i) {
+            match d {
+                '(' | '<' | '[' => depth += 1,
+                ')' | '>' | ']' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        if comma {
+                            found.push(bytes[i..=j].iter().collect());
+                        }
+                        break;
+                    }
+                }
+                ',' if depth == 1 => comma = true,
+                _ => {}
+            }
+        }
+    }
+    found
+}
+
+/// No results, variants or aliases shaped as tuples: what a function returns, an enum variant
+/// carries or an alias stands for, with several parts, names them (a struct, or a variant's
+/// fields), as parameters do
+/// (`no_parameters_are_packed_into_tuples`). `Option<(Duration, String)>` and
+/// `Busy(Option<Duration>, String, Option<i64>)` read as puzzles at every use.
+#[test]
+fn no_results_or_variants_are_tuples() {
+    let mut wrong = Vec::new();
+    for (module, code) in modules() {
+        // Return types: from `->` to the body, `where` or the end of a declaration.
+        for (at, _) in code.match_indices("->") {
+            let rest = &code[at + 2..];
+            let end = rest
+                .find(|c| c == '{' || c == ';')
+                .unwrap_or(rest.len())
+                .min(rest.find(" where").unwrap_or(usize::MAX));
+            let ty = rest[..end].split('=').next().unwrap_or_default();
+            if !tuples_in(ty).is_empty() {
+                wrong.push(format!("{module}: -> {}", ty.trim()));
+            }
+        }
+        // Aliases that name a tuple (`type Parts = (Addr, bool, ...)`): a struct, unnamed.
+        for line in code.lines() {
+            let t = line.trim_start();
+            let t = match t.strip_prefix("pub") {
+                Some(rest) if rest.starts_with('(') => rest.split_once(") ").map_or(t, |r| r.1),
+                Some(rest) => rest.trim_start(),
+                None => t,
+            };
+            if let Some(alias) = t.strip_prefix("type ") {
+                if let Some((_, ty)) = alias.split_once('=') {
+                    if !tuples_in(ty).is_empty() {
+                        wrong.push(format!("{module}: type {}", alias.trim()));
+                    }
+                }
+            }
+        }
+        // Variants with several unnamed fields: `Name(A, B),` inside an enum.
+        let mut in_enum = false;
+        for line in code.lines() {
+            let t = line.trim();
+            if t.starts_with("pub enum ") || t.starts_with("enum ") || t.contains(" enum ") {
+                in_enum = true;
+                continue;
+            }
+            if in_enum && line.starts_with('}') {
+                in_enum = false;
+            }
+            if !in_enum || !t.starts_with(|c: char| c.is_ascii_uppercase()) {
+                continue;
+            }
+            if let Some(open) = t.find('(') {
+                if !t[..open].contains(|c: char| !c.is_alphanumeric()) {
+                    if let Some(fields) = tuples_in(&t[open..]).first() {
+                        wrong.push(format!("{module}: {}{fields}", &t[..open]));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "tuples as results or variants: {wrong:#?}"
+    );
+}

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::{explain, pair, End, Listener};
+use super::{explain, pair, End, Listener, Pair};
 use crate::clock::Instant;
 use crate::log::{Level, Log};
 use crate::store::resp::Reply;
@@ -187,7 +187,11 @@ impl Sharing {
             .map(|w| w.key.clone())
             .unwrap_or_default();
         match pair(&self.redis, &key, None) {
-            Ok((sub, reader, addr)) => {
+            Ok(Pair {
+                sub,
+                reader,
+                at: addr,
+            }) => {
                 self.log.event(
                     Level::Debug,
                     "tracking_on",
