@@ -93,7 +93,7 @@ pub const REPLICA_OPTIONS: [ReplicaOption; 6] = [
 ];
 
 /// A crontab's `NAME=value` lines in force for a job, shared between the jobs below them.
-pub type Env = std::sync::Arc<Vec<(String, String)>>;
+pub type Env = std::sync::Arc<Vec<crate::record::start::Variable>>;
 
 /// One job line of a crontab, resolved: the run `cronlock --schedule SCHEDULE [OPTIONS] KEY -c
 /// COMMAND-LINE` would make, and what the replica needs to fire it.

@@ -21,6 +21,7 @@ use clap::CommandFactory;
 use crate::cli::{from_matches, one_line, Cli, Mode, ADMIN_MODES};
 use crate::config::{CronJob, Env, Replica, REPLICA_OPTIONS};
 use crate::fleet::schedule::Schedule;
+use crate::record::start::Variable;
 use crate::signals;
 
 /// The largest crontab read: a table, not data.
@@ -106,7 +107,7 @@ pub fn load(path: &Path) -> Result<Vec<CronJob>> {
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        if let Some((name, value)) = assignment(line) {
+        if let Some(Variable { name, value }) = assignment(line) {
             if name.starts_with("CRONLOCK_") {
                 bail!(
                     "{shown}:{n}: {name} is cronlock's own setting: give the option on the job's \
@@ -118,10 +119,10 @@ pub fn load(path: &Path) -> Result<Vec<CronJob>> {
             } else {
                 let vars = Arc::make_mut(&mut env);
                 match place.get(&name) {
-                    Some(&i) => vars[i].1 = value,
+                    Some(&i) => vars[i].value = value,
                     None => {
                         place.insert(name.clone(), vars.len());
-                        vars.push((name, value));
+                        vars.push(Variable { name, value });
                     }
                 }
             }
@@ -195,7 +196,7 @@ fn kind(meta: &std::fs::Metadata) -> &'static str {
 }
 
 /// `NAME=value` (the value unquoted), when the line is one.
-fn assignment(line: &str) -> Option<(String, String)> {
+fn assignment(line: &str) -> Option<Variable> {
     let (name, value) = line.split_once('=')?;
     let name = name.trim();
     let mut chars = name.chars();
@@ -210,17 +211,29 @@ fn assignment(line: &str) -> Option<(String, String)> {
         .iter()
         .find_map(|q| value.strip_prefix(*q)?.strip_suffix(*q))
         .unwrap_or(value);
-    Some((name.to_string(), unquoted.to_string()))
+    Some(Variable {
+        name: name.to_string(),
+        value: unquoted.to_string(),
+    })
 }
 
-/// The words of `text` with where each ends, split on whitespace.
-fn words(text: &str) -> Vec<(usize, &str)> {
+/// A word of a line, and where it ends (the rest of the line, after KEY, is the command).
+struct Word<'a> {
+    text: &'a str,
+    end: usize,
+}
+
+/// The words of `text`, split on whitespace.
+fn words(text: &str) -> Vec<Word<'_>> {
     let mut out = Vec::new();
     let mut start = None;
     for (i, c) in text.char_indices() {
         match (c.is_whitespace(), start) {
             (true, Some(s)) => {
-                out.push((i, &text[s..i]));
+                out.push(Word {
+                    text: &text[s..i],
+                    end: i,
+                });
                 start = None;
             }
             (false, None) => start = Some(i),
@@ -228,7 +241,10 @@ fn words(text: &str) -> Vec<(usize, &str)> {
         }
     }
     if let Some(s) = start {
-        out.push((text.len(), &text[s..]));
+        out.push(Word {
+            text: &text[s..],
+            end: text.len(),
+        });
     }
     out
 }
@@ -251,9 +267,9 @@ fn job(
     command: &mut clap::Command,
 ) -> Result<CronJob> {
     let all = words(line);
-    let fields = if all[0].1.starts_with('@') {
+    let fields = if all[0].text.starts_with('@') {
         1
-    } else if all.len() >= 6 && all[..6].iter().all(|(_, w)| cron_field(w)) {
+    } else if all.len() >= 6 && all[..6].iter().all(|w| cron_field(w.text)) {
         6
     } else {
         5
@@ -261,7 +277,7 @@ fn job(
     if all.len() <= fields {
         bail!("a job line is SCHEDULE [OPTIONS] KEY COMMAND-LINE: it has no KEY");
     }
-    let expr = line[..all[fields - 1].0].trim();
+    let expr = line[..all[fields - 1].end].trim();
     let text = match zone {
         Some(z) => format!("CRON_TZ={z} {expr}"),
         None => expr.to_string(),
@@ -271,9 +287,9 @@ fn job(
     let mut args: Vec<String> = vec!["--schedule".into(), text];
     let mut rest = all[fields..].iter();
     let mut key = None;
-    while let Some((end, word)) = rest.next() {
-        if !word.starts_with('-') || *word == "-" {
-            key = Some((*end, word.to_string()));
+    while let Some(&Word { text: word, end }) = rest.next() {
+        if !word.starts_with('-') || word == "-" {
+            key = Some(Word { text: word, end });
             break;
         }
         let name = word.split('=').next().unwrap_or(word);
@@ -284,14 +300,19 @@ fn job(
         args.push(word.to_string());
         if !word.contains('=') && takes_value(command, name) {
             match rest.next() {
-                Some((_, value)) => args.push(value.to_string()),
+                Some(value) => args.push(value.text.to_string()),
                 None => bail!("{name} needs a value"),
             }
         }
     }
-    let Some((key_end, key)) = key else {
+    let Some(Word {
+        text: key,
+        end: key_end,
+    }) = key
+    else {
         bail!("a job line is SCHEDULE [OPTIONS] KEY COMMAND-LINE: it has no KEY");
     };
+    let key = key.to_string();
     let shell = line[key_end..].trim();
     if shell.is_empty() {
         bail!("a job line is SCHEDULE [OPTIONS] KEY COMMAND-LINE: KEY '{key}' has no command");
@@ -344,7 +365,7 @@ fn takes_value(command: &clap::Command, name: &str) -> bool {
 mod tests {
     use super::*;
 
-    fn job(line: &str, zone: Option<&str>, env: &[(String, String)], n: usize) -> Result<CronJob> {
+    fn job(line: &str, zone: Option<&str>, env: &[Variable], n: usize) -> Result<CronJob> {
         super::job(line, zone, &Arc::new(env.to_vec()), n, &mut Cli::command())
     }
 

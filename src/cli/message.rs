@@ -6,7 +6,7 @@ use clap::CommandFactory;
 use crate::cli::args::*;
 
 /// The variable an invalid value came from, when it did not come from the command line.
-fn invalid_from_env(err: &clap::Error) -> Option<(String, String)> {
+fn invalid_from_env(err: &clap::Error) -> Option<String> {
     use clap::error::{ContextKind, ContextValue};
     let ContextValue::String(arg) = err.get(ContextKind::InvalidArg)? else {
         return None;
@@ -31,7 +31,7 @@ fn invalid_from_env(err: &clap::Error) -> Option<(String, String)> {
                 .is_some_and(|c| a.starts_with('-') && !a.starts_with("--") && a.contains(c))
     });
     let from_env = std::env::var(&var).is_ok_and(|v| &v == value);
-    (from_env && !on_cmdline).then(|| (format!("--{long}"), var))
+    (from_env && !on_cmdline).then_some(var)
 }
 
 /// clap's error as one `cronlock:`-style line, naming the variable when a value came from one.
@@ -57,7 +57,7 @@ pub fn one_line(err: &clap::Error) -> String {
                 .unwrap_or_default()
                 .to_string();
             let named = match invalid_from_env(err) {
-                Some((_, var)) => format!(" for {flag} (from {var})"),
+                Some(var) => format!(" for {flag} (from {var})"),
                 None => format!(" for {flag}"),
             };
             message.replace_range(start..quote + 1, &named);

@@ -93,7 +93,7 @@ impl Cli {
 
     /// The Redis URLs after the documented fallbacks (a value may hold several, separated by
     /// whitespace), and where they came from (for messages).
-    fn redis_urls(&self) -> Result<(Vec<String>, &'static str)> {
+    fn redis_urls(&self) -> Result<RedisUrls> {
         use ValueSource::{CommandLine, EnvVariable};
         let url_given = (!self.redis_url.is_empty())
             .then_some(self.given.redis_url)
@@ -143,7 +143,7 @@ impl Cli {
                 );
             }
         }
-        Ok((urls, source))
+        Ok(RedisUrls { urls, source })
     }
 
     /// The `--ping` URL, from the flag, its variable or `--ping-url-file`.
@@ -278,6 +278,12 @@ impl Cli {
         }
         Ok(RunTarget { key, argv })
     }
+}
+
+/// The Redis URLs given, and where they came from: the flag or variable, for messages.
+pub(crate) struct RedisUrls {
+    urls: Vec<String>,
+    source: &'static str,
 }
 
 /// An admin mode of one lock: whether its flag was given, the flag, and the mode for a KEY.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
 
-use crate::cli::{Cli, Mode, RunTarget};
+use crate::cli::{Cli, Mode, RedisUrls, RunTarget};
 use crate::config::{Admin, AdminMode, NextQuery, Reports, Request, RunConfig};
 use crate::fleet::schedule::Schedule;
 use crate::lease::Timing;
@@ -49,7 +49,7 @@ pub(super) fn run_config(cli: &Cli, target: RunTarget) -> Result<RunConfig> {
              instant later, once the lock is free"
         );
     }
-    let (overlap, limit) = overlap_and_limit(cli);
+    let Policy { overlap, limit } = overlap_and_limit(cli);
     Ok(RunConfig {
         key: target.key,
         argv: target.argv,
@@ -127,15 +127,27 @@ fn from_time(text: &str, zone: &jiff::tz::TimeZone) -> Result<i64> {
     Ok(zoned.timestamp().as_millisecond())
 }
 
+/// `--overlap` and the `--limit` of each run's lock.
+struct Policy {
+    overlap: Overlap,
+    limit: u32,
+}
+
 /// `--overlap`, with `--limit` folded into `allow`'s cap: under `allow` each instant holds a lock
 /// of its own, so `--limit` counts the instants at once and each run holds a plain lock.
-fn overlap_and_limit(cli: &Cli) -> (Overlap, u32) {
+fn overlap_and_limit(cli: &Cli) -> Policy {
     match cli.overlap {
         Overlap::Allow { at_once } => {
             let at_once = if cli.limit > 1 { cli.limit } else { at_once };
-            (Overlap::Allow { at_once }, 1)
+            Policy {
+                overlap: Overlap::Allow { at_once },
+                limit: 1,
+            }
         }
-        other => (other, cli.limit),
+        overlap => Policy {
+            overlap,
+            limit: cli.limit,
+        },
     }
 }
 
@@ -228,7 +240,7 @@ fn admin(cli: &Cli, mode: Mode) -> Result<Admin> {
 
 /// The Redis URL(s), each resolved to one topology.
 fn servers(cli: &Cli) -> Result<Vec<Redis>> {
-    let (urls, source) = cli.redis_urls()?;
+    let RedisUrls { urls, source } = cli.redis_urls()?;
     let tls = cli.tls()?;
     let redis = urls
         .iter()

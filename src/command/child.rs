@@ -247,6 +247,14 @@ fn not_started(program: String, code: i32) -> SpawnError {
     }
 }
 
+/// How the command is contained, for `-v`.
+pub struct Containment {
+    /// The mechanism's name: `cgroup` or `process-group`.
+    pub mechanism: &'static str,
+    /// A phrase: "its own cgroup ...".
+    pub how: String,
+}
+
 impl Child {
     /// Send `sig` to the command's whole process group. A group that is gone is not an error.
     pub fn signal_group(&self, sig: libc::c_int) {
@@ -276,26 +284,26 @@ impl Child {
     }
 
     /// The job's cgroup, if the command actually joined it.
-    /// How the command is contained, for `-v`: the mechanism's name and a phrase ("its own
-    /// cgroup ..."); `no_cgroup` says why there is no cgroup, when there is none.
-    pub fn containment(&self, no_cgroup: Option<String>) -> (&'static str, String) {
+    /// How the command is contained, for `-v`; `no_cgroup` says why there is no cgroup, when
+    /// there is none.
+    pub fn containment(&self, no_cgroup: Option<String>) -> Containment {
         match (self.cgroup(), no_cgroup) {
-            (Some(cg), _) => (
-                "cgroup",
-                format!(
+            (Some(cg), _) => Containment {
+                mechanism: "cgroup",
+                how: format!(
                     "its own cgroup {} (ended with cgroup.kill)",
                     cg.dir.display()
                 ),
-            ),
-            (None, why) => (
-                "process-group",
-                format!(
+            },
+            (None, why) => Containment {
+                mechanism: "process-group",
+                how: format!(
                     "its own process group, which the guard stops as a whole (fine for most \
                      jobs; a process that leaves the group would escape it, which a cgroup \
                      prevents: {})",
                     why.unwrap_or_else(|| "the command could not join the cgroup".into())
                 ),
-            ),
+            },
         }
     }
 

@@ -262,7 +262,10 @@ unsafe fn start_command(p: &Prepared, cgroup: Option<CgroupFds>) -> isize {
             cgroup,
             joined: false,
         };
-        let (stack, stack_size) = p.command_stack.region();
+        let sys::Region {
+            lowest: stack,
+            size: stack_size,
+        } = p.command_stack.region();
         let mut args = sys::CloneArgs {
             flags: sys::CLONE_VM | sys::CLONE_VFORK,
             exit_signal: libc::SIGCHLD as u64,

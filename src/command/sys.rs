@@ -410,10 +410,21 @@ impl Stack {
         Ok(stack)
     }
 
-    /// What `clone3` wants: the lowest usable address and the size (the top is page-aligned).
-    pub fn region(&self) -> (u64, u64) {
-        (self.base as u64 + PAGE as u64, (self.len - PAGE) as u64)
+    /// What `clone3` wants (the top is page-aligned).
+    pub fn region(&self) -> Region {
+        Region {
+            lowest: self.base as u64 + PAGE as u64,
+            size: (self.len - PAGE) as u64,
+        }
     }
+}
+
+/// A stack's usable part, as `clone3` takes it.
+#[derive(Debug, Clone, Copy)]
+pub struct Region {
+    /// The lowest usable address.
+    pub lowest: u64,
+    pub size: u64,
 }
 
 impl Drop for Stack {

@@ -7,7 +7,14 @@ use anyhow::{anyhow, bail, Result};
 use serde::{Deserialize, Serialize};
 
 /// The version of these messages; a process refuses any other.
-pub const VERSION: u64 = 1;
+pub const VERSION: u64 = 2;
+
+/// A crontab's `NAME=value` line, as the jobs below it give it to their commands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Variable {
+    pub name: String,
+    pub value: String,
+}
 
 /// One message, by kind.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -19,7 +26,7 @@ pub enum StarterMessage {
         id: u64,
         key: String,
         args: Vec<String>,
-        env: Vec<(String, String)>,
+        env: Vec<Variable>,
     },
     /// Request `id` started as process `pid`.
     Started { id: u64, pid: u32 },
@@ -78,7 +85,10 @@ mod tests {
                 id: 7,
                 key: "k".into(),
                 args: vec!["--schedule".into(), "* * * * *".into()],
-                env: vec![("A".into(), "b c".into())],
+                env: vec![super::Variable {
+                    name: "A".into(),
+                    value: "b c".into(),
+                }],
             },
             StarterMessage::Started { id: 7, pid: 42 },
             StarterMessage::Refused {

@@ -106,7 +106,7 @@ impl Starter {
         &mut self,
         key: &str,
         args: &[String],
-        env: &[(String, String)],
+        env: &[crate::record::start::Variable],
         fds: [&OwnedFd; 3],
     ) -> Result<Asked> {
         self.next_id += 1;

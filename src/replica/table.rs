@@ -636,7 +636,11 @@ fn name_fleets(jobs: &mut [Entry]) {
             .iter()
             .map(|&i| {
                 let c = &jobs[i].cron;
-                let env: Vec<String> = c.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let env: Vec<String> = c
+                    .env
+                    .iter()
+                    .map(|v| format!("{}={}", v.name, v.value))
+                    .collect();
                 format!("{}\0{}\0{}", c.key, c.args.join("\0"), env.join("\0"))
             })
             .collect();

@@ -556,7 +556,7 @@ fn contained(
         let text = crate::log::io_text(&std::io::Error::from_raw_os_error(errno));
         Some(format!("cannot make {dir}: {text}"))
     });
-    let (mechanism, how) = child.containment(no_cgroup);
+    let child::Containment { mechanism, how } = child.containment(no_cgroup);
     log.info(
         "containment",
         &format!("the command runs in {how}"),

@@ -83,7 +83,7 @@ enum Served {
 /// its descriptors (channel, stdout, stderr).
 struct Forked {
     resolved: Arc<Resolved>,
-    env: Vec<(String, String)>,
+    env: Vec<crate::record::start::Variable>,
     fds: Vec<OwnedFd>,
 }
 
@@ -173,7 +173,7 @@ impl StarterState<'_> {
         id: u64,
         key: &str,
         args: Vec<String>,
-        env: Vec<(String, String)>,
+        env: Vec<crate::record::start::Variable>,
         fds: Vec<OwnedFd>,
     ) -> Result<Option<Box<Forked>>> {
         let resolved = match self.resolved(args) {
@@ -263,7 +263,7 @@ impl Forked {
             return Exit::Failure;
         }
         drop((out, err));
-        for (name, value) in &self.env {
+        for crate::record::start::Variable { name, value } in &self.env {
             // (One thread: nothing reads the environment meanwhile.)
             std::env::set_var(name, value);
         }
