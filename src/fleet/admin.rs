@@ -62,8 +62,20 @@ struct ShownRow<'a> {
     held_on: Option<usize>,
 }
 
-/// A KEY held with `--limit` above 1: its name, N, and the slots in use.
-type Semaphore = (String, u32, usize);
+/// A KEY held with `--limit` above 1.
+struct Semaphore {
+    name: String,
+    /// N of `--limit N`.
+    limit: u32,
+    /// The slots in use.
+    held: usize,
+}
+
+/// What `--list` found held under a prefix.
+struct Listed {
+    rows: Vec<Row>,
+    semaphores: Vec<Semaphore>,
+}
 
 /// `--list`: every lock held, and every KEY suspended, under `prefix`, found with SCAN (never KEYS; on a cluster, on every
 /// primary; with several masters, on each). A key under the prefix that cronlock cannot read
@@ -75,7 +87,7 @@ pub fn list(
     as_json: bool,
     log: &Log,
 ) -> Result<String> {
-    let (rows, semaphores) = held_under(masters, within, prefix, log)?;
+    let Listed { rows, semaphores } = held_under(masters, within, prefix, log)?;
     let several = masters.len() > 1;
     if as_json {
         let mut rows_json: Vec<Value> = rows
@@ -95,7 +107,7 @@ pub fn list(
         rows_json.extend(
             semaphores
                 .iter()
-                .map(|(name, limit, n)| json!({ "key": name, "limit": limit, "held": n })),
+                .map(|s| json!({ "key": s.name, "limit": s.limit, "held": s.held })),
         );
         return Ok(format!("{}\n", Value::Array(rows_json)));
     }
@@ -117,7 +129,12 @@ pub fn list(
         };
         w!(out, "{}\t{line}", row.name);
     }
-    for (name, limit, n) in semaphores {
+    for Semaphore {
+        name,
+        limit,
+        held: n,
+    } in semaphores
+    {
         w!(
             out,
             "{name}\t{n} of {limit} slots held (--limit {limit}; --status {name} shows them)"
@@ -127,12 +144,7 @@ pub fn list(
 }
 
 /// The locks held under `prefix`, by name: plain ones, and semaphores.
-fn held_under(
-    masters: &mut Masters,
-    within: Duration,
-    prefix: &str,
-    log: &Log,
-) -> Result<(Vec<Row>, Vec<Semaphore>)> {
+fn held_under(masters: &mut Masters, within: Duration, prefix: &str, log: &Log) -> Result<Listed> {
     let mut names: Vec<String> = masters
         .scan(&Keys::pattern(prefix), within)
         .map_err(|e| anyhow!("cannot list locks: {e}"))?
@@ -174,7 +186,11 @@ fn held_under(
             .filter(|s| matches!(s, Ok(s) if s.holder.is_some() && s.holder == snap.holder))
             .count();
         if let Some(limit) = snap.limit.filter(|_| !snap.slots.is_empty()) {
-            semaphores.push((name, limit, snap.slots.len()));
+            semaphores.push(Semaphore {
+                name,
+                limit,
+                held: snap.slots.len(),
+            });
             continue;
         }
         // Gone since the scan (neither held nor suspended): skip.
@@ -189,7 +205,7 @@ fn held_under(
             });
         }
     }
-    Ok((rows, semaphores))
+    Ok(Listed { rows, semaphores })
 }
 
 /// One held lock for people: who, since when, how long left, and its command.

@@ -8,11 +8,8 @@ use serde_json::Value;
 
 use crate::clock::rfc3339;
 use crate::fleet::describe::round_ms;
-use crate::record::ledger::{LedgerAttempt, LedgerEntry};
+use crate::record::ledger::{LedgerAttempt, LedgerEntry, LedgerInstant};
 use crate::record::{or_unknown, Stored};
-
-/// A ledger: (instant in Unix ms, its entry), newest first.
-pub type Ledger = [(i64, Stored<LedgerEntry>)];
 
 /// One instant's entry as `--status --json` shows it: `{instant, instant_time, state,
 /// attempts}`, each attempt with its times also in RFC 3339; an entry cronlock did not write
@@ -68,10 +65,10 @@ pub fn entry_json(instant: i64, entry: &Stored<LedgerEntry>) -> Value {
 }
 
 /// The ledger, newest first, as JSON.
-pub fn json(ledger: &Ledger) -> Value {
+pub fn json(ledger: &[LedgerInstant]) -> Value {
     ledger
         .iter()
-        .map(|(at, entry)| entry_json(*at, entry))
+        .map(|l| entry_json(l.instant, &l.entry))
         .collect()
 }
 
@@ -106,16 +103,16 @@ pub fn took(a: &LedgerAttempt) -> Option<String> {
 }
 
 /// The ledger for people, newest first: one line per instant, one per attempt under it.
-pub fn lines(ledger: &Ledger, label: impl Fn(i64) -> String) -> Vec<String> {
+pub fn lines(ledger: &[LedgerInstant], label: impl Fn(i64) -> String) -> Vec<String> {
     let mut out = Vec::new();
     if ledger.is_empty() {
         out.push("instants: none recorded".into());
         return out;
     }
     out.push(format!("instants ({}, newest first):", ledger.len()));
-    let labels: Vec<String> = ledger.iter().map(|(at, _)| label(*at)).collect();
+    let labels: Vec<String> = ledger.iter().map(|l| label(l.instant)).collect();
     let width = labels.iter().map(String::len).max().unwrap_or(0);
-    for ((_, entry), shown) in ledger.iter().zip(&labels) {
+    for (LedgerInstant { entry, .. }, shown) in ledger.iter().zip(&labels) {
         out.push(format!("  {shown:<width$}  {}", state_words(entry)));
         for (i, a) in attempts(entry).iter().enumerate() {
             let ended = took(a).map_or(String::new(), |t| format!(" after {t}"));

@@ -199,7 +199,7 @@ pub fn render(key: &str, host: &str, attempt: &MetricsAttempt, old: &str) -> Str
     if let Some(n) = attempt_no {
         gauge(ATTEMPT, ATTEMPT_HELP, &[(String::new(), n)]);
     }
-    let (suspended, since) = suspension(attempt, old);
+    let SuspensionValues { suspended, since } = suspension(attempt, old);
     let suspended_on = suspended == "1";
     gauge(
         SUSPENDED,
@@ -235,16 +235,28 @@ fn last_run(attempt: &MetricsAttempt, old: &str) -> [Option<String>; 4] {
     }
 }
 
+/// The values of `cronlock_suspended` and `cronlock_suspended_since_seconds` as written.
+struct SuspensionValues {
+    suspended: String,
+    since: Option<String>,
+}
+
 /// `cronlock_suspended` and since when: from `attempt`, or, when it could not tell (an error),
 /// carried over from the previous file.
-fn suspension(attempt: &MetricsAttempt, old: &str) -> (String, Option<String>) {
+fn suspension(attempt: &MetricsAttempt, old: &str) -> SuspensionValues {
     match (attempt.suspended, attempt.outcome) {
-        (Some(since), _) => ("1".to_string(), Some(seconds(since))),
-        (None, Outcome::Error) => (
-            previous(old, SUSPENDED).unwrap_or_else(|| "0".into()),
-            previous(old, SUSPENDED_SINCE),
-        ),
-        (None, _) => ("0".to_string(), None),
+        (Some(since), _) => SuspensionValues {
+            suspended: "1".to_string(),
+            since: Some(seconds(since)),
+        },
+        (None, Outcome::Error) => SuspensionValues {
+            suspended: previous(old, SUSPENDED).unwrap_or_else(|| "0".into()),
+            since: previous(old, SUSPENDED_SINCE),
+        },
+        (None, _) => SuspensionValues {
+            suspended: "0".to_string(),
+            since: None,
+        },
     }
 }
 

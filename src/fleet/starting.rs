@@ -25,18 +25,35 @@ const MAX_FDS: usize = 3;
 /// broken.
 const STALL: Duration = Duration::from_secs(2);
 
+/// A new link's two ends.
+pub struct LinkPair {
+    /// The replica's end.
+    pub link: StarterLink,
+    /// The descriptor the starter gets as its standard input.
+    pub theirs: OwnedFd,
+}
+
+/// A message, and the descriptors that came with it.
+pub struct Received {
+    pub message: StarterMessage,
+    pub fds: Vec<OwnedFd>,
+}
+
 /// One end of the link.
 pub struct StarterLink {
     stream: UnixStream,
 }
 
 impl StarterLink {
-    /// A new link: the replica's end, and the descriptor the starter gets as its standard input.
-    pub fn pair() -> Result<(StarterLink, OwnedFd)> {
+    /// A new link.
+    pub fn pair() -> Result<LinkPair> {
         let (ours, theirs) = UnixStream::pair().map_err(|e| anyhow!(crate::log::io_text(&e)))?;
         ours.set_write_timeout(Some(STALL))
             .map_err(|e| anyhow!(crate::log::io_text(&e)))?;
-        Ok((StarterLink { stream: ours }, OwnedFd::from(theirs)))
+        Ok(LinkPair {
+            link: StarterLink { stream: ours },
+            theirs: OwnedFd::from(theirs),
+        })
     }
 
     /// The starter's end, from the descriptor it was given.
@@ -93,9 +110,9 @@ impl StarterLink {
         })
     }
 
-    /// The next message and the descriptors that came with it; `None` at end of file. Blocks
-    /// until a message begins; its rest must follow within [`STALL`].
-    pub fn receive(&self) -> Result<Option<(StarterMessage, Vec<OwnedFd>)>> {
+    /// The next message; `None` at end of file. Blocks until a message begins; its rest must
+    /// follow within [`STALL`].
+    pub fn receive(&self) -> Result<Option<Received>> {
         let mut head = [0u8; 4];
         let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
         let (got, fds) = {
@@ -141,7 +158,10 @@ impl StarterLink {
         self.stream
             .set_read_timeout(None)
             .map_err(|e| anyhow!(crate::log::io_text(&e)))?;
-        Ok(Some((rest?, fds)))
+        Ok(Some(Received {
+            message: rest?,
+            fds,
+        }))
     }
 }
 
@@ -177,7 +197,7 @@ mod tests {
 
     #[test]
     fn a_message_and_its_descriptors_arrive_together() {
-        let (ours, theirs) = StarterLink::pair().unwrap();
+        let LinkPair { link: ours, theirs } = StarterLink::pair().unwrap();
         let theirs = StarterLink::adopt(theirs).unwrap();
         let (a, _b) = UnixStream::pair().unwrap();
         let m = StarterMessage::Start {
@@ -187,7 +207,7 @@ mod tests {
             env: vec![],
         };
         let sender = std::thread::spawn(move || ours.send(&m, &[a.as_raw_fd()]).map(|_| ours));
-        let (got, fds) = theirs.receive().unwrap().unwrap();
+        let Received { message: got, fds } = theirs.receive().unwrap().unwrap();
         let ours = sender.join().unwrap().unwrap();
         assert!(matches!(got, StarterMessage::Start { id: 1, .. }));
         assert_eq!(fds.len(), 1);
@@ -196,7 +216,10 @@ mod tests {
         drop(ours);
         assert!(matches!(
             theirs.receive().unwrap(),
-            Some((StarterMessage::Exited { pid: 3, .. }, _))
+            Some(Received {
+                message: StarterMessage::Exited { pid: 3, .. },
+                ..
+            })
         ));
         assert!(theirs.receive().unwrap().is_none());
     }

@@ -11,9 +11,10 @@ use serde_json::{json, Value};
 
 use crate::clock::{rfc3339, unix_millis};
 use crate::fleet::describe::{ago, describe_suspension, round_ms, suspension_json, ttl_ms};
-use crate::fleet::ledger::{self, Ledger};
+use crate::fleet::ledger;
 use crate::fleet::schedule::Schedule;
 use crate::record::holder::HolderValue;
+use crate::record::ledger::LedgerInstant;
 use crate::record::run::{Ending, RecordedEnding, RunRecord};
 use crate::record::{or_unknown, Stored};
 use crate::store::inspect;
@@ -335,7 +336,7 @@ fn masters_lines(out: &mut String, view: &StatusView) {
 }
 
 /// The schedule: the last instant a run started for (and its state in the ledger), and the next.
-fn schedule_lines(out: &mut String, p: &SchedulePlan, ledger: &Ledger) {
+fn schedule_lines(out: &mut String, p: &SchedulePlan, ledger: &[LedgerInstant]) {
     match &p.schedule.resolved {
         Some(r) => w!(
             out,
@@ -348,9 +349,9 @@ fn schedule_lines(out: &mut String, p: &SchedulePlan, ledger: &Ledger) {
         Some(ms) => {
             let state = ledger
                 .iter()
-                .find(|(at, _)| *at == ms)
-                .map_or("a run started for it".into(), |(_, entry)| {
-                    ledger::state_words(entry)
+                .find(|l| l.instant == ms)
+                .map_or("a run started for it".into(), |l| {
+                    ledger::state_words(&l.entry)
                 });
             w!(out, "  last instant:  {} ({state})", p.schedule.label(ms));
         }
@@ -358,10 +359,14 @@ fn schedule_lines(out: &mut String, p: &SchedulePlan, ledger: &Ledger) {
     }
     let manual = ledger
         .iter()
-        .find(|(_, e)| e.ours().is_some_and(|e| e.manual));
-    if let Some((ms, entry)) = manual {
+        .find(|l| l.entry.ours().is_some_and(|e| e.manual));
+    if let Some(LedgerInstant { instant, entry }) = manual {
         let state = ledger::state_words(entry);
-        w!(out, "  last manual:   {} ({state})", p.schedule.label(*ms));
+        w!(
+            out,
+            "  last manual:   {} ({state})",
+            p.schedule.label(*instant)
+        );
     }
     if let Some(&ms) = p.next.first() {
         let left = (ms as u64).saturating_sub(unix_millis());

@@ -338,7 +338,7 @@ fn follow(
             .as_deref()
             .and_then(|e| Stored::<LedgerEntry>::read(e).ours().cloned());
         if let Some(done) = entry.as_ref().and_then(|e| ended(e, &request, asked)) {
-            let (line, exit) = done;
+            let ManualEnd { line, exit } = done;
             return Ok(Triggered {
                 out: format!("lock '{name}': the manual instant {at} {line}\n"),
                 said: None,
@@ -370,42 +370,52 @@ fn follow(
     }
 }
 
-/// Whether the manual instant's entry is final, with the line and the status that say how it
-/// ended: a failed, abandoned or interrupted attempt is final once the job's `--retries` are
+/// How a manual instant ended: the line that says so, and the exit status.
+struct ManualEnd {
+    line: String,
+    exit: Exit,
+}
+
+impl ManualEnd {
+    fn new(line: impl Into<String>, exit: Exit) -> ManualEnd {
+        ManualEnd {
+            line: line.into(),
+            exit,
+        }
+    }
+}
+
+/// Whether the manual instant's entry is final, and how it ended: a failed, abandoned or interrupted attempt is final once the job's `--retries` are
 /// spent.
-fn ended(
-    entry: &LedgerEntry,
-    request: &TriggerRequest,
-    asked: &TriggerAsked,
-) -> Option<(String, Exit)> {
+fn ended(entry: &LedgerEntry, request: &TriggerRequest, asked: &TriggerAsked) -> Option<ManualEnd> {
     let state = entry.state.as_deref()?;
     let last = entry.attempts.last();
     let spent = entry.attempts.len() > request.retries.unwrap_or(0) as usize;
     let exit_of = |code: Option<i64>| Exit::Child(code.unwrap_or(1).clamp(0, 255) as u8);
     match state {
-        "succeeded" => Some(("succeeded".into(), Exit::Child(0))),
+        "succeeded" => Some(ManualEnd::new("succeeded", Exit::Child(0))),
         "skipped" | "missed" => {
             let why = entry.reason_word().unwrap_or("suspended");
-            Some((
+            Some(ManualEnd::new(
                 format!("was {state} ({why})"),
                 Exit::Conflict(asked.conflict),
             ))
         }
         "failed" if spent => {
             let code = last.and_then(|a| a.exit);
-            Some((
+            Some(ManualEnd::new(
                 format!("failed (exit {})", code.unwrap_or(1)),
                 exit_of(code),
             ))
         }
-        "abandoned" if spent => Some(("was abandoned: its host died".into(), Exit::LockLost)),
+        "abandoned" if spent => Some(ManualEnd::new("was abandoned: its host died", Exit::LockLost)),
         // --overlap replace: a later instant took its lock and stopped it.
-        "replaced" => Some((
-            "was replaced by a later instant (--overlap replace)".into(),
+        "replaced" => Some(ManualEnd::new(
+            "was replaced by a later instant (--overlap replace)",
             Exit::LockLost,
         )),
-        "interrupted" if spent => Some((
-            "was interrupted (its replica was stopped)".into(),
+        "interrupted" if spent => Some(ManualEnd::new(
+            "was interrupted (its replica was stopped)",
             Exit::Signal(libc::SIGTERM),
         )),
         _ => None,

@@ -10,7 +10,7 @@ use crate::clock::Instant;
 use crate::config::RunConfig;
 use crate::fleet::metrics::{self, MetricsAttempt, OUTCOMES};
 use crate::fleet::schedule::Schedule;
-use crate::record::ledger::{LedgerEntry, MissedReason};
+use crate::record::ledger::{LedgerInstant, MissedReason};
 use crate::record::suspension::Suspension;
 use crate::record::Stored;
 
@@ -47,8 +47,8 @@ pub struct Running {
 pub struct Fleetwide {
     /// While `--suspend` is in force: its record.
     pub suspended: Option<Stored<Suspension>>,
-    /// The ledger, newest first: (instant in Unix ms, entry).
-    pub ledger: Vec<(i64, Stored<LedgerEntry>)>,
+    /// The ledger, newest first.
+    pub ledger: Vec<LedgerInstant>,
     /// When a run last succeeded (Unix ms), by the last-run record and the ledger; `None` when
     /// neither has one.
     pub last_success: Option<u64>,

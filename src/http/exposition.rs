@@ -192,12 +192,17 @@ fn fleet_series(f: &mut Families, job: &str, state: &Fleetwide) {
     let states: Vec<String> = state
         .ledger
         .iter()
-        .map(|(_, e)| e.ours().and_then(|e| e.state.clone()).unwrap_or_default())
+        .map(|l| {
+            l.entry
+                .ours()
+                .and_then(|e| e.state.clone())
+                .unwrap_or_default()
+        })
         .collect();
     let manual: Vec<bool> = state
         .ledger
         .iter()
-        .map(|(_, e)| e.ours().is_some_and(|e| e.manual))
+        .map(|l| l.entry.ours().is_some_and(|e| e.manual))
         .collect();
     for st in STATES {
         let n = states.iter().filter(|s| *s == st).count();

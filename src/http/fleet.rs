@@ -53,7 +53,7 @@ fn last_success(snap: &Snapshot) -> Option<u64> {
     let ledger = snap
         .ledger
         .iter()
-        .filter_map(|(_, e)| e.ours())
+        .filter_map(|l| l.entry.ours())
         .flat_map(|e| e.attempts.iter())
         .filter(|a| a.state.as_deref() == Some("succeeded"))
         .filter_map(|a| a.ended)

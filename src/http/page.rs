@@ -10,7 +10,7 @@ use crate::clock::{rfc3339, unix_millis};
 use crate::fleet::describe::{describe_suspension, round_ms};
 use crate::fleet::ledger;
 use crate::host::hostname;
-use crate::record::ledger::{LedgerEntry, STATES};
+use crate::record::ledger::{LedgerEntry, LedgerInstant, STATES};
 use crate::record::{or_unknown, Stored};
 
 use super::answer::Response;
@@ -133,7 +133,9 @@ fn row(
         runs = esc(&runs),
         susp = esc(&suspended),
     );
-    for (at, entry) in fleet.map_or(&[][..], |f| &f.ledger[..]).iter().take(CELLS) {
+    for LedgerInstant { instant: at, entry } in
+        fleet.map_or(&[][..], |f| &f.ledger[..]).iter().take(CELLS)
+    {
         let st = ledger::state(entry);
         let class = if st.chars().all(|c| c.is_ascii_lowercase()) {
             st.as_str()
@@ -188,7 +190,7 @@ fn failure_row(out: &mut String, key: &str, failed: &Failed) {
 
 /// Whether the job runs now, fleet-wide: the newest instant's attempt while it is `running`.
 fn now_running(f: &Fleetwide, here: Option<&Running>) -> String {
-    let newest = f.ledger.first().and_then(|(_, e)| e.ours());
+    let newest = f.ledger.first().and_then(|l| l.entry.ours());
     if let Some(entry) = newest.filter(|e| e.state.as_deref() == Some("running")) {
         let n = entry.attempts.len();
         let last = entry.attempts.last();

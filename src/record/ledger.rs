@@ -61,6 +61,14 @@ impl MissedReason {
     }
 }
 
+/// One instant of a KEY's ledger, as read back: the instant and its entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LedgerInstant {
+    /// Unix ms.
+    pub instant: i64,
+    pub entry: crate::record::Stored<LedgerEntry>,
+}
+
 /// One instant's entry.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LedgerEntry {

@@ -16,7 +16,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Result};
 
 use crate::clock::Instant;
-use crate::fleet::starting::{StarterLink, STARTER_ARG0};
+use crate::fleet::starting::{LinkPair, Received, StarterLink, STARTER_ARG0};
 use crate::record::start::StarterMessage;
 use crate::signals;
 
@@ -56,7 +56,7 @@ impl Starter {
     /// Spawn the starter of `exe` with the environment runs get (`hidden` removed); its news go
     /// to `news`.
     pub fn spawn(exe: &Path, hidden: &[&str], news: &Sender<StarterNews>) -> Result<Starter> {
-        let (link, theirs) = StarterLink::pair()?;
+        let LinkPair { link, theirs } = StarterLink::pair()?;
         let mut cmd = Command::new(exe);
         cmd.arg0(STARTER_ARG0);
         for name in hidden {
@@ -197,7 +197,7 @@ fn read_news(
     answers: &Sender<StarterMessage>,
     news: &Sender<StarterNews>,
 ) {
-    while let Ok(Some((message, _))) = link.receive() {
+    while let Ok(Some(Received { message, .. })) = link.receive() {
         match message {
             StarterMessage::Exited { pid, status } => {
                 let status = std::os::unix::process::ExitStatusExt::from_raw(status);

@@ -33,7 +33,7 @@ use nix::unistd::{fork, ForkResult};
 
 use crate::config::RunConfig;
 use crate::exit::Exit;
-use crate::fleet::starting::{self, StarterLink};
+use crate::fleet::starting::{self, Received, StarterLink};
 use crate::log::{LogFormat, Verbosity};
 use crate::record::start::StarterMessage;
 
@@ -134,7 +134,10 @@ fn serve_runs(resolve: &(dyn Fn(&[String]) -> Result<Resolved> + Sync)) -> Resul
         }
         match s.link.receive()? {
             None => open = false,
-            Some((StarterMessage::Start { id, key, args, env }, fds)) => {
+            Some(Received {
+                message: StarterMessage::Start { id, key, args, env },
+                fds,
+            }) => {
                 if let Some(forked) = s.start(id, &key, args, env, fds)? {
                     return Ok(Served::Run(forked));
                 }

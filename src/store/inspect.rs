@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Result};
 use redis::{Script, Value};
 
-use crate::record::ledger::LedgerEntry;
+use crate::record::ledger::LedgerInstant;
 use crate::record::run::RunRecord;
 use crate::record::suspension::Suspension;
 use crate::record::Stored;
@@ -134,7 +134,7 @@ pub struct Snapshot {
     pub slots: Vec<SlotHolder>,
     /// With `--schedule`: the ledger, as (instant in Unix ms, entry), newest first (at most
     /// [`LEDGER_KEEP`]).
-    pub ledger: Vec<(i64, Stored<LedgerEntry>)>,
+    pub ledger: Vec<LedgerInstant>,
     /// While `--suspend` is in force: its record.
     pub suspended: Option<Stored<Suspension>>,
 }
@@ -148,19 +148,78 @@ pub struct SlotHolder {
     pub fence: i64,
 }
 
-/// What `status.lua` answers, in order.
-type StatusReply = (
-    Option<String>,
-    i64,
-    Option<i64>,
-    Option<String>,
-    Vec<String>,
-    (Option<i64>, Option<String>),
-    Option<u32>,
-    Vec<(u32, String, i64, i64)>,
-    Vec<(i64, String)>,
-    Option<String>,
-);
+/// What `status.lua` answers: an array of these, in this order.
+struct StatusReply {
+    holder: Option<String>,
+    pttl: i64,
+    fence: Option<i64>,
+    last_run: Option<String>,
+    history: Vec<String>,
+    /// The schedule record: the last instant and the expression.
+    instant: Option<i64>,
+    schedule: Option<String>,
+    limit: Option<u32>,
+    slots: Vec<SlotHolder>,
+    /// The ledger, unsorted, each entry's raw text.
+    ledger: Vec<RawInstant>,
+    suspended: Option<String>,
+}
+
+/// One instant of the ledger as `status.lua` gives it.
+struct RawInstant {
+    instant: i64,
+    raw: String,
+}
+
+impl StatusReply {
+    /// The reply read to the letter: `None` for any other shape.
+    fn read(v: &Value) -> Option<StatusReply> {
+        fn field<T: redis::FromRedisValue>(v: Option<&Value>) -> Option<T> {
+            redis::from_redis_value(v?.clone()).ok()
+        }
+        let Value::Array(items) = v else {
+            return None;
+        };
+        if items.len() != 10 {
+            return None;
+        }
+        let mut it = items.iter();
+        let holder = field(it.next())?;
+        let pttl = field(it.next())?;
+        let fence = field(it.next())?;
+        let last_run = field(it.next())?;
+        let history = field(it.next())?;
+        let (instant, schedule): (Option<i64>, Option<String>) = field(it.next())?;
+        let limit = field(it.next())?;
+        let slots: Vec<(u32, String, i64, i64)> = field(it.next())?;
+        let ledger: Vec<(i64, String)> = field(it.next())?;
+        let suspended = field(it.next())?;
+        Some(StatusReply {
+            holder,
+            pttl,
+            fence,
+            last_run,
+            history,
+            instant,
+            schedule,
+            limit,
+            slots: slots
+                .into_iter()
+                .map(|(slot, value, pttl, fence)| SlotHolder {
+                    slot,
+                    value,
+                    pttl,
+                    fence,
+                })
+                .collect(),
+            ledger: ledger
+                .into_iter()
+                .map(|(instant, raw)| RawInstant { instant, raw })
+                .collect(),
+            suspended,
+        })
+    }
+}
 
 /// Read the lock, its expiry, its fencing counter, its last run and up to `history` kept runs at
 /// one instant.
@@ -190,10 +249,7 @@ pub fn snapshot(
         STATUS_LUA,
         &all,
         &[history.map_or(0, i64::from).to_string()],
-        |v| {
-            redis::from_redis_value(v.clone())
-                .map_err(|_| Failure::shape("a status reply of the wrong shape"))
-        },
+        |v| StatusReply::read(v).ok_or_else(|| Failure::shape("a status reply of the wrong shape")),
     )
     .map_err(|failure| Unread {
         name: keys.name.clone(),
@@ -204,45 +260,28 @@ pub fn snapshot(
 
 /// The snapshot `status.lua`'s reply says.
 fn snapshot_of(reply: StatusReply) -> Snapshot {
-    let (
-        holder,
-        pttl,
-        fence,
-        last_run,
-        history,
-        (instant, schedule),
-        limit,
-        slots,
-        mut ledger,
-        suspended,
-    ) = reply;
-    let slots = slots
-        .into_iter()
-        .map(|(slot, value, pttl, fence)| SlotHolder {
-            slot,
-            value,
-            pttl,
-            fence,
-        })
-        .collect();
-    ledger.sort_by_key(|e| std::cmp::Reverse(e.0));
+    let mut ledger = reply.ledger;
+    ledger.sort_by_key(|e| std::cmp::Reverse(e.instant));
     // acquire.lua trims in batches: the newest LEDGER_KEEP are the ledger.
     ledger.truncate(LEDGER_KEEP);
     Snapshot {
-        holder,
-        pttl,
-        fence,
-        last_run: last_run.as_deref().map(Stored::read),
-        history: history.iter().map(|r| Stored::read(r)).collect(),
-        instant,
-        schedule,
-        limit,
-        slots,
+        holder: reply.holder,
+        pttl: reply.pttl,
+        fence: reply.fence,
+        last_run: reply.last_run.as_deref().map(Stored::read),
+        history: reply.history.iter().map(|r| Stored::read(r)).collect(),
+        instant: reply.instant,
+        schedule: reply.schedule,
+        limit: reply.limit,
+        slots: reply.slots,
         ledger: ledger
             .into_iter()
-            .map(|(at, raw)| (at, Stored::read(&raw)))
+            .map(|l| LedgerInstant {
+                instant: l.instant,
+                entry: Stored::read(&l.raw),
+            })
             .collect(),
-        suspended: suspended.as_deref().map(Stored::read),
+        suspended: reply.suspended.as_deref().map(Stored::read),
     }
 }
 

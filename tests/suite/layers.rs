@@ -438,18 +438,20 @@ fn no_results_or_variants_are_tuples() {
             }
         }
         // Aliases that name a tuple (`type Parts = (Addr, bool, ...)`): a struct, unnamed.
-        for line in code.lines() {
-            let t = line.trim_start();
-            let t = match t.strip_prefix("pub") {
-                Some(rest) if rest.starts_with('(') => rest.split_once(") ").map_or(t, |r| r.1),
-                Some(rest) => rest.trim_start(),
-                None => t,
+        let mut at = 0;
+        while let Some(found) = code[at..].find("type ") {
+            let start = at + found;
+            at = start + 5;
+            let line_start = code[..start].rfind('\n').map_or(0, |n| n + 1);
+            let before = code[line_start..start].trim();
+            let item = before.is_empty() || before == "pub" || before.starts_with("pub(");
+            let Some(len) = code[start..].find(';') else {
+                break;
             };
-            if let Some(alias) = t.strip_prefix("type ") {
-                if let Some((_, ty)) = alias.split_once('=') {
-                    if !tuples_in(ty).is_empty() {
-                        wrong.push(format!("{module}: type {}", alias.trim()));
-                    }
+            let alias = &code[start + 5..start + len];
+            if let (true, Some((name, ty))) = (item, alias.split_once('=')) {
+                if !tuples_in(ty).is_empty() {
+                    wrong.push(format!("{module}: type {}", name.trim()));
                 }
             }
         }
