@@ -408,7 +408,10 @@ fn ended(entry: &LedgerEntry, request: &TriggerRequest, asked: &TriggerAsked) ->
                 exit_of(code),
             ))
         }
-        "abandoned" if spent => Some(ManualEnd::new("was abandoned: its host died", Exit::LockLost)),
+        "abandoned" if spent => Some(ManualEnd::new(
+            "was abandoned: its host died",
+            Exit::LockLost,
+        )),
         // --overlap replace: a later instant took its lock and stopped it.
         "replaced" => Some(ManualEnd::new(
             "was replaced by a later instant (--overlap replace)",

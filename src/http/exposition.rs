@@ -17,15 +17,23 @@ use super::answer::Response;
 use super::board::{Board, BoardState, Fleetwide, RTT_BOUNDS};
 use super::fleet::Reader;
 
-/// Families in order of first appearance, each with its help, type and samples.
+/// One metric family: its help, type and samples.
+#[derive(Default)]
+struct Family {
+    help: String,
+    kind: String,
+    samples: Vec<String>,
+}
+
+/// Families in order of first appearance.
 #[derive(Default)]
 struct Families {
     order: Vec<String>,
-    each: HashMap<String, (String, String, Vec<String>)>,
+    each: HashMap<String, Family>,
 }
 
 impl Families {
-    fn family(&mut self, name: &str) -> &mut (String, String, Vec<String>) {
+    fn family(&mut self, name: &str) -> &mut Family {
         if !self.each.contains_key(name) {
             self.order.push(name.to_string());
         }
@@ -42,14 +50,14 @@ impl Families {
         value: impl std::fmt::Display,
     ) {
         let f = self.family(name);
-        if f.0.is_empty() {
-            f.0 = help.to_string();
-            f.1 = kind.to_string();
+        if f.help.is_empty() {
+            f.help = help.to_string();
+            f.kind = kind.to_string();
         }
         if labels.is_empty() {
-            f.2.push(format!("{name} {value}"));
+            f.samples.push(format!("{name} {value}"));
         } else {
-            f.2.push(format!("{name}{{{labels}}} {value}"));
+            f.samples.push(format!("{name}{{{labels}}} {value}"));
         }
     }
 
@@ -59,15 +67,15 @@ impl Families {
             if let Some(rest) = line.strip_prefix("# HELP ") {
                 let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
                 let f = self.family(name);
-                if f.0.is_empty() {
-                    f.0 = help.to_string();
+                if f.help.is_empty() {
+                    f.help = help.to_string();
                 }
             } else if let Some(rest) = line.strip_prefix("# TYPE ") {
                 let (name, kind) = rest.split_once(' ').unwrap_or((rest, "gauge"));
-                self.family(name).1 = kind.to_string();
+                self.family(name).kind = kind.to_string();
             } else if !line.is_empty() {
                 let name = line.split(['{', ' ']).next().unwrap_or_default();
-                self.family(name).2.push(line.to_string());
+                self.family(name).samples.push(line.to_string());
             }
         }
     }
@@ -75,7 +83,11 @@ impl Families {
     fn text(&self) -> String {
         let mut out = String::new();
         for name in &self.order {
-            let (help, kind, samples) = &self.each[name];
+            let Family {
+                help,
+                kind,
+                samples,
+            } = &self.each[name];
             let _ = writeln!(out, "# HELP {name} {help}");
             let _ = writeln!(
                 out,
@@ -99,7 +111,7 @@ fn escape(v: &str) -> String {
 
 pub fn answer(board: &Board, fleet: &mut Reader) -> Response {
     let jobs = board.state().jobs.clone();
-    let (read, _) = fleet.read(&jobs);
+    let read = fleet.read(&jobs).by_key;
     let mut f = Families::default();
     let host = hostname();
     let now = unix_millis() as i64;
@@ -313,11 +325,11 @@ fn rtt_histogram(s: &BoardState, f: &mut Families) {
         f.add(name, "histogram", help, &format!("le=\"{le}\""), total);
     }
     let fam = f.family(name);
-    fam.2
+    fam.samples
         .iter_mut()
         .for_each(|l| *l = l.replacen(name, &format!("{name}_bucket"), 1));
-    fam.2.push(format!("{name}_sum {:.6}", s.rtt_sum));
-    fam.2.push(format!("{name}_count {total}"));
+    fam.samples.push(format!("{name}_sum {:.6}", s.rtt_sum));
+    fam.samples.push(format!("{name}_count {total}"));
 }
 
 #[cfg(test)]

@@ -61,6 +61,14 @@ fn last_success(snap: &Snapshot) -> Option<u64> {
     last_run.max(ledger)
 }
 
+/// What [`Reader::read`] found.
+pub struct FleetRead {
+    /// Each job read, by KEY.
+    pub by_key: HashMap<String, Fleetwide>,
+    /// A line for the first job that could not be read.
+    pub trouble: Option<String>,
+}
+
 impl Reader {
     pub fn new(show_output: bool) -> Reader {
         Reader {
@@ -69,9 +77,8 @@ impl Reader {
         }
     }
 
-    /// Each job's fleet-wide state, read within [`READ_WITHIN`]: those read, and a line for the
-    /// first that could not be.
-    pub fn read(&mut self, jobs: &[JobLine]) -> (HashMap<String, Fleetwide>, Option<String>) {
+    /// Each job's fleet-wide state, read within [`READ_WITHIN`].
+    pub fn read(&mut self, jobs: &[JobLine]) -> FleetRead {
         let until = Instant::now() + READ_WITHIN;
         let mut out = HashMap::new();
         let mut trouble = None;
@@ -112,6 +119,9 @@ impl Reader {
                 }
             }
         }
-        (out, trouble)
+        FleetRead {
+            by_key: out,
+            trouble,
+        }
     }
 }

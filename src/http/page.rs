@@ -37,7 +37,10 @@ pub fn answer(board: &Board, fleet: &mut Reader) -> Response {
         let s = board.state();
         (s.jobs.clone(), s.running.clone(), s.draining)
     };
-    let (read, trouble) = fleet.read(&jobs);
+    let super::fleet::FleetRead {
+        by_key: read,
+        trouble,
+    } = fleet.read(&jobs);
     let mut out = String::new();
     let now = unix_millis();
     let _ = write!(

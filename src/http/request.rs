@@ -60,7 +60,7 @@ pub fn serve(listener: TcpListener, board: &Board, log: &Log, show_output: bool)
                 Step::More | Step::Drop => {}
                 Step::Head(request) => {
                     let (answer, head) = match request {
-                        Ok((method, path)) => {
+                        Ok(Head { method, path }) => {
                             let answer = route(&method, &path, board, &mut fleet);
                             (answer, method == "HEAD")
                         }
@@ -125,14 +125,20 @@ fn accept(listener: &TcpListener, conns: &mut Vec<Conn>) {
     }
 }
 
+/// A request's head, as far as it matters here.
+struct Head {
+    method: String,
+    path: String,
+}
+
 /// What a read made of a connection.
 enum Step {
     /// The head is not whole yet.
     More,
     /// Closed, failed, or sent a body we never asked for: dropped without an answer.
     Drop,
-    /// A whole head: its method and path, or why it is a bad request.
-    Head(Result<(String, String), String>),
+    /// A whole head, or why it is a bad request.
+    Head(Result<Head, String>),
 }
 
 fn read(conn: &mut Conn) -> Step {
@@ -147,10 +153,10 @@ fn read(conn: &mut Conn) -> Step {
     let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
     let mut request = httparse::Request::new(&mut headers);
     match request.parse(&conn.head) {
-        Ok(httparse::Status::Complete(_)) => Step::Head(Ok((
-            request.method.unwrap_or_default().to_string(),
-            request.path.unwrap_or_default().to_string(),
-        ))),
+        Ok(httparse::Status::Complete(_)) => Step::Head(Ok(Head {
+            method: request.method.unwrap_or_default().to_string(),
+            path: request.path.unwrap_or_default().to_string(),
+        })),
         Ok(httparse::Status::Partial) if conn.head.len() < HEAD_MAX => Step::More,
         Ok(httparse::Status::Partial) => {
             Step::Head(Err(format!("a request head over {HEAD_MAX} bytes")))

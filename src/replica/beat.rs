@@ -12,7 +12,7 @@ use crate::config::RunConfig;
 use crate::log::{Level, Log};
 use crate::store::members::{FleetView, Poke};
 
-use super::claim::{Ask, Group};
+use super::claim::{Ask, Group, Reached};
 use super::claimer::Claims;
 use super::entry::LEAD_MS;
 use super::table::Table;
@@ -160,7 +160,7 @@ impl Heartbeats {
             return;
         }
         let lapse = if leaving { Duration::ZERO } else { every * 3 };
-        for (group, config) in table.groups() {
+        for Reached { group, config } in table.groups() {
             claims.send(Ask::Beat {
                 config,
                 group,

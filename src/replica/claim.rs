@@ -111,6 +111,13 @@ pub struct Group {
     pub fleet: u64,
 }
 
+/// A group the jobs claim in, with one of its jobs' configuration to reach its servers.
+#[derive(Clone)]
+pub struct Reached {
+    pub group: Group,
+    pub config: Arc<RunConfig>,
+}
+
 /// The group of `config`'s job, its fleet not yet known.
 pub fn group(config: &RunConfig) -> Group {
     Group {

@@ -275,21 +275,29 @@ fn by_servers<T>(items: Vec<T>, config: impl Fn(&T) -> &Arc<RunConfig>) -> Vec<V
     groups
 }
 
-/// How a group on one server list is reached: a job's configuration (they share the servers), and
-/// the shortest `--connect-timeout` among them. `None` for no group.
-fn reach<'a>(
-    mut configs: impl Iterator<Item = &'a Arc<RunConfig>>,
-) -> Option<(Arc<RunConfig>, Duration)> {
+/// How a group on one server list is reached.
+struct Reach {
+    /// A job's configuration (they share the servers).
+    config: Arc<RunConfig>,
+    /// The shortest `--connect-timeout` among them.
+    within: Duration,
+}
+
+/// How a group is reached; `None` for no group.
+fn reach<'a>(mut configs: impl Iterator<Item = &'a Arc<RunConfig>>) -> Option<Reach> {
     let first = configs.next()?;
     let within = configs
         .map(|c| c.connect_timeout)
         .fold(first.connect_timeout, Duration::min);
-    Some((first.clone(), within))
+    Some(Reach {
+        config: first.clone(),
+        within,
+    })
 }
 
 /// Claims on one server list, as one pipeline: each one's answer.
 fn claim_together(links: &mut Links, group: Vec<ClaimAsk>) -> Vec<Answer> {
-    let Some((config, within)) = reach(group.iter().map(|c| &c.config)) else {
+    let Some(Reach { config, within }) = reach(group.iter().map(|c| &c.config)) else {
         return Vec::new();
     };
     let keys: Vec<Keys> = group
@@ -331,7 +339,7 @@ fn claim_together(links: &mut Links, group: Vec<ClaimAsk>) -> Vec<Answer> {
 
 /// Runs' renewals on one server list, as one pipeline: each one's answer, with when it was sent.
 fn renew_together(links: &mut Links, group: Vec<RunRenewal>) -> Vec<Answer> {
-    let Some((config, within)) = reach(group.iter().map(|r| &r.config)) else {
+    let Some(Reach { config, within }) = reach(group.iter().map(|r| &r.config)) else {
         return Vec::new();
     };
     let helds: Vec<&Held> = group.iter().map(|r| &*r.held).collect();
@@ -350,7 +358,7 @@ fn renew_together(links: &mut Links, group: Vec<RunRenewal>) -> Vec<Answer> {
 
 /// Runs' releases on one server list, as one pipeline; each run is told how its release went.
 fn release_together(links: &mut Links, group: Vec<RunRelease>) {
-    let Some((config, within)) = reach(group.iter().map(|r| &r.config)) else {
+    let Some(Reach { config, within }) = reach(group.iter().map(|r| &r.config)) else {
         return;
     };
     let items: Vec<(&Held, &ReleaseOptions)> = group.iter().map(|r| (&*r.held, &*r.opts)).collect();

@@ -32,6 +32,13 @@ struct Waiting {
     claiming: bool,
 }
 
+/// A manual instant to claim now.
+pub struct ManualClaim {
+    pub key: String,
+    pub instant: i64,
+    pub kind: InstantKind,
+}
+
 /// The manual instants this replica looks after.
 #[derive(Default)]
 pub struct Manuals {
@@ -67,8 +74,8 @@ impl Manuals {
         }
     }
 
-    /// Up to `room` instants to claim now (KEY, instant, kind), each marked in flight.
-    pub fn take_due(&mut self, room: usize) -> Vec<(String, i64, InstantKind)> {
+    /// Up to `room` instants to claim now, each marked in flight.
+    pub fn take_due(&mut self, room: usize) -> Vec<ManualClaim> {
         let now = unix_millis() as i64;
         self.waiting.retain(|w| w.until > now || w.claiming);
         let mut out = Vec::new();
@@ -78,7 +85,11 @@ impl Manuals {
             }
             if !w.claiming && w.look <= now {
                 w.claiming = true;
-                out.push((w.key.clone(), w.instant, w.kind));
+                out.push(ManualClaim {
+                    key: w.key.clone(),
+                    instant: w.instant,
+                    kind: w.kind,
+                });
             }
         }
         out

@@ -17,13 +17,13 @@ use crate::store::lock::{Held, InstantKind, Overlap, Undo};
 
 use super::answers::{self, Pending, Unrecorded};
 use super::beat::Heartbeats;
-use super::claim::{self, Answer, Ask, ClaimVerdict};
+use super::claim::{self, Answer, Ask, ClaimVerdict, Reached};
 use super::claimer::Claims;
 use super::health::Health;
-use super::manual::Manuals;
+use super::manual::{ManualClaim, Manuals};
 use super::reports::{self, Followup};
-use super::runs::{Runs, Starting};
-use super::table::Table;
+use super::runs::{RunHeard, Runs, Starting};
+use super::table::{Table, ToClaim};
 use super::watched;
 
 /// The longest a replica waits, at its end, for its leave and its last releases and records to
@@ -246,7 +246,7 @@ impl<'a> Replicant<'a> {
         }
         let taken = table.take_due(room);
         let room = room - taken.len();
-        for (i, instant) in taken {
+        for ToClaim { job: i, instant } in taken {
             let job = &table.jobs[i].cron;
             self.claims.send(Ask::Claim {
                 key: job.key.clone(),
@@ -255,7 +255,7 @@ impl<'a> Replicant<'a> {
                 kind: InstantKind::Scheduled,
             });
         }
-        for (key, instant, kind) in self.manuals.take_due(room) {
+        for ManualClaim { key, instant, kind } in self.manuals.take_due(room) {
             let Some(job) = table.job(&key) else {
                 self.manuals.answered(&key, instant, None);
                 continue;
@@ -295,7 +295,7 @@ impl<'a> Replicant<'a> {
     pub(super) fn leave(&mut self, table: &Table) -> bool {
         let mut groups = table.groups();
         groups.append(&mut table.left.clone());
-        for (group, config) in groups {
+        for Reached { group, config } in groups {
             self.beats.leave(&mut self.claims, group, config);
         }
         let finished = self.claims.finish(LEAVE_WITHIN);
@@ -529,7 +529,8 @@ impl<'a> Replicant<'a> {
     /// it; a run that did not start has its claim undone, and its instant looked at again.
     fn hand_over(&mut self, table: &mut Table) {
         for asked in std::mem::take(&mut self.starting) {
-            let (config, held) = asked.run.claim();
+            let config = asked.run.config();
+            let held = asked.run.held();
             match self.runs.started(asked.run, self.log) {
                 Ok(()) => self.health.started_run(),
                 Err(e) => {
@@ -577,7 +578,7 @@ impl<'a> Replicant<'a> {
     /// Ask for the instants this replica gave up to be recorded missed (unless they ran), and
     /// leave the fleets a reload left.
     fn give_up(&mut self, table: &mut Table) {
-        for (group, config) in std::mem::take(&mut table.left) {
+        for Reached { group, config } in std::mem::take(&mut table.left) {
             self.beats.leave(&mut self.claims, group, config);
         }
         for Pending {
@@ -616,7 +617,7 @@ impl<'a> Replicant<'a> {
     fn reports(&mut self, table: &mut Table) {
         // A release an instant waits for goes at once (see `claimer.rs`).
         let urgent = self.full() || table.waiting() > 0;
-        while let Some((run, report)) = self.runs.next_report() {
+        while let Some(RunHeard { run, report }) = self.runs.next_report() {
             if let (Some(board), Some(report)) = (self.shown.board(), &report) {
                 watched::show_report(board, run, report);
             }

@@ -50,8 +50,19 @@ fn not_for_runs() -> Vec<&'static str> {
 /// and spawned again at the next run: a replica whose jobs are far apart keeps no second process.
 const STARTER_IDLE: Duration = Duration::from_secs(60);
 
-/// What a run's channel said, for the loop: the run's pid, and a report, or `None` at its end.
-type Heard = (u32, Option<RunReport>);
+/// What a run's channel said, for the loop.
+struct Heard {
+    pid: u32,
+    /// A report, or `None` at the channel's end.
+    report: Option<RunReport>,
+}
+
+/// A report a run sent, with the run (still supervised) that sent it.
+pub struct RunHeard<'a> {
+    pub run: &'a mut Spawned,
+    /// A report, or `None` at the channel's end.
+    pub report: Option<RunReport>,
+}
 
 /// A run this replica supervises.
 pub struct Spawned {
@@ -244,10 +255,10 @@ impl Runs {
         }
     }
 
-    /// The next report a run sent, with the run (still supervised) that sent it.
-    pub fn next_report(&mut self) -> Option<(&mut Spawned, Option<RunReport>)> {
+    /// The next report a run sent.
+    pub fn next_report(&mut self) -> Option<RunHeard<'_>> {
         loop {
-            let (pid, report) = self.heard.1.try_recv().ok()?;
+            let Heard { pid, report } = self.heard.1.try_recv().ok()?;
             // (A report of a run already forgotten is dropped.)
             let Some(run) = self.by_pid.get_mut(&pid) else {
                 continue;
@@ -263,7 +274,10 @@ impl Runs {
                 _ => {}
             }
 
-            return self.by_pid.get_mut(&pid).map(|run| (run, report));
+            return self
+                .by_pid
+                .get_mut(&pid)
+                .map(|run| RunHeard { run, report });
         }
     }
 
@@ -386,10 +400,15 @@ pub struct Starting {
 }
 
 impl Starting {
-    /// The claim it would take over: its job's configuration and its lock (undone when the run
-    /// does not start).
-    pub fn claim(&self) -> (std::sync::Arc<crate::config::RunConfig>, Box<Held>) {
-        (self.config.clone(), self.held.clone())
+    /// The configuration of the job whose claim it would take over (undone when the run does
+    /// not start).
+    pub fn config(&self) -> std::sync::Arc<crate::config::RunConfig> {
+        self.config.clone()
+    }
+
+    /// The lock of the claim it would take over.
+    pub fn held(&self) -> Box<Held> {
+        self.held.clone()
     }
 }
 
@@ -539,7 +558,7 @@ impl Relays<'_> {
                             | nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
                     );
                 }
-                let _ = heard.send((pid, report));
+                let _ = heard.send(Heard { pid, report });
                 signals::wake_main();
             }),
             // Bounded per line, not in all: a long run asks a renewal every interval for as

@@ -30,7 +30,7 @@ use anyhow::Result;
 use super::agenda::Agenda;
 use super::rank::{self, checker, fnv, owner, rank};
 use crate::clock::Instant;
-use crate::replica::claim::{group, Group};
+use crate::replica::claim::{group, Group, Reached};
 use crate::store::members::FleetView;
 
 pub use super::entry::Entry;
@@ -65,6 +65,12 @@ pub struct CheckBatch {
     pub items: Vec<(String, i64)>,
 }
 
+/// A scheduled instant to claim now: the job (its index in the table) and the instant.
+pub struct ToClaim {
+    pub job: usize,
+    pub instant: i64,
+}
+
 /// The jobs, by KEY too, and who serves them.
 pub struct Table {
     pub jobs: Vec<Entry>,
@@ -86,7 +92,7 @@ pub struct Table {
     /// reload): to record missed, with the reason, under their job's configuration then.
     pub gave_up: Vec<Pending>,
     /// Fleets a reload left (their jobs changed): to say so in a heartbeat.
-    pub left: Vec<(Group, std::sync::Arc<crate::config::RunConfig>)>,
+    pub left: Vec<Reached>,
     /// When the table was made: until a first view comes (or a lapse passes without one), an
     /// instant waits for it rather than being claimed by every replica.
     made: Instant,
@@ -96,7 +102,7 @@ pub struct Table {
     agenda: Agenda,
     /// Its groups, each with one of its jobs' configuration (to reach its servers), and the
     /// shortest `--ttl`: read at each heartbeat, found once.
-    groups: Vec<(Group, std::sync::Arc<crate::config::RunConfig>)>,
+    groups: Vec<Reached>,
     shortest_ttl: Duration,
 }
 
@@ -150,10 +156,11 @@ impl Table {
             shortest_ttl: Duration::from_secs(30),
         };
         for job in &table.jobs {
-            if !table.groups.iter().any(|(g, _)| *g == job.group) {
-                table
-                    .groups
-                    .push((job.group.clone(), job.cron.config.clone()));
+            if !table.groups.iter().any(|r| r.group == job.group) {
+                table.groups.push(Reached {
+                    group: job.group.clone(),
+                    config: job.cron.config.clone(),
+                });
             }
         }
         let ttls = table.jobs.iter().map(|j| j.cron.config.timing.ttl);
@@ -180,7 +187,7 @@ impl Table {
     }
 
     /// The groups the jobs claim in, each with a job's configuration to reach it.
-    pub fn groups(&self) -> Vec<(Group, std::sync::Arc<crate::config::RunConfig>)> {
+    pub fn groups(&self) -> Vec<Reached> {
         self.groups.clone()
     }
 
@@ -480,7 +487,7 @@ impl Table {
 
     /// Up to `room` waiting instants to claim now, in this replica's order; each is marked in
     /// flight until [`Table::answered`].
-    pub fn take_due(&mut self, room: usize) -> Vec<(usize, i64)> {
+    pub fn take_due(&mut self, room: usize) -> Vec<ToClaim> {
         if room == 0 {
             return Vec::new();
         }
@@ -500,7 +507,10 @@ impl Table {
         for (_, _, i) in &ready {
             self.jobs[*i].claiming = true;
         }
-        ready.into_iter().map(|(at, _, i)| (i, at)).collect()
+        ready
+            .into_iter()
+            .map(|(instant, _, job)| ToClaim { job, instant })
+            .collect()
     }
 
     /// A claim of KEY came back: `done` unless it failed (Redis could not be asked), in which case
@@ -574,7 +584,7 @@ impl Table {
                 self.left = self
                     .groups()
                     .into_iter()
-                    .filter(|(g, _)| !now.iter().any(|(n, _)| n == g))
+                    .filter(|r| !now.iter().any(|n| n.group == r.group))
                     .collect();
                 next.left = std::mem::take(&mut self.left);
                 next.views = std::mem::take(&mut self.views);
