@@ -108,12 +108,18 @@ fn candidates(program: &OsStr) -> io::Result<Vec<CString>> {
 /// use it for its own work), and so do the `_FILE` forms, which name a file, not a secret.
 pub const HIDDEN_FROM_COMMAND: &[&str] = &["CRONLOCK_REDIS_URL", "CRONLOCK_PING_URL"];
 
+/// A variable cronlock gives the command (`CRONLOCK_KEY`, `CRONLOCK_FENCING_TOKEN`, ...).
+pub struct CommandVariable {
+    pub name: &'static str,
+    pub value: String,
+}
+
 /// The command's environment: ours without [`HIDDEN_FROM_COMMAND`], with `extra_env` set.
-fn command_env(extra_env: &[(&str, String)]) -> io::Result<Vec<CString>> {
+fn command_env(extra_env: &[CommandVariable]) -> io::Result<Vec<CString>> {
     let mut env: Vec<CString> = Vec::new();
     for (k, v) in std::env::vars_os() {
         let hidden = HIDDEN_FROM_COMMAND.iter().any(|name| OsStr::new(name) == k);
-        if hidden || extra_env.iter().any(|(name, _)| OsStr::new(name) == k) {
+        if hidden || extra_env.iter().any(|v| OsStr::new(v.name) == k) {
             continue;
         }
         let mut kv = k.clone();
@@ -123,8 +129,8 @@ fn command_env(extra_env: &[(&str, String)]) -> io::Result<Vec<CString>> {
             env.push(c);
         }
     }
-    for (k, v) in extra_env {
-        env.push(cstring(OsStr::new(&format!("{k}={v}")))?);
+    for v in extra_env {
+        env.push(cstring(OsStr::new(&format!("{}={}", v.name, v.value)))?);
     }
     Ok(env)
 }
@@ -151,7 +157,7 @@ impl Stdio {
 /// The guard and the command read the kill-by time from `shared`.
 pub fn spawn(
     argv: &[OsString],
-    extra_env: &[(&str, String)],
+    extra_env: &[CommandVariable],
     shared: Shared,
     cgroup: Option<PathBuf>,
     stdio: Stdio,

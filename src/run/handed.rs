@@ -15,7 +15,14 @@ use crate::store::lock::{Held, ReleaseOptions};
 use crate::store::quorum::Masters;
 
 /// The handed-over lock, the masters to keep it with, and the channel to report on.
-pub(super) fn receive(config: &RunConfig, fd: i32, log: &Log) -> Result<(Held, Masters, RunSide)> {
+pub(super) struct Handed {
+    pub held: Held,
+    pub masters: Masters,
+    pub side: RunSide,
+}
+
+/// The lock the replica hands over on the channel `fd`.
+pub(super) fn receive(config: &RunConfig, fd: i32, log: &Log) -> Result<Handed> {
     let mut side = RunSide::adopt(fd)?;
     let handed = side.receive(config.connect_timeout)?;
     // (Named by the KEY handed over: a lock of another KEY is released as the lock it is.)
@@ -39,7 +46,11 @@ pub(super) fn receive(config: &RunConfig, fd: i32, log: &Log) -> Result<(Held, M
             "the lock the replica handed over is not this run's ({why}); not running the command"
         );
     }
-    Ok((held, masters, side))
+    Ok(Handed {
+        held,
+        masters,
+        side,
+    })
 }
 
 /// The most a run waits for its instant (a replica claims 50 ms ahead at most).

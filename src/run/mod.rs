@@ -80,11 +80,15 @@ fn run_locked(
     // A replica's run is handed the lock the replica claimed; any other run takes it.
     let (held, masters, channel) = match config.handover {
         Some(fd) => {
-            let (held, masters, channel) = handed::receive(config, fd, log)?;
-            (held, masters, Some(channel))
+            let handed::Handed {
+                held,
+                masters,
+                side,
+            } = handed::receive(config, fd, log)?;
+            (held, masters, Some(side))
         }
         None => match take(config, log, &mut outcome.suspended)? {
-            Taken::Held(held, masters) => (*held, masters, None),
+            Taken::Held(granted) => (granted.held, granted.masters, None),
             Taken::NotRun(exit) => return Ok(exit),
         },
     };
@@ -99,13 +103,13 @@ fn run_locked(
             ("attempt", held.attempt.into()),
         ],
     );
-    let (mut run, shared) = Run::new(config, log, held, masters, channel)?;
+    let mut run = Run::new(config, log, held, masters, channel)?;
     replacing::wait_for_replaced(config, &run.held, &run.watchdog.validity, log);
     if run.channel.is_some() {
         handed::wait_for_instant(&run.held, config.jitter_offset());
     }
     let mut captured = capture::Captured::default();
-    let end = run.command(shared, on_start, &mut captured);
+    let end = run.command(on_start, &mut captured);
     outcome.body = captured.body;
     outcome.run = run.finish(end, captured.kept);
     Ok(end.exit)
@@ -132,19 +136,27 @@ struct Run<'a> {
     channel: Option<RunSide>,
     watchdog: Watchdog,
     limits: Limits,
+    /// The page it shares with the guard (told the kill-by time each time the lease moves).
+    shared: Shared,
+}
+
+/// A command started: its process, and with `--ping-body` the capture of its output (its clock
+/// started).
+struct Started {
+    child: Child,
+    capture: Option<capture::Capture>,
 }
 
 impl<'a> Run<'a> {
-    /// The run of a lock just taken or handed over, and the page it shares with the guard (told
-    /// the kill-by time each time the lease moves). A page that cannot be mapped releases the
-    /// lock: nothing runs.
+    /// The run of a lock just taken or handed over. A page that cannot be shared with the guard
+    /// releases the lock: nothing runs.
     fn new(
         config: &'a RunConfig,
         log: &'a Log,
         held: Held,
         masters: Masters,
         channel: Option<RunSide>,
-    ) -> Result<(Run<'a>, Shared)> {
+    ) -> Result<Run<'a>> {
         let timing = config.timing;
         let until = held.sent_at + timing.ttl;
         let shared = match Shared::new(lease::kill_by(until, timing.margin)) {
@@ -180,20 +192,16 @@ impl<'a> Run<'a> {
             channel,
             watchdog,
             limits,
+            shared,
         };
-        Ok((run, shared))
+        Ok(run)
     }
 
     /// Spawn and supervise the command; the lock is held throughout. `on_start` (and the
     /// replica, for its run) is told when it started; the end of its output goes to `captured`
     /// (`--ping-body`, `--keep-output`).
-    fn command(
-        &mut self,
-        shared: Shared,
-        on_start: OnStart<'_>,
-        captured: &mut capture::Captured,
-    ) -> CommandEnd {
-        let (child, capture) = match self.start(shared) {
+    fn command(&mut self, on_start: OnStart<'_>, captured: &mut capture::Captured) -> CommandEnd {
+        let Started { child, capture } = match self.start() {
             Ok(started) => started,
             Err(exit) => {
                 return CommandEnd {
@@ -379,9 +387,9 @@ impl<'a> Run<'a> {
     }
 
     /// Start the command, if the lock leaves time to stop it; the exit status if it did not
-    /// start. Returns the command and, with `--ping-body`, the capture of its output (its clock
-    /// started).
-    fn start(&self, shared: Shared) -> Result<(Child, Option<capture::Capture>), Exit> {
+    /// start.
+    fn start(&self) -> Result<Started, Exit> {
+        let shared = self.shared;
         let (config, held, log) = (self.config, &self.held, self.log);
         let validity = &self.watchdog.validity;
         // A replica's run follows its replica, not the starter that forked it: a replica gone
@@ -456,7 +464,7 @@ impl<'a> Run<'a> {
         if crate::hooks::fault_at("main") {
             panic!("injected by a test hook (hooks::PANIC)");
         }
-        Ok((child, capture))
+        Ok(Started { child, capture })
     }
 }
 
@@ -501,25 +509,24 @@ fn capture_for(config: &RunConfig, log: &Log) -> Result<Option<capture::Capture>
 /// for (to the second and to the millisecond: a manual instant is named by the asking host's
 /// clock, and may share its second with a scheduled one), whether it is a manual one
 /// (`--trigger`), and which attempt at it.
-fn command_env(config: &RunConfig, held: &Held) -> Vec<(&'static str, String)> {
-    let env = [
-        ("CRONLOCK_KEY", config.key.clone()),
-        ("CRONLOCK_TOKEN", held.holder.token.clone()),
-        ("CRONLOCK_FENCING_TOKEN", held.fence.to_string()),
-        ("CRONLOCK_SLOT", held.slot.to_string()),
-        ("CRONLOCK_RUN_ID", held.holder.token.clone()),
+fn command_env(config: &RunConfig, held: &Held) -> Vec<child::CommandVariable> {
+    let var = |name, value| child::CommandVariable { name, value };
+    let mut env = vec![
+        var("CRONLOCK_KEY", config.key.clone()),
+        var("CRONLOCK_TOKEN", held.holder.token.clone()),
+        var("CRONLOCK_FENCING_TOKEN", held.fence.to_string()),
+        var("CRONLOCK_SLOT", held.slot.to_string()),
+        var("CRONLOCK_RUN_ID", held.holder.token.clone()),
     ];
-    let scheduled = held.instant.map(|i| {
-        [
-            ("CRONLOCK_INSTANT", crate::clock::rfc3339(i.max(0) as u64)),
-            ("CRONLOCK_INSTANT_MS", i.max(0).to_string()),
-            ("CRONLOCK_MANUAL", u8::from(held.manual).to_string()),
-            ("CRONLOCK_ATTEMPT", held.attempt.to_string()),
-        ]
-    });
-    env.into_iter()
-        .chain(scheduled.into_iter().flatten())
-        .collect()
+    if let Some(i) = held.instant {
+        env.extend([
+            var("CRONLOCK_INSTANT", crate::clock::rfc3339(i.max(0) as u64)),
+            var("CRONLOCK_INSTANT_MS", i.max(0).to_string()),
+            var("CRONLOCK_MANUAL", u8::from(held.manual).to_string()),
+            var("CRONLOCK_ATTEMPT", held.attempt.to_string()),
+        ]);
+    }
+    env
 }
 
 /// A command that could not be started: one line saying why, and the exit status (126, 127).

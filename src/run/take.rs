@@ -20,10 +20,16 @@ use crate::store::lock::Held;
 use crate::store::quorum::Masters;
 use crate::store::wait::{self, Acquired};
 
+/// A lock granted, with the masters that granted it (to renew and release it with).
+pub(super) struct Granted {
+    pub held: Held,
+    pub masters: Masters,
+}
+
 /// What asking for the lock came to.
 pub(super) enum Taken {
-    /// Ours, with the masters that granted it.
-    Held(Box<Held>, Masters),
+    /// Ours.
+    Held(Box<Granted>),
     /// The run does not start (busy, already ran, suspended, a signal), its reason logged: the
     /// exit status.
     NotRun(Exit),
@@ -58,7 +64,12 @@ pub(super) fn take(config: &RunConfig, log: &Log, suspended: &mut Option<u64>) -
     };
     let mut masters = Masters::new(&config.servers);
     let exit = match wait::acquire(&mut masters, &keys, &command, ask, log)? {
-        Acquired::Held(held) => return Ok(Taken::Held(held, masters)),
+        Acquired::Held(held) => {
+            return Ok(Taken::Held(Box::new(Granted {
+                held: *held,
+                masters,
+            })))
+        }
         Acquired::Busy { holder, expires_in } => {
             busy(config, &holder, expires_in, asked.elapsed(), log);
             Exit::Conflict(config.conflict_exit_code)
