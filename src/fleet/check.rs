@@ -191,15 +191,18 @@ fn judge_runs(
     let expected = schedule.and_then(|s| {
         let grace = max_age.unwrap_or(DEFAULT_SCHEDULE_GRACE).as_millis() as u64;
         let instant = s.at_or_before(now_ms.saturating_sub(grace) as i64)?;
-        Some((s, instant))
+        Some(Missed {
+            schedule: s,
+            instant,
+        })
     });
-    let missed = expected.filter(|(_, instant)| snap.instant.is_none_or(|ran| ran < *instant));
+    let missed = expected.filter(|m| snap.instant.is_none_or(|ran| ran < m.instant));
 
     let Some(run) = last else {
         let message = match missed {
-            Some((s, instant)) => format!(
+            Some(m) => format!(
                 "{key} never ran: no run for the {} instant",
-                s.label_at(instant, now_ms as i64)
+                m.schedule.label_at(m.instant, now_ms as i64)
             ),
             None => format!("{key} never ran"),
         };
@@ -252,12 +255,18 @@ fn running(
     })
 }
 
+/// The latest instant of a schedule whose run should have started by now, and did not.
+struct Missed<'a> {
+    schedule: &'a Schedule,
+    instant: i64,
+}
+
 /// Judge the last recorded run: failed, a missed instant (`missed`), too old (`max_age`, without
 /// a schedule), or OK.
 fn judge_last(
     key: &str,
     run: &RunRecord,
-    missed: Option<(&Schedule, i64)>,
+    missed: Option<Missed<'_>>,
     max_age: Option<Duration>,
     now_ms: u64,
 ) -> CheckVerdict {
@@ -276,12 +285,12 @@ fn judge_last(
             perf,
         };
     }
-    if let Some((s, instant)) = missed {
+    if let Some(m) = missed {
         return CheckVerdict {
             state: CheckState::Critical,
             message: format!(
                 "{key}: no run for the {} instant (last run {when})",
-                s.label_at(instant, now_ms as i64)
+                m.schedule.label_at(m.instant, now_ms as i64)
             ),
             perf,
         };

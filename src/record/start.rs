@@ -100,6 +100,8 @@ mod tests {
         for m in all {
             assert_eq!(StarterMessage::decode(&m.encode()).unwrap(), m);
         }
-        assert!(StarterMessage::decode(br#"{"v":2,"kind":"exited","pid":1,"status":0}"#).is_err());
+        // Another version is refused.
+        assert!(StarterMessage::decode(br#"{"v":1,"kind":"exited","pid":1,"status":0}"#).is_err());
+        assert!(StarterMessage::decode(br#"{"v":3,"kind":"exited","pid":1,"status":0}"#).is_err());
     }
 }

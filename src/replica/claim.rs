@@ -36,7 +36,7 @@ use crate::store::acquire::Acquire;
 use crate::store::acquire::AcquireOutcome;
 use crate::store::holder::Holder;
 use crate::store::keys::Keys;
-use crate::store::lock::{Held, InstantKind, ReleaseOptions, Released, Undo};
+use crate::store::lock::{Held, InstantKind, KeyInstant, ReleaseOptions, Released, Undo};
 use crate::store::members::{FleetView, Heartbeat};
 use crate::store::quorum::{Masters, Refused, RoundOutcome};
 use crate::store::topology::Failure;
@@ -59,10 +59,10 @@ pub enum Ask {
         held: Box<Held>,
         undo: Undo,
     },
-    /// Which of these instants of one group (KEY, instant) are decided already.
+    /// Which of these instants of one group are decided already.
     Check {
         config: Arc<RunConfig>,
-        items: Vec<(String, i64)>,
+        items: Vec<ToCheck>,
     },
     /// A run asked for its lock to be released, recording `opts` (its end): release it with the
     /// holder value this replica claimed with, and answer on the run's channel. `urgent`: an
@@ -118,6 +118,21 @@ pub struct Reached {
     pub config: Arc<RunConfig>,
 }
 
+/// An instant of KEY to check: is it decided already (its run started, or it was recorded)?
+#[derive(Debug, Clone)]
+pub struct ToCheck {
+    pub key: String,
+    pub instant: i64,
+}
+
+/// A checked instant, and whether it was decided.
+#[derive(Debug, Clone)]
+pub struct CheckedInstant {
+    pub key: String,
+    pub instant: i64,
+    pub decided: bool,
+}
+
 /// The group of `config`'s job, its fleet not yet known.
 pub fn group(config: &RunConfig) -> Group {
     Group {
@@ -164,7 +179,7 @@ pub enum Answer {
     },
     /// Which of the checked instants are decided (their run started, or they were recorded);
     /// an instant that could not be checked is not.
-    Checked { items: Vec<(String, i64, bool)> },
+    Checked { items: Vec<CheckedInstant> },
     /// An undo went through (`Ok`), or why not.
     Unclaimed {
         key: String,
@@ -275,18 +290,29 @@ pub(super) fn carry_out(links: &mut Links, ask: Ask) -> Option<Answer> {
     }
 }
 
-/// Which of `items` (KEY, instant) are decided already, as one call per fleet.
-fn check(links: &mut Links, config: &RunConfig, items: Vec<(String, i64)>) -> Answer {
+/// Which of `items` are decided already, as one call per fleet.
+fn check(links: &mut Links, config: &RunConfig, items: Vec<ToCheck>) -> Answer {
     let keys: Vec<Keys> = items
         .iter()
-        .map(|(key, _)| Keys::new(&config.prefix, key))
+        .map(|i| Keys::new(&config.prefix, &i.key))
         .collect();
-    let asked: Vec<(&Keys, i64)> = keys.iter().zip(&items).map(|(k, i)| (k, i.1)).collect();
+    let asked: Vec<KeyInstant<'_>> = keys
+        .iter()
+        .zip(&items)
+        .map(|(keys, i)| KeyInstant {
+            keys,
+            instant: i.instant,
+        })
+        .collect();
     let decided = masters(links, config).claimed(config.connect_timeout, &asked);
     let items = items
         .into_iter()
         .zip(decided)
-        .map(|((key, at), done)| (key, at, done))
+        .map(|(i, decided)| CheckedInstant {
+            key: i.key,
+            instant: i.instant,
+            decided,
+        })
         .collect();
     Answer::Checked { items }
 }

@@ -17,7 +17,7 @@ use crate::store::lock::{Held, InstantKind, Overlap, Undo};
 
 use super::answers::{self, Pending, Unrecorded};
 use super::beat::Heartbeats;
-use super::claim::{self, Answer, Ask, ClaimVerdict, Reached};
+use super::claim::{self, Answer, Ask, CheckedInstant, ClaimVerdict, Reached};
 use super::claimer::Claims;
 use super::health::Health;
 use super::manual::{ManualClaim, Manuals};
@@ -369,8 +369,13 @@ impl<'a> Replicant<'a> {
                     }
                 }
                 Answer::Checked { items } => {
-                    for (key, at, decided) in items {
-                        table.checked(&key, at, decided);
+                    for CheckedInstant {
+                        key,
+                        instant,
+                        decided,
+                    } in items
+                    {
+                        table.checked(&key, instant, decided);
                     }
                 }
                 Answer::Unclaimed { key, result } => {

@@ -30,7 +30,7 @@ use anyhow::Result;
 use super::agenda::Agenda;
 use super::rank::{self, checker, fnv, owner, rank};
 use crate::clock::Instant;
-use crate::replica::claim::{group, Group, Reached};
+use crate::replica::claim::{group, Group, Reached, ToCheck};
 use crate::store::members::FleetView;
 
 pub use super::entry::Entry;
@@ -61,8 +61,7 @@ const LATE_WINDOW_MS: i64 = 60_000;
 pub struct CheckBatch {
     pub group: Group,
     pub config: std::sync::Arc<crate::config::RunConfig>,
-    /// KEY and instant.
-    pub items: Vec<(String, i64)>,
+    pub items: Vec<ToCheck>,
 }
 
 /// A scheduled instant to claim now: the job (its index in the table) and the instant.
@@ -329,7 +328,10 @@ impl Table {
             if self.claims(job, &d) || self.check_at(job, &d).is_none_or(|t| now < t) {
                 continue;
             }
-            let item = (job.cron.key.clone(), d.at);
+            let item = ToCheck {
+                key: job.cron.key.clone(),
+                instant: d.at,
+            };
             match out.iter_mut().find(|b| b.group == job.group) {
                 Some(batch) => batch.items.push(item),
                 None => out.push(CheckBatch {

@@ -224,13 +224,19 @@ pub fn abandon(
 const CLAIMED_LUA: &str = include_str!("lua/claimed.lua");
 static CLAIMED: LazyLock<Script> = LazyLock::new(|| Script::new(CLAIMED_LUA));
 
-/// Which of `items` (a KEY's keys and one of its instants) are decided already: their run started
+/// A KEY's keys and one of its instants.
+pub struct KeyInstant<'a> {
+    pub keys: &'a Keys,
+    pub instant: i64,
+}
+
+/// Which of `items` are decided already: their run started
 /// or the ledger skipped or missed them (see `claimed.lua`). On one node, one call for all; on a
 /// Cluster, one call for each (their keys live in different slots), as one pipeline.
 pub fn claimed_many(
     link: &mut Link,
     within: Duration,
-    items: &[(&Keys, i64)],
+    items: &[KeyInstant<'_>],
 ) -> Vec<Result<bool, Failure>> {
     const SHAPE: &str = "a reply that is not one 0 or 1 for each instant";
     if items.is_empty() {
@@ -259,14 +265,14 @@ pub fn claimed_many(
 }
 
 /// `claimed.lua`'s keys (each KEY's schedule record and ledger) and arguments (the instants).
-fn claimed_call<'a>(items: &[(&'a Keys, i64)]) -> ScriptCall<'a> {
+fn claimed_call<'a>(items: &[KeyInstant<'a>]) -> ScriptCall<'a> {
     let keys = items
         .iter()
-        .flat_map(|(k, _)| [k.schedule.as_str(), k.ledger.as_str()])
+        .flat_map(|i| [i.keys.schedule.as_str(), i.keys.ledger.as_str()])
         .collect();
     ScriptCall {
         keys,
-        args: items.iter().map(|(_, at)| at.to_string()).collect(),
+        args: items.iter().map(|i| i.instant.to_string()).collect(),
     }
 }
 

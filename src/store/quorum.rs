@@ -639,7 +639,7 @@ impl Masters {
     /// Which of `items` (a KEY's keys and an instant) are decided already (see
     /// [`lock::claimed_many`]): on several masters, those a majority says are. An instant no
     /// majority could tell about is not decided: the acquire that follows is the judge.
-    pub fn claimed(&mut self, within: Duration, items: &[(&Keys, i64)]) -> Vec<bool> {
+    pub fn claimed(&mut self, within: Duration, items: &[lock::KeyInstant<'_>]) -> Vec<bool> {
         let answers = self.each(|_, link| lock::claimed_many(link, within, items));
         let majority = self.majority();
         (0..items.len())

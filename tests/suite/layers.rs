@@ -429,7 +429,7 @@ fn no_results_or_variants_are_tuples() {
         for (at, _) in code.match_indices("->") {
             let rest = &code[at + 2..];
             let end = rest
-                .find(|c| c == '{' || c == ';')
+                .find(['{', ';'])
                 .unwrap_or(rest.len())
                 .min(rest.find(" where").unwrap_or(usize::MAX));
             let ty = rest[..end].split('=').next().unwrap_or_default();
