@@ -513,7 +513,8 @@ fn defines(text: &str, name: &str) -> bool {
         let before = text[..at].trim_end();
         let word = before.rsplit(|c: char| !ident(c)).next().unwrap_or("");
         let line = &text[text[..at].rfind('\n').map_or(0, |n| n + 1)..at];
-        // An item, or a field (`name:`) or variant (`Name,` `Name(` `Name {`) at a line's start.
+        // An item, or a field (`name:`) or variant (`Name,`, `Name(`, or `Name` and a brace) at a
+        // line's start.
         let starts_line =
             line.trim().is_empty() || line.trim() == "pub" || line.trim().starts_with("pub(");
         let variant = name.starts_with(|c: char| c.is_ascii_uppercase())
