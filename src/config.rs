@@ -93,7 +93,7 @@ pub const REPLICA_OPTIONS: [ReplicaOption; 6] = [
 ];
 
 /// A crontab's `NAME=value` lines in force for a job, shared between the jobs below them.
-pub type Env = std::sync::Arc<Vec<crate::record::start::Variable>>;
+pub type Env = std::sync::Arc<Vec<crate::starting::message::Variable>>;
 
 /// One job line of a crontab, resolved: the run `cronlock --schedule SCHEDULE [OPTIONS] KEY -c
 /// COMMAND-LINE` would make, and what the replica needs to fire it.
@@ -145,7 +145,7 @@ pub struct RunConfig {
     /// `--overlap`: what an instant does that finds the lock held by an earlier one.
     pub overlap: Overlap,
     /// Set by a replica (`--crontab`) for the runs it starts: the descriptor of the channel on
-    /// which it hands over the lock it claimed ([`crate::fleet::handover`]). The run then takes
+    /// which it hands over the lock it claimed ([`crate::handover`]). The run then takes
     /// nothing itself.
     pub handover: Option<i32>,
     /// `--catch-up`: the window in which a missed, failed or abandoned instant still runs.

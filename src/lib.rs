@@ -11,6 +11,7 @@ pub mod duration;
 pub mod exit;
 pub mod files;
 pub mod fleet;
+pub mod handover;
 pub mod hooks;
 pub mod host;
 pub mod http;
@@ -21,6 +22,7 @@ pub mod record;
 pub mod replica;
 pub mod run;
 pub mod signals;
+pub mod starting;
 pub mod store;
 pub mod watchdog;
 
@@ -208,7 +210,7 @@ fn run_reported(config: &RunConfig, log: &Log) -> Result<Exit> {
 fn started_as_starter() -> bool {
     std::env::args_os()
         .next()
-        .is_some_and(|a| a == fleet::starting::STARTER_ARG0)
+        .is_some_and(|a| a == starting::STARTER_ARG0)
 }
 
 /// A job's run arguments (a replica's starter resolves them once per job), resolved as its

@@ -40,7 +40,7 @@ use std::time::Duration;
 use crate::clock::Instant;
 use crate::command::supervise::Keeper;
 use crate::duration::Span;
-use crate::fleet::handover::AskReplica;
+use crate::handover::AskReplica;
 use crate::lease::{Timing, Validity};
 use crate::log::{Level, Log};
 use crate::store::lock::Held;

@@ -21,8 +21,8 @@ use clap::CommandFactory;
 use crate::cli::{from_matches, one_line, Cli, Mode, ADMIN_MODES};
 use crate::config::{CronJob, Env, Replica, REPLICA_OPTIONS};
 use crate::fleet::schedule::Schedule;
-use crate::record::start::Variable;
 use crate::signals;
+use crate::starting::message::Variable;
 
 /// The largest crontab read: a table, not data.
 const MAX_FILE: u64 = 1 << 20;

@@ -15,7 +15,6 @@ macro_rules! w {
 pub mod admin;
 pub mod check;
 pub mod describe;
-pub mod handover;
 pub mod instants;
 pub mod ledger;
 pub mod metrics;
@@ -25,7 +24,6 @@ pub mod record;
 pub mod report;
 pub mod schedule;
 pub mod spread;
-pub mod starting;
 pub mod status;
 pub mod suspend;
 pub mod trigger;

@@ -1,9 +1,9 @@
-//! The records cronlock keeps in Redis and the messages its processes exchange, each one Rust
-//! type, written and read only here: a lock's holder value (`holder.rs`), a run record
-//! (`run.rs`), a ledger entry and its attempts (`ledger.rs`), a suspension (`suspension.rs`), and
-//! the messages between a replica and its runs (`message.rs`) and its starter (`start.rs`). No reader above indexes JSON by
-//! name, so a field renamed here is renamed for every reader, and a test reads every shape a Lua
-//! script writes through these types.
+//! The records cronlock keeps in Redis, each one Rust type, written and read only here: a lock's
+//! holder value (`holder.rs`), a run record (`run.rs`), a ledger entry and its attempts
+//! (`ledger.rs`), a suspension (`suspension.rs`), a `--trigger` request (`trigger.rs`). The
+//! messages between processes live with their conversation ([`crate::handover`],
+//! [`crate::starting`]). No reader above indexes JSON by name, so a field renamed here is renamed
+//! for every reader, and a test reads every shape a Lua script writes through these types.
 //!
 //! A stored value cronlock did not write (another client's, a hand-edited key) reads as
 //! [`Stored::Foreign`] and is shown as `{"value": ...}`. Fields another version adds are kept
@@ -11,9 +11,7 @@
 
 pub mod holder;
 pub mod ledger;
-pub mod message;
 pub mod run;
-pub mod start;
 pub mod suspension;
 pub mod trigger;
 

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use crate::clock::Instant;
 use crate::config::RunConfig;
-use crate::fleet::handover::released_line;
+use crate::handover::released_line;
 use crate::record::ledger::MissedReason;
 use crate::record::suspension::Suspension;
 use crate::record::Stored;

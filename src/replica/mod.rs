@@ -3,7 +3,7 @@
 //! polled meanwhile), then claims that instant itself in Redis, with the atomic acquire a run
 //! makes (`claim.rs`, on a thread of its own, so a hung Redis never stops this loop). Only a claim
 //! it won starts a process: the run `cronlock --schedule SCHEDULE [OPTIONS] KEY -c COMMAND-LINE`
-//! makes, handed the won lock on a channel of its own (`runs.rs`, [`crate::fleet::handover`]),
+//! makes, handed the won lock on a channel of its own (`runs.rs`, [`crate::handover`]),
 //! with its guard, watchdog, lost-lock stop, fencing, history, metrics, pings and ledger. The run
 //! reports on that channel when its command started and how it ended: the job's output and
 //! verbosity never change what the replica knows.

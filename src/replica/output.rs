@@ -1,7 +1,7 @@
 //! A run's output, attributed to its KEY: every line of the run's stdout and stderr is written
 //! whole, prefixed `[KEY] ` (or, with `--log-format json`, as `{"key", "stream", "line"}`), so
 //! lines of jobs running side by side never interleave. It is output only: what the run did
-//! reaches the replica on its channel ([`crate::fleet::handover`]), never through these lines.
+//! reaches the replica on its channel ([`crate::handover`]), never through these lines.
 
 use std::io::Write;
 use std::sync::Mutex;

@@ -1,6 +1,6 @@
 //! One thread that reads the lines of many runs' descriptors: a replica has two, one for all its
 //! runs' output (stdout and stderr, relayed with their KEY, `output.rs`) and one for all their
-//! channels (the reports, `fleet/handover.rs`), instead of three threads per run. Each waits in
+//! channels (the reports, `handover/mod.rs`), instead of three threads per run. Each waits in
 //! `poll` on its descriptors and a wake-up pipe (a new descriptor to read); each descriptor's
 //! bytes are cut into lines, at most `max` bytes each (a longer line is cut there). Output and
 //! reports have threads of their own, so a stalled reader of the replica's stdout never delays

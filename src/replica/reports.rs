@@ -7,7 +7,7 @@ use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use crate::clock::{rfc3339, unix_millis};
-use crate::fleet::handover::{RunEnd, RunReport};
+use crate::handover::{RunEnd, RunReport};
 use crate::log::Log;
 use crate::record::run::{Ending, RecordedEnding, RunRecord};
 use crate::record::Stored;

@@ -1,6 +1,6 @@
 //! The runs a replica started: each is the run `cronlock --schedule ... KEY -c ...` makes, forked
 //! by the replica's starter (`starter.rs`, `run/starter.rs`), handed the lock the replica claimed
-//! on a channel of its own ([`crate::fleet::handover`]), and tied to the replica by that channel
+//! on a channel of its own ([`crate::handover`]), and tied to the replica by that channel
 //! (its end asks the run to end), not to the starter: a starter replaced or killed leaves its
 //! runs going. Its reports (started, release, ended) are read on a thread and reach the loop as
 //! typed values; its output is relayed line by line with its KEY; its end comes from the
@@ -29,7 +29,7 @@ use anyhow::{anyhow, Result};
 use crate::clock::Instant;
 use crate::command::kept::Kept;
 use crate::config::CronJob;
-use crate::fleet::handover::{
+use crate::handover::{
     changed_line, releasing_line, renewed_line, report_in, Handover, RunReport, MAX_MESSAGE,
 };
 use crate::log::Log;

@@ -16,9 +16,9 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Result};
 
 use crate::clock::Instant;
-use crate::fleet::starting::{LinkPair, Received, StarterLink, STARTER_ARG0};
-use crate::record::start::StarterMessage;
 use crate::signals;
+use crate::starting::message::StarterMessage;
+use crate::starting::{LinkPair, Received, StarterLink, STARTER_ARG0};
 
 /// How long a start may take to be answered: a starter slower than this is broken (it is
 /// stopped, and replaced at the next start; the run, if it exists, never gets its lock; the
@@ -106,7 +106,7 @@ impl Starter {
         &mut self,
         key: &str,
         args: &[String],
-        env: &[crate::record::start::Variable],
+        env: &[crate::starting::message::Variable],
         fds: [&OwnedFd; 3],
     ) -> Result<Asked> {
         self.next_id += 1;

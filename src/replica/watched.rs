@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::unix_millis;
-use crate::fleet::handover::{RunEnd, RunReport};
 use crate::fleet::metrics::{MetricsAttempt, Outcome, Ran};
+use crate::handover::{RunEnd, RunReport};
 use crate::host::hostname;
 use crate::http::{Board, JobLine, Running};
 use crate::record::run::Ending;

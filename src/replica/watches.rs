@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use crate::clock::Instant;
 use crate::config::RunConfig;
-use crate::fleet::handover::changed_line;
+use crate::handover::changed_line;
 use crate::log::Log;
 use crate::store::lock::Held;
 use crate::store::tracking::shared::SharedWatch;

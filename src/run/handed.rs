@@ -1,5 +1,5 @@
 //! The first step of a run a replica (`--crontab`) started: instead of taking the lock, receive
-//! the lock the replica claimed, over the channel it named ([`crate::fleet::handover`]), and
+//! the lock the replica claimed, over the channel it named ([`crate::handover`]), and
 //! check it against this run's own configuration. A lock that does not match is released (it is
 //! ours by handover) and the command does not run. A replica claims a scheduled instant a little
 //! ahead of it (`LEAD_MS` in `replica/table.rs`), so the run waits for the instant by the wall
@@ -8,7 +8,7 @@
 use anyhow::{bail, Result};
 
 use crate::config::RunConfig;
-use crate::fleet::handover::RunSide;
+use crate::handover::RunSide;
 use crate::log::Log;
 use crate::store::keys::Keys;
 use crate::store::lock::{Held, ReleaseOptions};

@@ -1,6 +1,6 @@
 //! The starter: the small process a replica (`--crontab`) starts its runs from. The replica
-//! spawns it at its first run (cronlock itself, named [`crate::fleet::starting::STARTER_ARG0`]), tied to it (`PR_SET_PDEATHSIG`); for
-//! each won claim it asks `start` on their link ([`crate::fleet::starting`]), with the run's
+//! spawns it at its first run (cronlock itself, named [`crate::starting::STARTER_ARG0`]), tied to it (`PR_SET_PDEATHSIG`); for
+//! each won claim it asks `start` on their link ([`crate::starting`]), with the run's
 //! channel, stdout and stderr. The starter forks, and the child *is* the run: the same steps a
 //! run makes ([`crate::run::run_job`], with the reports), from the configuration the job's
 //! arguments resolved to, resolved once per starter and kept. No `execve` of cronlock, no
@@ -13,7 +13,7 @@
 //! itself (the log has a writer thread). The child is not tied to the starter but to the
 //! replica, through its channel: a replica SIGKILLed takes the starter with it, and closes every
 //! run's channel, and each run then stops its command and gives its lock back
-//! ([`crate::fleet::handover`]); a starter that dies alone (killed, or replaced when a start went
+//! ([`crate::handover`]); a starter that dies alone (killed, or replaced when a start went
 //! unanswered) leaves its runs going.
 //!
 //! It answers each `start` with `started` (the pid) or `refused`, and says `exited` with each
@@ -33,9 +33,9 @@ use nix::unistd::{fork, ForkResult};
 
 use crate::config::RunConfig;
 use crate::exit::Exit;
-use crate::fleet::starting::{self, Received, StarterLink};
 use crate::log::{LogFormat, Verbosity};
-use crate::record::start::StarterMessage;
+use crate::starting::message::StarterMessage;
+use crate::starting::{self, Received, StarterLink};
 
 /// At most this many jobs' resolutions are kept (all are dropped when it is reached).
 const KEPT_MAX: usize = 4096;
@@ -83,7 +83,7 @@ enum Served {
 /// its descriptors (channel, stdout, stderr).
 struct Forked {
     resolved: Arc<Resolved>,
-    env: Vec<crate::record::start::Variable>,
+    env: Vec<crate::starting::message::Variable>,
     fds: Vec<OwnedFd>,
 }
 
@@ -176,7 +176,7 @@ impl StarterState<'_> {
         id: u64,
         key: &str,
         args: Vec<String>,
-        env: Vec<crate::record::start::Variable>,
+        env: Vec<crate::starting::message::Variable>,
         fds: Vec<OwnedFd>,
     ) -> Result<Option<Box<Forked>>> {
         let resolved = match self.resolved(args) {
@@ -266,7 +266,7 @@ impl Forked {
             return Exit::Failure;
         }
         drop((out, err));
-        for crate::record::start::Variable { name, value } in &self.env {
+        for crate::starting::message::Variable { name, value } in &self.env {
             // (One thread: nothing reads the environment meanwhile.)
             std::env::set_var(name, value);
         }

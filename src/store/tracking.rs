@@ -70,7 +70,7 @@ pub trait Listener: Send + Sync {
 }
 
 /// A watch a run starts once its command has run a little: its own ([`WatchPlan`]) or its
-/// replica's (`fleet::handover::ReplicaWatch`, which hears it on the run's channel).
+/// replica's (`handover::ReplicaWatch`, which hears it on the run's channel).
 pub trait Watch: Send {
     /// Start it; what it returns ends it when dropped.
     fn start(self: Box<Self>, listener: Arc<dyn Listener>) -> Box<dyn Watching>;

@@ -201,7 +201,7 @@ fn layer(module: &str) -> Option<(u8, &str)> {
         | "signals" => 0,
         "lease" | "record" => 1,
         "store" | "command" => 2,
-        "fleet" => 3,
+        "fleet" | "handover" | "starting" => 3,
         "config" | "watchdog" => 4,
         "http" => 5,
         "run" | "replica" => 6,

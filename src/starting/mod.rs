@@ -4,6 +4,8 @@
 //! `start` carries the run's descriptors (its channel to the replica, its stdout, its stderr)
 //! as `SCM_RIGHTS` on the same write, and they arrive close-on-exec.
 
+pub mod message;
+
 use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -12,7 +14,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Result};
 use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags};
 
-use crate::record::start::StarterMessage;
+use crate::starting::message::StarterMessage;
 
 /// The name (`argv[0]`) a replica gives its starter; cronlock started so is a starter.
 pub const STARTER_ARG0: &str = "cronlock-starter";

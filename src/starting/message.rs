@@ -1,6 +1,6 @@
 //! The messages between a replica (`--crontab`) and its starter (`run/starter.rs`), the small
 //! process that forks the replica's runs: the replica asks `start` (the run's descriptors travel
-//! beside it, `fleet/starting.rs`), the starter answers `started` or `refused` to that request,
+//! beside it, `starting/mod.rs`), the starter answers `started` or `refused` to that request,
 //! and says `exited` when a run's process ended. Each is one JSON object with a version (`"v"`).
 
 use anyhow::{anyhow, bail, Result};

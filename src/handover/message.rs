@@ -4,7 +4,7 @@
 //! `renew` whenever a renewal is due,
 //! then `release` (what to record) and waits for the replica's `releasing`, then `released`,
 //! then `ended`
-//! (`fleet/handover.rs` carries them).
+//! (`handover/mod.rs` carries them).
 
 use anyhow::{anyhow, bail, Result};
 use serde::{Deserialize, Serialize};

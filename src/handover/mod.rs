@@ -4,7 +4,7 @@
 //! the job's output, verbosity and log format cannot change what the replica knows.
 //!
 //! The channel is a Unix socket pair. The run's end reaches the run through the replica's
-//! starter (`run/starter.rs`, [`crate::fleet::starting`]), close-on-exec, so the command does not
+//! starter (`run/starter.rs`, [`crate::starting`]), close-on-exec, so the command does not
 //! inherit it. Each message is one line of JSON with a version (`"v"`):
 //! the replica sends one `lock`; the run sends `started`, then `release` (what to record) and
 //! waits for the replica's `released`, then `ended`. End of file without `ended` means the run
@@ -15,6 +15,8 @@
 //! says what to record). A run that hears no `released` in time (the replica died or hangs)
 //! releases by itself, as any run does.
 
+pub mod message;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -24,7 +26,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Result};
 
 use crate::clock::Instant;
-use crate::record::message::{
+use crate::handover::message::{
     LedgerEndMessage, LockMessage, Message, ReleaseMessage, ReleaseOutcome, ReleasedMessage,
 };
 use crate::record::run::Ending;

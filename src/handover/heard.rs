@@ -11,7 +11,7 @@ use nix::errno::Errno;
 use nix::sys::socket::{recv, MsgFlags};
 
 use super::MAX_MESSAGE;
-use crate::record::message::Message;
+use crate::handover::message::Message;
 use crate::signals;
 use crate::store::tracking::{Listener, Watch, Watching};
 
