@@ -113,7 +113,7 @@ fn run_parsed() -> Exit {
     let format = cli.log_format;
     let verbosity = match cli.verbosity() {
         Ok(v) => v,
-        Err(e) if cli.check => return unknown(&format!("{e:#}")),
+        Err(e) if cli.mode == cli::Mode::Check => return unknown(&format!("{e:#}")),
         Err(e) => {
             let log = Log::new(Verbosity::Normal, format);
             log.error("usage", &format!("{e:#}"));
@@ -135,7 +135,7 @@ fn run_parsed() -> Exit {
             log.info("signal", &format!("{e:#}"), &[("signal", sig.into())]);
             Exit::Signal(sig)
         }
-        Err(e) if cli.check => unknown(&format!("{e:#}")),
+        Err(e) if cli.mode == cli::Mode::Check => unknown(&format!("{e:#}")),
         Err(e) => {
             log.error("error", &format!("{e:#}"));
             Exit::Failure

@@ -37,7 +37,7 @@ pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
                       cronlock --next <CRON> [--count <N>] [--key <KEY>] [--from <TIME>] [--json]\n       \
                       cronlock --crontab <FILE> [--max-jobs <N>] [--drain <DURATION>] [--listen <ADDR>]\n       \
                       cronlock --crontab <FILE> --test",
-    group(ArgGroup::new("admin").args(["status", "check", "list", "force_release", "suspend", "resume", "trigger", "next"])),
+    group(ArgGroup::new("admin").args(Mode::flags().filter(|f| f.mode != Mode::Crontab).map(|f| f.id))),
     group(ArgGroup::new("asking").args(["suspend", "trigger"]))
 )]
 pub struct Cli {
@@ -307,7 +307,7 @@ pub struct Cli {
 
     /// Show whether KEY is held, by whom, and its last run; then exit
     #[arg(long, requires = "key")]
-    pub status: bool,
+    pub(super) status: bool,
 
     /// Monitoring plugin: judge KEY's last run from its record in Redis and exit 0 OK,
     /// 1 WARNING, 2 CRITICAL or 3 UNKNOWN, with one line on stdout (Nagios conventions)
@@ -317,7 +317,7 @@ pub struct Cli {
     /// run has been going on for longer than --max-age. UNKNOWN: Redis unreachable or any
     /// other error.
     #[arg(long, requires = "key")]
-    pub check: bool,
+    pub(super) check: bool,
 
     /// With --check: how old the last run may be (with --schedule: how long after an instant
     /// its run may take to start)
@@ -327,17 +327,17 @@ pub struct Cli {
 
     /// List every lock currently held, and every KEY suspended, under --prefix; then exit
     #[arg(long)]
-    pub list: bool,
+    pub(super) list: bool,
 
     /// Delete KEY's lock whoever holds it (the holder's command is then stopped, exit 122)
     #[arg(long, requires = "key")]
-    pub force_release: bool,
+    pub(super) force_release: bool,
 
     /// Suspend KEY across the fleet until --resume: every firing skips with the -E status (a
     /// running command goes on), and the instants that pass meanwhile are recorded skipped and
     /// never caught up; then exit
     #[arg(long, requires = "key")]
-    pub suspend: bool,
+    pub(super) suspend: bool,
 
     /// With --suspend or --trigger: why, for whoever reads --status, --check or a skipped
     /// firing's -v line
@@ -357,14 +357,14 @@ pub struct Cli {
 
     /// End KEY's suspension: the next due instant runs; then exit
     #[arg(long, requires = "key")]
-    pub resume: bool,
+    pub(super) resume: bool,
 
     /// Ask the --crontab fleet serving KEY to run it once now, as a manual instant, under its own
     /// lock, suspension, --limit and --retries; exit 0 once a replica took it (with --wait: the
     /// command's status, 124 when the wait runs out), -E's status when it is skipped, 69 when
     /// no replica serving KEY took it within 10 s (within --wait, when shorter)
     #[arg(long, requires = "key")]
-    pub trigger: bool,
+    pub(super) trigger: bool,
 
     /// With --force-release: release only the holder with this token (its CRONLOCK_TOKEN, shown
     /// by --status)
@@ -460,8 +460,9 @@ pub struct Cli {
     )]
     pub from: Option<String>,
 
-    /// Name of the lock; every host running the same job uses the same KEY (at most 1024 bytes)
-    #[arg(value_name = "KEY", required = true)]
+    /// Name of the lock; every host running the same job uses the same KEY (at most 1024 bytes).
+    /// Every mode needs it but --list, --next and --crontab
+    #[arg(value_name = "KEY", required_unless_present_any = Mode::flags().filter(|f| f.keyless).map(|f| f.id))]
     pub key: Option<String>,
 
     /// The command to run and its arguments, passed on untouched
@@ -471,6 +472,90 @@ pub struct Cli {
     /// Where each value came from (command line, environment, default).
     #[arg(skip)]
     pub given: Given,
+
+    /// What the command line asks for, decided while it is parsed (from the flag given).
+    #[arg(skip)]
+    pub mode: Mode,
+}
+
+/// What the command line asks for: a run (the default), an admin mode, `--next` or a replica.
+/// Decided while parsing, from the one mode flag given ([`Mode::flags`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    #[default]
+    Run,
+    Status,
+    Check,
+    List,
+    ForceRelease,
+    Suspend,
+    Resume,
+    Trigger,
+    Next,
+    Crontab,
+}
+
+/// A mode's flag: its clap id, and what it asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct ModeFlag {
+    pub id: &'static str,
+    pub mode: Mode,
+    /// It names no KEY (`--list`, `--next`: it may take one; `--crontab`: its lines do).
+    pub keyless: bool,
+}
+
+/// Every mode flag, once.
+const MODE_FLAGS: [ModeFlag; 9] = [
+    ModeFlag::of("status", Mode::Status, false),
+    ModeFlag::of("check", Mode::Check, false),
+    ModeFlag::of("list", Mode::List, true),
+    ModeFlag::of("force_release", Mode::ForceRelease, false),
+    ModeFlag::of("suspend", Mode::Suspend, false),
+    ModeFlag::of("resume", Mode::Resume, false),
+    ModeFlag::of("trigger", Mode::Trigger, false),
+    ModeFlag::of("next", Mode::Next, true),
+    ModeFlag::of("crontab", Mode::Crontab, true),
+];
+
+impl ModeFlag {
+    const fn of(id: &'static str, mode: Mode, keyless: bool) -> ModeFlag {
+        ModeFlag { id, mode, keyless }
+    }
+
+    /// The flag as typed: `--force-release`.
+    pub fn flag(&self) -> String {
+        format!("--{}", self.id.replace('_', "-"))
+    }
+}
+
+impl Mode {
+    /// Every mode flag, once: the source of clap's group of them, of KEY's exceptions and of
+    /// what a crontab line refuses.
+    pub fn flags() -> impl Iterator<Item = ModeFlag> {
+        MODE_FLAGS.into_iter()
+    }
+
+    /// The mode `matches` asks for: the admin mode whose flag was given (clap lets one through),
+    /// else a replica with `--crontab` (or its variable), else a run.
+    pub fn of(matches: &clap::ArgMatches) -> Mode {
+        let given = |id: &str| {
+            matches!(
+                matches.value_source(id),
+                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+            )
+        };
+        let admin = Mode::flags().find(|f| f.mode != Mode::Crontab && given(f.id));
+        match admin {
+            Some(f) => f.mode,
+            None if given("crontab") => Mode::Crontab,
+            None => Mode::Run,
+        }
+    }
+
+    /// An admin mode, or `--next`: it runs no command.
+    pub fn runs_no_command(self) -> bool {
+        !matches!(self, Mode::Run | Mode::Crontab)
+    }
 }
 
 /// What was given on the command line itself, as opposed to the environment or a default.

@@ -127,6 +127,7 @@ fn defaults(key: String, command: Vec<OsString>) -> Option<Cli> {
             verbose: Some(ValueSource::DefaultValue),
             history_flag: false,
         },
+        mode: crate::cli::Mode::Run,
     })
 }
 

@@ -18,7 +18,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Result};
 use clap::CommandFactory;
 
-use crate::cli::{from_matches, one_line, Cli, Mode, ADMIN_MODES};
+use crate::cli::{from_matches, is_admin_flag, one_line, Cli};
 use crate::config::{CronJob, Env, Replica, REPLICA_OPTIONS};
 use crate::fleet::schedule::Schedule;
 use crate::signals;
@@ -28,7 +28,7 @@ use crate::starting::message::Variable;
 const MAX_FILE: u64 = 1 << 20;
 
 /// Options that belong to the line itself, never to one job's OPTIONS (nor do the replica's,
-/// [`REPLICA_OPTIONS`], or the admin modes, [`ADMIN_MODES`]).
+/// [`REPLICA_OPTIONS`], or the modes' flags, [`crate::cli::Mode::flags`]).
 const OF_THE_LINE: [&str; 9] = [
     "--schedule",
     "--wait",
@@ -98,7 +98,8 @@ pub fn load(path: &Path) -> Result<Vec<CronJob>> {
     // The replica's own options, given as variables, are the replica's: a job line never reads
     // them (they would be refused there: they need --crontab).
     let mut command = Cli::command();
-    for id in ["max_jobs", "drain", "listen", "show_output", "test"] {
+    for option in REPLICA_OPTIONS {
+        let id = option.flag.trim_start_matches('-').replace('-', "_");
         command = command.mut_arg(id, |a| a.env(None));
     }
     for (i, raw) in text.lines().enumerate() {
@@ -294,7 +295,7 @@ fn job(
         }
         let name = word.split('=').next().unwrap_or(word);
         let replicas = REPLICA_OPTIONS.iter().any(|o| o.flag == name);
-        if replicas || OF_THE_LINE.contains(&name) || ADMIN_MODES.contains(&name) {
+        if replicas || OF_THE_LINE.contains(&name) || is_admin_flag(name) {
             bail!("{name} is not an option of one job");
         }
         args.push(word.to_string());
@@ -324,12 +325,11 @@ fn job(
     let matches = command
         .try_get_matches_from_mut(&argv)
         .map_err(|e| anyhow!(one_line(&e)))?;
-    let mut cli = from_matches(&matches).map_err(|e| anyhow!(one_line(&e)))?;
-    // The replica's own settings (from its environment) are not the job's.
-    cli.crontab = None;
-    let Mode::Run(target) = cli.mode()? else {
+    let cli = from_matches(&matches).map_err(|e| anyhow!(one_line(&e)))?;
+    if cli.mode != crate::cli::Mode::Run {
         bail!("line {n} is not a run");
-    };
+    }
+    let target = cli.target()?;
     let config = super::resolve::run_config(&cli, target)?;
     let schedule = match &config.schedule {
         Some(keyed) => keyed.clone(),

@@ -22,21 +22,6 @@ use common::common_case;
 pub use help::{CHILD_ENV, EXAMPLES, EXIT_STATUS};
 pub use message::one_line;
 
-/// What cronlock was asked to do, before it is resolved ([`resolve`]).
-#[derive(Debug, Clone)]
-pub(crate) enum Mode {
-    Run(RunTarget),
-    Status(String),
-    Check(String),
-    List,
-    ForceRelease(String),
-    Suspend(String),
-    Resume(String),
-    Trigger(String),
-    Crontab(std::path::PathBuf),
-    Next,
-}
-
 /// What a run is for, once the arguments are checked: its KEY and its command.
 #[derive(Debug, Clone)]
 pub(crate) struct RunTarget {
@@ -170,9 +155,10 @@ impl Cli {
         }
     }
 
-    /// The mode, with the checks clap cannot express.
-    pub(crate) fn mode(&self) -> Result<Mode> {
-        if let Some(file) = &self.crontab {
+    /// The checks of the mode asked ([`Cli::mode`]) that clap cannot express, in the order the
+    /// messages promise: for a lock's admin mode, its KEY.
+    pub(crate) fn checked_mode(&self) -> Result<Option<String>> {
+        if self.crontab.is_some() {
             if self.key.is_some() || !self.command.is_empty() || self.shell_command.is_some() {
                 bail!(
                     "--crontab takes no KEY and no COMMAND: they are on the file's lines{}",
@@ -183,60 +169,35 @@ impl Cli {
                     }
                 );
             }
-            if self.status
-                || self.check
-                || self.list
-                || self.force_release
-                || self.suspend
-                || self.resume
-                || self.trigger
-                || self.next.is_some()
-            {
+            if self.mode != Mode::Crontab {
                 bail!("--crontab serves jobs: it is not an admin mode's option");
             }
-            return Ok(Mode::Crontab(file.clone()));
+            return Ok(None);
         }
         let runs_command = !self.command.is_empty() || self.shell_command.is_some();
-        if self.next.is_some() {
-            if runs_command {
-                bail!("--next runs no command: remove COMMAND");
-            }
-            if let (Some(flag), Some(key)) = (&self.next_key, &self.key) {
-                if flag != key {
-                    bail!("--next takes one KEY: give --key {flag} or KEY {key}, not both");
+        let flag = Mode::flags()
+            .find(|f| f.mode == self.mode)
+            .map(|f| f.flag())
+            .unwrap_or_default();
+        match self.mode {
+            Mode::Run | Mode::Crontab => return Ok(None),
+            _ if runs_command => bail!("{flag} runs no command: remove COMMAND"),
+            Mode::Next => {
+                if let (Some(given), Some(key)) = (&self.next_key, &self.key) {
+                    if given != key {
+                        bail!("--next takes one KEY: give --key {given} or KEY {key}, not both");
+                    }
                 }
+                return Ok(None);
             }
-            return Ok(Mode::Next);
+            Mode::List if self.key.is_some() => bail!("--list takes no KEY"),
+            Mode::List => return Ok(None),
+            _ => {}
         }
-        if self.list {
-            if runs_command {
-                bail!("--list runs no command: remove COMMAND");
-            }
-            if self.key.is_some() {
-                bail!("--list takes no KEY");
-            }
-            return Ok(Mode::List);
-        }
-        // The modes of one lock (clap's group `admin` lets at most one flag through).
-        let admin = [
-            LockMode::new(self.check, "--check", Mode::Check),
-            LockMode::new(self.status, "--status", Mode::Status),
-            LockMode::new(self.force_release, "--force-release", Mode::ForceRelease),
-            LockMode::new(self.suspend, "--suspend", Mode::Suspend),
-            LockMode::new(self.resume, "--resume", Mode::Resume),
-            LockMode::new(self.trigger, "--trigger", Mode::Trigger),
-        ];
-        let Some(LockMode { flag, mode, .. }) = admin.into_iter().find(|m| m.given) else {
-            return self.target().map(Mode::Run);
-        };
-        if runs_command {
-            bail!("{flag} runs no command: remove COMMAND");
-        }
-        let key = match self.key.as_deref() {
+        match self.key.as_deref() {
             None | Some("") => bail!("{flag} needs a non-empty KEY"),
-            Some(k) => check_key(k)?,
-        };
-        Ok(mode(key))
+            Some(k) => check_key(k).map(Some),
+        }
     }
 
     /// Checks that clap cannot express, each with a message naming what is wrong.
@@ -284,19 +245,6 @@ impl Cli {
 pub(crate) struct RedisUrls {
     urls: Vec<String>,
     source: &'static str,
-}
-
-/// An admin mode of one lock: whether its flag was given, the flag, and the mode for a KEY.
-struct LockMode {
-    given: bool,
-    flag: &'static str,
-    mode: fn(String) -> Mode,
-}
-
-impl LockMode {
-    fn new(given: bool, flag: &'static str, mode: fn(String) -> Mode) -> LockMode {
-        LockMode { given, flag, mode }
-    }
 }
 
 /// The flag or the variable, as clap says the user gave an option: for messages.
@@ -386,49 +334,14 @@ pub fn parse() -> std::result::Result<Cli, clap::Error> {
     if let Some(cli) = common_case(std::env::args_os().skip(1), std::env::vars_os()) {
         return Ok(cli);
     }
-    let mut args = history_flag_apart(std::env::args_os());
-    // KEY is required (--help, the man page and the completions say <KEY>), except by --list,
-    // the one mode that names no lock: there a stand-in fills its place, taken out below.
-    let end = args.iter().position(|a| a == "--").unwrap_or(args.len());
-    let crontab = args
-        .iter()
-        .take(end)
-        .skip(1)
-        .any(|a| a == "--crontab" || a.to_str().is_some_and(|a| a.starts_with("--crontab=")))
-        || std::env::var_os("CRONLOCK_CRONTAB").is_some_and(|v| !v.is_empty());
-    let keyless = |a: &OsString| {
-        a == "--list" || a == "--next" || a.to_str().is_some_and(|a| a.starts_with("--next="))
-    };
-    if crontab || args.iter().take(end).skip(1).any(keyless) {
-        args.push(LIST_KEY.into());
-    }
-    let mut cli = from_matches(&Cli::command().try_get_matches_from(args)?)?;
-    if cli.list || cli.crontab.is_some() || cli.next.is_some() {
-        if cli.key.as_deref() == Some(LIST_KEY) {
-            cli.key = None;
-        } else if cli.command.last().is_some_and(|c| c == LIST_KEY) {
-            // A KEY was given after all: the stand-in went on as a COMMAND word.
-            cli.command.pop();
-        }
-    }
-    Ok(cli)
+    let args = history_flag_apart(std::env::args_os());
+    from_matches(&Cli::command().try_get_matches_from(args)?)
 }
 
-/// The modes that run no command.
-pub(crate) const ADMIN_MODES: [&str; 8] = [
-    "--status",
-    "--check",
-    "--list",
-    "--force-release",
-    "--suspend",
-    "--resume",
-    "--trigger",
-    "--next",
-];
-
-/// KEY's stand-in under `--list`, `--next` and `--crontab`: a word no user types (it starts with a control
-/// character).
-const LIST_KEY: &str = "\u{1}list";
+/// Whether `word` is the flag of a mode that runs no command (`--status`, `--list`, ...).
+pub(crate) fn is_admin_flag(word: &str) -> bool {
+    Mode::flags().any(|f| f.mode.runs_no_command() && f.flag() == word)
+}
 
 /// `--history` takes an optional count, so `--status --history KEY` would read KEY as the count:
 /// in the modes that run no command (`--status`, `--check`, `--list`, `--force-release`, ...), a
@@ -440,7 +353,7 @@ fn history_flag_apart(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
     let end = args.iter().position(|a| a == "--").unwrap_or(args.len());
     let admin = args[..end]
         .iter()
-        .any(|a| ADMIN_MODES.contains(&a.to_str().unwrap_or("")));
+        .any(|a| is_admin_flag(a.to_str().unwrap_or("")));
     if !admin {
         return args;
     }
@@ -458,6 +371,7 @@ fn history_flag_apart(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
 
 pub(crate) fn from_matches(matches: &ArgMatches) -> std::result::Result<Cli, clap::Error> {
     let mut cli = Cli::from_arg_matches(matches)?;
+    cli.mode = Mode::of(matches);
     cli.given = Given {
         redis_url: matches.value_source("redis_url"),
         redis_url_file: matches.value_source("redis_url_file"),

@@ -9,12 +9,15 @@ use crate::config::Request;
 
 /// The mode the command line names, resolved into its plain value.
 pub fn request(cli: &Cli) -> Result<Request> {
-    match cli.mode()? {
-        Mode::Crontab(file) if cli.test => {
+    let key = cli.checked_mode()?;
+    match (cli.mode, cli.crontab.clone()) {
+        (Mode::Crontab, Some(file)) if cli.test => {
             crontab::replica(cli, file).map(|r| Request::TestCrontab(Box::new(r)))
         }
-        Mode::Crontab(file) => crontab::replica(cli, file).map(|r| Request::Crontab(Box::new(r))),
-        Mode::Next => resolve::next(cli).map(|q| Request::Next(Box::new(q))),
-        mode => resolve::resolve(cli, mode),
+        (Mode::Crontab, Some(file)) => {
+            crontab::replica(cli, file).map(|r| Request::Crontab(Box::new(r)))
+        }
+        (Mode::Next, _) => resolve::next(cli).map(|q| Request::Next(Box::new(q))),
+        _ => resolve::resolve(cli, key),
     }
 }

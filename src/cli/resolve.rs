@@ -19,11 +19,14 @@ use crate::store::topology::Redis;
 /// A run or an admin mode (a replica's crontab is `crontab.rs`'s), checked in the order the
 /// messages promise: the mode's arguments, then the run's timing and history, the servers, and
 /// the reports.
-pub fn resolve(cli: &Cli, mode: Mode) -> Result<Request> {
-    match mode {
-        Mode::Run(target) => run_config(cli, target).map(|c| Request::Run(Box::new(c))),
-        Mode::Crontab(_) | Mode::Next => unreachable!("not resolve()'s: see request.rs"),
-        mode => admin(cli, mode).map(|a| Request::Admin(Box::new(a))),
+/// `key` is the admin mode's KEY, checked ([`Cli::checked_mode`]).
+pub fn resolve(cli: &Cli, key: Option<String>) -> Result<Request> {
+    match (cli.mode, key) {
+        (Mode::Run, _) => {
+            let target = cli.target()?;
+            run_config(cli, target).map(|c| Request::Run(Box::new(c)))
+        }
+        (mode, key) => admin(cli, mode, key).map(|a| Request::Admin(Box::new(a))),
     }
 }
 
@@ -193,37 +196,50 @@ fn keyed(cli: &Cli, key: &str) -> Result<Option<Schedule>> {
         })
 }
 
-/// An admin mode with what it needs.
-fn admin(cli: &Cli, mode: Mode) -> Result<Admin> {
+/// An admin mode with what it needs; `key` is its KEY, checked (none for `--list`).
+fn admin(cli: &Cli, mode: Mode, key: Option<String>) -> Result<Admin> {
+    let key = || {
+        key.clone()
+            .ok_or_else(|| anyhow!("the admin mode needs a KEY"))
+    };
     let mode = match mode {
-        Mode::Run(_) | Mode::Crontab(_) | Mode::Next => unreachable!("not an admin mode"),
-        Mode::Status(key) => AdminMode::Status {
-            history: cli
-                .given
-                .history_flag
-                .then(|| cli.history.and_then(|c| c.0)),
-            schedule: keyed(cli, &key)?,
-            offset: crate::fleet::spread::offset(&key, cli.jitter.map_or(Duration::ZERO, |j| j.0)),
-            key,
-        },
-        Mode::Check(key) => AdminMode::Check {
-            max_age: cli.max_age.map(|m| m.0),
-            schedule: keyed(cli, &key)?,
-            key,
-        },
+        Mode::Run | Mode::Crontab | Mode::Next => bail!("not an admin mode"),
+        Mode::Status => {
+            let key = key()?;
+            AdminMode::Status {
+                history: cli
+                    .given
+                    .history_flag
+                    .then(|| cli.history.and_then(|c| c.0)),
+                schedule: keyed(cli, &key)?,
+                offset: crate::fleet::spread::offset(
+                    &key,
+                    cli.jitter.map_or(Duration::ZERO, |j| j.0),
+                ),
+                key,
+            }
+        }
+        Mode::Check => {
+            let key = key()?;
+            AdminMode::Check {
+                max_age: cli.max_age.map(|m| m.0),
+                schedule: keyed(cli, &key)?,
+                key,
+            }
+        }
         Mode::List => AdminMode::List,
-        Mode::ForceRelease(key) => AdminMode::ForceRelease {
-            key,
+        Mode::ForceRelease => AdminMode::ForceRelease {
+            key: key()?,
             token: cli.token.clone(),
         },
-        Mode::Suspend(key) => AdminMode::Suspend {
-            key,
+        Mode::Suspend => AdminMode::Suspend {
+            key: key()?,
             reason: cli.reason.clone(),
             lasting: cli.suspend_for.map(|d| d.0),
         },
-        Mode::Resume(key) => AdminMode::Resume { key },
-        Mode::Trigger(key) => AdminMode::Trigger {
-            key,
+        Mode::Resume => AdminMode::Resume { key: key()? },
+        Mode::Trigger => AdminMode::Trigger {
+            key: key()?,
             reason: cli.reason.clone(),
             wait: (!cli.wait().is_zero()).then(|| cli.wait()),
             conflict: cli.conflict_exit_code,
