@@ -626,16 +626,14 @@ pub(super) fn retries(s: &str) -> Result<u32, String> {
 
 pub use crate::log::LogFormat;
 
-/// `--overlap`: `skip`, `queue`, `replace` or `allow` (its cap is `--limit`'s, resolved later).
-fn overlap(text: &str) -> Result<crate::store::lock::Overlap, String> {
-    use crate::store::lock::{Overlap, MAX_LIMIT};
-    match text.trim() {
-        "skip" => Ok(Overlap::Skip),
-        "queue" => Ok(Overlap::Queue),
-        "replace" => Ok(Overlap::Replace),
-        "allow" => Ok(Overlap::Allow { at_once: MAX_LIMIT }),
-        _ => Err("expected skip, queue, replace or allow".into()),
-    }
+/// `--overlap`: one of [`Overlap::ALL`] by its word.
+pub(super) fn overlap(text: &str) -> Result<crate::store::lock::Overlap, String> {
+    use crate::store::lock::Overlap;
+    Overlap::from_word(text.trim()).ok_or_else(|| {
+        let words: Vec<&str> = Overlap::ALL.iter().map(|o| o.word()).collect();
+        let (last, rest) = words.split_last().expect("policies");
+        format!("expected {} or {last}", rest.join(", "))
+    })
 }
 
 /// `--schedule`: a cron expression, checked now so a bad one is one line naming the field.

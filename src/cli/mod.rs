@@ -229,7 +229,7 @@ impl Cli {
             ),
             _ => {}
         }
-        let allow = matches!(self.overlap, crate::store::lock::Overlap::Allow { .. });
+        let allow = self.overlap.at_once().is_some();
         if self.limit > 1 && self.schedule.is_some() && !allow {
             bail!(
                 "--schedule runs the job once per instant, so it takes no --limit above 1 (got \

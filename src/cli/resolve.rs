@@ -46,7 +46,7 @@ pub(super) fn run_config(cli: &Cli, target: RunTarget) -> Result<RunConfig> {
     let reports = reports(cli)?;
     let schedule = keyed(cli, &target.key)?;
     let jitter = jitter(cli, schedule.as_ref())?;
-    if cli.overlap == Overlap::Queue && cli.catch_up.is_some() {
+    if cli.overlap.waits() && cli.catch_up.is_some() {
         bail!(
             "--overlap queue cannot go with --catch-up: a catch-up window already runs a busy \
              instant later, once the lock is free"

@@ -145,3 +145,17 @@ fn replica_options_are_those_that_need_crontab() {
         );
     }
 }
+
+/// `--overlap` reads each policy by the word the scripts get, and names them all when a value
+/// is none of them.
+#[test]
+fn overlap_policies_read_by_their_words() {
+    use crate::store::lock::Overlap;
+    for policy in Overlap::ALL {
+        assert_eq!(args::overlap(policy.word()), Ok(policy));
+    }
+    assert_eq!(
+        args::overlap("nope"),
+        Err("expected skip, queue, replace or allow".to_string())
+    );
+}

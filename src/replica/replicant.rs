@@ -13,7 +13,7 @@ use crate::clock::{rfc3339, unix_millis};
 use crate::config::{CronJob, Replica, RunConfig};
 use crate::log::Log;
 use crate::record::ledger::MissedReason;
-use crate::store::lock::{Held, InstantKind, Overlap, Undo};
+use crate::store::lock::{Held, InstantKind, Undo};
 
 use super::answers::{self, Pending, Unrecorded};
 use super::beat::Heartbeats;
@@ -453,8 +453,8 @@ impl<'a> Replicant<'a> {
         // --overlap queue: a claim that found the lock held is followed by a claim of the
         // instant that waits when the holder's lock would lapse (its replica died), unless that
         // run ends here first.
-        if let (Overlap::Queue, ClaimVerdict::Busy { expires_in, .. }) =
-            (job.config.overlap, &verdict)
+        if let (true, ClaimVerdict::Busy { expires_in, .. }) =
+            (job.config.overlap.waits(), &verdict)
         {
             let lapse = expires_in.map_or(1000, |d| d.as_millis() as i64);
             self.manuals.queued(key, now + lapse + 250);
@@ -646,7 +646,7 @@ impl<'a> Replicant<'a> {
                 }
                 Followup::Ended { failed } => {
                     // The instant that waits (--overlap queue), and any manual one, start now.
-                    if run.config.overlap == Overlap::Queue {
+                    if run.config.overlap.waits() {
                         self.manuals.queued(&run.key, unix_millis() as i64);
                     }
                     self.manuals.run_ended(&run.key, unix_millis() as i64);
@@ -688,7 +688,7 @@ impl<'a> Replicant<'a> {
             if let Some(why) = after.sick {
                 self.health.fell_sick(why, self.log, &self.shown);
             }
-            if let (Overlap::Queue, Some(at)) = (run.config.overlap, after.retry_at) {
+            if let (true, Some(at)) = (run.config.overlap.waits(), after.retry_at) {
                 self.manuals.queued(&run.key, at);
             }
             let retries = table.job(&run.key).is_some_and(|j| j.cron.retries > 0);

@@ -102,11 +102,7 @@ pub(super) fn take(config: &RunConfig, log: &Log, suspended: &mut Option<u64>) -
 /// the schedule, so the instant that waits starts when the run before it ends (one that waits
 /// longer is started by the first firing that finds the lock free: `acquire.lua`).
 fn queue_wait(config: &RunConfig) -> Duration {
-    let Some(schedule) = config
-        .schedule
-        .as_ref()
-        .filter(|_| config.overlap == crate::store::lock::Overlap::Queue)
-    else {
+    let Some(schedule) = config.schedule.as_ref().filter(|_| config.overlap.waits()) else {
         return config.wait;
     };
     let now = crate::clock::unix_millis() as i64;

@@ -204,7 +204,7 @@ fn attempt(
         ));
     };
     let overlap = instants.map_or(Overlap::Skip, |s| s.overlap);
-    let own_lock = matches!(overlap, Overlap::Allow { .. }) && instant.is_some();
+    let own_lock = overlap.at_once().is_some() && instant.is_some();
     let keys = keys.clone().held(limit, slot, instant.filter(|_| own_lock));
     // Measured from the reply, which came after the script ran: never shorter than Redis's.
     let after = u64::try_from(reply.after_ms)
@@ -313,11 +313,10 @@ fn plain_call<'a>(
             .map_or(Overlap::Skip, |s| s.overlap)
             .word()
             .to_string(),
-        match instants.map(|s| s.overlap) {
-            Some(Overlap::Allow { at_once }) => at_once,
-            _ => 1,
-        }
-        .to_string(),
+        instants
+            .and_then(|s| s.overlap.at_once())
+            .unwrap_or(1)
+            .to_string(),
     ];
     if let Some(s) = instants {
         args.extend(s.candidates.iter().chain(&s.earlier).map(i64::to_string));

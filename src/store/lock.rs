@@ -122,7 +122,19 @@ pub enum Overlap {
     Allow { at_once: u32 },
 }
 
+/// What a new overlap policy touches, and why each must (see ARCHITECTURE.md, "An overlap
+/// policy"): this type (its word and what it asks of the rest), `acquire.lua` (what an instant
+/// that finds the lock held does, decided atomically with the claim), and `release.lua` or
+/// [`Keys`] only if its release or its keys differ (`replace`, `allow`).
 impl Overlap {
+    /// Every policy, as `--overlap` names them (`allow`'s cap is `--limit`'s, resolved later).
+    pub const ALL: [Overlap; 4] = [
+        Overlap::Skip,
+        Overlap::Queue,
+        Overlap::Replace,
+        Overlap::Allow { at_once: MAX_LIMIT },
+    ];
+
     /// As `--overlap` and `acquire.lua` name it.
     pub fn word(self) -> &'static str {
         match self {
@@ -130,6 +142,25 @@ impl Overlap {
             Overlap::Queue => "queue",
             Overlap::Replace => "replace",
             Overlap::Allow { .. } => "allow",
+        }
+    }
+
+    /// The policy `--overlap WORD` names.
+    pub fn from_word(word: &str) -> Option<Overlap> {
+        Overlap::ALL.into_iter().find(|o| o.word() == word)
+    }
+
+    /// A busy instant waits for the lock (`queue`): a firing waits at least a period for it, and
+    /// a replica claims it again when the run before it ends or its lock would lapse.
+    pub fn waits(self) -> bool {
+        self == Overlap::Queue
+    }
+
+    /// Each instant holds a lock of its own (`allow`): its cap, the instants at once.
+    pub fn at_once(self) -> Option<u32> {
+        match self {
+            Overlap::Allow { at_once } => Some(at_once),
+            _ => None,
         }
     }
 }
