@@ -414,18 +414,11 @@ fn manual_links_resolve() {
 #[test]
 fn architecture_cites_only_paths_that_exist() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut files = Vec::new();
-    let mut dirs = vec![root.join("src"), root.join("tests"), root.join("scripts")];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if let Ok(rel) = path.strip_prefix(root) {
-                files.push(rel.to_string_lossy().into_owned());
-            }
-        }
-    }
+    let files: Vec<String> = ["src", "tests", "scripts"]
+        .iter()
+        .flat_map(|d| crate::common::files_under(&root.join(d)))
+        .filter_map(|p| Some(p.strip_prefix(root).ok()?.to_string_lossy().into_owned()))
+        .collect();
     let exists = |suffix: &str| {
         files
             .iter()
@@ -482,17 +475,11 @@ fn sources() -> Vec<(String, String)> {
     let mut found = Vec::new();
     for root in ["src", "tests"] {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(root);
-        let mut dirs = vec![root.clone()];
-        while let Some(dir) = dirs.pop() {
-            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
-                let path = entry.path();
-                if path.is_dir() {
-                    dirs.push(path);
-                } else if path.extension().is_some_and(|e| e == "rs") {
-                    let rel = path.strip_prefix(&root).unwrap();
-                    let text = std::fs::read_to_string(&path).unwrap();
-                    found.push((rel.to_string_lossy().into_owned(), text));
-                }
+        for path in crate::common::files_under(&root) {
+            if path.extension().is_some_and(|e| e == "rs") {
+                let rel = path.strip_prefix(&root).unwrap();
+                let text = std::fs::read_to_string(&path).unwrap();
+                found.push((rel.to_string_lossy().into_owned(), text));
             }
         }
     }

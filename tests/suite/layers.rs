@@ -10,37 +10,29 @@ use std::path::{Path, PathBuf};
 fn modules() -> BTreeMap<String, String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut out = BTreeMap::new();
-    let mut dirs = vec![root.clone()];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                dirs.push(path);
-                continue;
-            }
-            if path.extension().is_none_or(|e| e != "rs") || path.ends_with("main.rs") {
-                continue;
-            }
-            let rel: PathBuf = path.strip_prefix(&root).unwrap().with_extension("");
-            let mut parts: Vec<String> = rel
-                .components()
-                .map(|c| c.as_os_str().to_string_lossy().into_owned())
-                .collect();
-            if parts.last().is_some_and(|p| p == "mod" || p == "lib") {
-                parts.pop();
-            }
-            let text = std::fs::read_to_string(&path).unwrap();
-            // Code only: comments name modules too (doc links), and unit tests may reach anywhere.
-            let code: String = text
-                .split("#[cfg(test)]")
-                .next()
-                .unwrap_or_default()
-                .lines()
-                .filter(|l| !l.trim_start().starts_with("//"))
-                .map(|l| format!("{l}\n"))
-                .collect();
-            out.insert(parts.join("::"), code);
+    for path in crate::common::files_under(&root) {
+        if path.extension().is_none_or(|e| e != "rs") || path.ends_with("main.rs") {
+            continue;
         }
+        let rel: PathBuf = path.strip_prefix(&root).unwrap().with_extension("");
+        let mut parts: Vec<String> = rel
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        if parts.last().is_some_and(|p| p == "mod" || p == "lib") {
+            parts.pop();
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        // Code only: comments name modules too (doc links), and unit tests may reach anywhere.
+        let code: String = text
+            .split("#[cfg(test)]")
+            .next()
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        out.insert(parts.join("::"), code);
     }
     out
 }

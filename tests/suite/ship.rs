@@ -95,17 +95,7 @@ fn the_tested_binary_is_the_release_build() {
         root.join("Cargo.lock"),
         root.join(".cargo/config.toml"),
     ];
-    let mut dirs = vec![root.join("src")];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else {
-                sources.push(path);
-            }
-        }
-    }
+    sources.extend(crate::common::files_under(&root.join("src")));
     for source in sources {
         let changed = std::fs::metadata(&source).unwrap().modified().unwrap();
         assert!(

@@ -9,20 +9,17 @@ use std::path::Path;
 
 /// Every `.rs` file of the suite, with its text.
 fn sources() -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let mut dirs = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/suite")];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                let text = std::fs::read_to_string(&path).unwrap();
-                out.push((path.display().to_string(), text));
-            }
-        }
-    }
-    out
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/suite");
+    crate::common::files_under(&dir)
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "rs"))
+        .map(|p| {
+            (
+                p.display().to_string(),
+                std::fs::read_to_string(&p).unwrap(),
+            )
+        })
+        .collect()
 }
 
 /// The text from `open` (a `{`) to its matching `}`, braces in string and character literals

@@ -428,3 +428,21 @@ pub fn root_is_a_mount_point() -> bool {
         .lines()
         .any(|l| l.split_whitespace().nth(4) == Some("/"))
 }
+
+/// Every file under `dir`, its subdirectories included, in no particular order (the suite's
+/// checks of the source tree read them).
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
