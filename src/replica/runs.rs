@@ -40,6 +40,24 @@ use crate::replica::watches::Watches;
 use crate::signals;
 use crate::store::lock::Held;
 
+/// The binary a replica starts its starter (and its health probes) from: the image it runs
+/// itself. The file at its path may have been replaced since the replica started (a package
+/// upgraded in place), and a starter of another version would not speak this replica's
+/// messages; `/proc/self/exe` names this process's own image, whatever became of the path (in
+/// the spawned child it is still the parent's image until `execve`). Without `/proc`, the path.
+fn own_binary() -> Result<PathBuf> {
+    let image = Path::new("/proc/self/exe");
+    if image.exists() {
+        return Ok(image.to_path_buf());
+    }
+    std::env::current_exe().map_err(|e| {
+        anyhow!(
+            "cannot find cronlock's own binary: {}",
+            crate::log::io_text(&e)
+        )
+    })
+}
+
 /// The replica's own settings and test hooks: not the run's.
 fn not_for_runs() -> Vec<&'static str> {
     let options = crate::config::REPLICA_OPTIONS.iter().map(|o| o.variable);
@@ -147,12 +165,7 @@ pub struct Runs {
 impl Runs {
     /// None yet; `Err` when cronlock cannot find its own binary.
     pub fn new(json: bool, log: &Log) -> Result<Runs> {
-        let exe = std::env::current_exe().map_err(|e| {
-            anyhow!(
-                "cannot find cronlock's own binary: {}",
-                crate::log::io_text(&e)
-            )
-        })?;
+        let exe = own_binary()?;
         Ok(Runs {
             exe,
             json,

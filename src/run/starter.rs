@@ -59,6 +59,9 @@ pub struct StarterHooks<'a> {
 /// one run (in a forked child): the exit status of either.
 pub fn serve(hooks: &StarterHooks<'_>) -> Exit {
     crate::command::guard::die_with_parent();
+    // Started as `/proc/self/exe` (the replica's own image), it would show as `exe`: its runs
+    // inherit the name, and `ps` should say what they are.
+    let _ = nix::sys::prctl::set_name(c"cronlock");
     crate::memory::for_forking();
     // What every run would otherwise look up for itself, found once before any fork.
     crate::command::cgroup::find_own();

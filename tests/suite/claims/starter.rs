@@ -143,3 +143,52 @@ fn an_idle_starter_is_let_go_and_the_next_run_gets_a_new_one() {
     signal(c.id() as i32, libc::SIGTERM);
     c.wait().unwrap();
 }
+
+/// A replica starts its starter from the image it runs, not from the file at its path: a
+/// package upgraded in place replaces that file, and a starter of another version would not
+/// speak this replica's messages. Here the file becomes a script that fails; the idle starter is
+/// let go (a test hook: after 500 ms) and the next run still gets a working one.
+#[test]
+fn a_replica_whose_binary_was_replaced_still_starts_its_runs() {
+    let r = Redis::start();
+    let dir = scratch("starter-replaced");
+    let d = dir.display();
+    let bin = dir.join("cronlock");
+    std::fs::copy(crate::common::BIN, &bin).unwrap();
+    let file = crontab(
+        &dir,
+        &format!("CRON_TZ=UTC\n*/3 * * * * * tick echo $CRONLOCK_INSTANT >> {d}/ticks\n"),
+    );
+    let mut c = crate::common::replicas::replica_of(
+        bin.to_str().unwrap(),
+        &r.url(),
+        &file,
+        &[],
+        &[("CRONLOCK_TEST_STARTER_IDLE_MS", "500")],
+    );
+    let ticks = dir.join("ticks");
+    assert!(
+        wait_for(Duration::from_secs(10), || !instants(&ticks).is_empty()),
+        "{}",
+        replica_err(&file)
+    );
+    // Replaced as a package manager does: a new file renamed over the old path.
+    let new = dir.join("cronlock.new");
+    std::fs::write(&new, "#!/bin/sh\nexit 1\n").unwrap();
+    std::fs::set_permissions(&new, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::rename(&new, &bin).unwrap();
+    assert!(
+        wait_for(Duration::from_secs(5), || starter_of(c.id()).is_none()),
+        "the idle starter was kept\n{}",
+        replica_err(&file)
+    );
+    let before = instants(&ticks).len();
+    assert!(
+        wait_for(Duration::from_secs(10), || instants(&ticks).len()
+            >= before + 2),
+        "no run once the binary was replaced\n{}",
+        replica_err(&file)
+    );
+    signal(c.id() as i32, libc::SIGTERM);
+    c.wait().unwrap();
+}
