@@ -14,7 +14,8 @@ pub use crate::fleet::next::NextQuery;
 pub use crate::fleet::report::Reports;
 use crate::fleet::schedule::Schedule;
 use crate::lease::Timing;
-use crate::store::lock::{Held, InstantKind, Instants, Overlap};
+use crate::store::lock::{Held, InstantKind, Instants};
+use crate::store::overlap::Overlap;
 use crate::store::topology::Redis;
 
 /// How many instants before the candidates a `--catch-up` firing sends for the ledger's

@@ -7,6 +7,7 @@ use clap::parser::ValueSource;
 use clap::{ArgGroup, Parser};
 
 use crate::cli::help::after_long_help;
+use crate::cli::mode::Mode;
 use crate::duration::{self, Span};
 
 /// The default Redis URL when neither `--redis-url`, `CRONLOCK_REDIS_URL` nor `REDIS_URL` is set.
@@ -150,7 +151,7 @@ pub struct Cli {
     /// gets CRONLOCK_SLOT (0..N-1). Every host must give the same N. With --schedule, only under
     /// --overlap allow: at most N instants run at once
     #[arg(long, env = "CRONLOCK_LIMIT", value_name = "N", default_value_t = 1,
-          value_parser = clap::value_parser!(u32).range(1..=crate::store::lock::MAX_LIMIT as i64))]
+          value_parser = clap::value_parser!(u32).range(1..=crate::store::keys::MAX_LIMIT as i64))]
     pub limit: u32,
 
     /// Run once per instant of this cron schedule across the fleet: a host firing for an
@@ -179,7 +180,7 @@ pub struct Cli {
     /// one)
     #[arg(long, env = "CRONLOCK_OVERLAP", value_name = "POLICY", value_parser = overlap,
           default_value = "skip", requires = "schedule")]
-    pub overlap: crate::store::lock::Overlap,
+    pub overlap: crate::store::overlap::Overlap,
 
     /// With --schedule: run the latest instant within DURATION before now (Redis's clock) that
     /// has not run yet, once; older ones nobody ran are recorded as missed, never run
@@ -478,86 +479,6 @@ pub struct Cli {
     pub mode: Mode,
 }
 
-/// What the command line asks for: a run (the default), an admin mode, `--next` or a replica.
-/// Decided while parsing, from the one mode flag given ([`Mode::flags`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Mode {
-    #[default]
-    Run,
-    Status,
-    Check,
-    List,
-    ForceRelease,
-    Suspend,
-    Resume,
-    Trigger,
-    Next,
-    Crontab,
-}
-
-/// A mode's flag: its clap id, and what it asks for.
-#[derive(Debug, Clone, Copy)]
-pub struct ModeFlag {
-    pub id: &'static str,
-    pub mode: Mode,
-    /// It names no KEY (`--list`, `--next`: it may take one; `--crontab`: its lines do).
-    pub keyless: bool,
-}
-
-/// Every mode flag, once.
-const MODE_FLAGS: [ModeFlag; 9] = [
-    ModeFlag::of("status", Mode::Status, false),
-    ModeFlag::of("check", Mode::Check, false),
-    ModeFlag::of("list", Mode::List, true),
-    ModeFlag::of("force_release", Mode::ForceRelease, false),
-    ModeFlag::of("suspend", Mode::Suspend, false),
-    ModeFlag::of("resume", Mode::Resume, false),
-    ModeFlag::of("trigger", Mode::Trigger, false),
-    ModeFlag::of("next", Mode::Next, true),
-    ModeFlag::of("crontab", Mode::Crontab, true),
-];
-
-impl ModeFlag {
-    const fn of(id: &'static str, mode: Mode, keyless: bool) -> ModeFlag {
-        ModeFlag { id, mode, keyless }
-    }
-
-    /// The flag as typed: `--force-release`.
-    pub fn flag(&self) -> String {
-        format!("--{}", self.id.replace('_', "-"))
-    }
-}
-
-impl Mode {
-    /// Every mode flag, once: the source of clap's group of them, of KEY's exceptions and of
-    /// what a crontab line refuses.
-    pub fn flags() -> impl Iterator<Item = ModeFlag> {
-        MODE_FLAGS.into_iter()
-    }
-
-    /// The mode `matches` asks for: the admin mode whose flag was given (clap lets one through),
-    /// else a replica with `--crontab` (or its variable), else a run.
-    pub fn of(matches: &clap::ArgMatches) -> Mode {
-        let given = |id: &str| {
-            matches!(
-                matches.value_source(id),
-                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
-            )
-        };
-        let admin = Mode::flags().find(|f| f.mode != Mode::Crontab && given(f.id));
-        match admin {
-            Some(f) => f.mode,
-            None if given("crontab") => Mode::Crontab,
-            None => Mode::Run,
-        }
-    }
-
-    /// An admin mode, or `--next`: it runs no command.
-    pub fn runs_no_command(self) -> bool {
-        !matches!(self, Mode::Run | Mode::Crontab)
-    }
-}
-
 /// What was given on the command line itself, as opposed to the environment or a default.
 #[derive(Debug, Clone, Default)]
 pub struct Given {
@@ -627,8 +548,8 @@ pub(super) fn retries(s: &str) -> Result<u32, String> {
 pub use crate::log::LogFormat;
 
 /// `--overlap`: one of [`Overlap::ALL`] by its word.
-pub(super) fn overlap(text: &str) -> Result<crate::store::lock::Overlap, String> {
-    use crate::store::lock::Overlap;
+pub(super) fn overlap(text: &str) -> Result<crate::store::overlap::Overlap, String> {
+    use crate::store::overlap::Overlap;
     Overlap::from_word(text.trim()).ok_or_else(|| {
         let words: Vec<&str> = Overlap::ALL.iter().map(|o| o.word()).collect();
         let (last, rest) = words.split_last().expect("policies");

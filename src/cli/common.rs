@@ -102,7 +102,7 @@ fn defaults(key: String, command: Vec<OsString>) -> Option<Cli> {
         reason: None,
         suspend_for: None,
         jitter: None,
-        overlap: crate::store::lock::Overlap::Skip,
+        overlap: crate::store::overlap::Overlap::Skip,
         resume: false,
         trigger: false,
         crontab: None,

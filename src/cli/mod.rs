@@ -14,6 +14,7 @@ pub mod common;
 pub(crate) mod crontab;
 pub mod help;
 mod message;
+pub mod mode;
 pub mod request;
 mod resolve;
 
@@ -21,6 +22,7 @@ pub use args::*;
 use common::common_case;
 pub use help::{CHILD_ENV, EXAMPLES, EXIT_STATUS};
 pub use message::one_line;
+pub use mode::{Mode, ModeFlag};
 
 /// What a run is for, once the arguments are checked: its KEY and its command.
 #[derive(Debug, Clone)]

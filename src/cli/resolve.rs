@@ -13,7 +13,7 @@ use crate::cli::{Cli, Mode, RedisUrls, RunTarget};
 use crate::config::{Admin, AdminMode, NextQuery, Reports, Request, RunConfig};
 use crate::fleet::schedule::Schedule;
 use crate::lease::Timing;
-use crate::store::lock::Overlap;
+use crate::store::overlap::Overlap;
 use crate::store::topology::Redis;
 
 /// A run or an admin mode (a replica's crontab is `crontab.rs`'s), checked in the order the

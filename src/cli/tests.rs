@@ -150,7 +150,7 @@ fn replica_options_are_those_that_need_crontab() {
 /// is none of them.
 #[test]
 fn overlap_policies_read_by_their_words() {
-    use crate::store::lock::Overlap;
+    use crate::store::overlap::Overlap;
     for policy in Overlap::ALL {
         assert_eq!(args::overlap(policy.word()), Ok(policy));
     }

@@ -11,7 +11,8 @@ use crate::clock::Instant;
 use crate::record::suspension::Suspension;
 use crate::record::Stored;
 use crate::store::keys::Keys;
-use crate::store::lock::{Held, Holder, InstantKind, Instants, Overlap};
+use crate::store::lock::{Held, Holder, InstantKind, Instants};
+use crate::store::overlap::Overlap;
 use crate::store::script::{eval, eval_many, int, ms, text_or_nil, ScriptCall};
 use crate::store::topology::{Failure, Link};
 

@@ -12,8 +12,8 @@ use crate::record::ledger::LedgerInstant;
 use crate::record::run::RunRecord;
 use crate::record::suspension::Suspension;
 use crate::record::Stored;
-use crate::store::keys::Keys;
-use crate::store::lock::{MAX_LIMIT, NOTIFY_TTL};
+use crate::store::keys::{Keys, MAX_LIMIT};
+use crate::store::lock::NOTIFY_TTL;
 use crate::store::script::{eval, ms, text_or_nil};
 use crate::store::topology::{Failure, Link};
 

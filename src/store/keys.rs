@@ -23,6 +23,9 @@
 //! - `cronlock:{KEY}:suspend` after `--suspend`: the record while suspended, and the 16 newest
 //!   past suspensions (a hash, no expiry: it is the operator's switch)
 
+/// The largest `--limit`: a KEY has at most this many slots.
+pub const MAX_LIMIT: u32 = 64;
+
 /// The Redis keys that belong to one KEY.
 #[derive(Debug, Clone)]
 pub struct Keys {
@@ -93,7 +96,7 @@ impl Keys {
         format!("{}:slot:{i}", self.lock)
     }
 
-    /// Slots `0..n`.
+    /// Slots `0..n` (at most [`MAX_LIMIT`] exist).
     pub fn slots(&self, n: u32) -> Vec<String> {
         (0..n).map(|i| self.slot(i)).collect()
     }

@@ -13,6 +13,7 @@ use redis::{Script, Value};
 use crate::clock::Instant;
 pub use crate::store::holder::Holder;
 use crate::store::keys::Keys;
+use crate::store::overlap::Overlap;
 use crate::store::script::{eval, eval_many, int, ms, ScriptCall};
 use crate::store::topology::{Failure, Link};
 
@@ -26,8 +27,6 @@ const RESTORE_LUA: &str = concat!(
     include_str!("lua/restore.lua")
 );
 
-/// The largest `--limit`.
-pub const MAX_LIMIT: u32 = 64;
 static RESTORE: LazyLock<Script> = LazyLock::new(|| Script::new(RESTORE_LUA));
 static RAISE: LazyLock<Script> = LazyLock::new(|| Script::new(RAISE_LUA));
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
@@ -102,65 +101,6 @@ impl InstantKind {
             InstantKind::Scheduled => "0",
             InstantKind::Manual => "1",
             InstantKind::Queued => "2",
-        }
-    }
-}
-
-/// `--overlap`: what an instant does that finds the lock still held by an earlier one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Overlap {
-    /// It is recorded `skipped` (reason `overlap`).
-    #[default]
-    Skip,
-    /// The first waits (`queued`) and runs as soon as the lock is free; a further one is skipped.
-    Queue,
-    /// It replaces the earlier run: that run's lock becomes this one's, that run stops (its
-    /// entry reads `replaced`), and this one's command starts once it is gone.
-    Replace,
-    /// Each instant holds a lock of its own ([`Keys::at`]): instants run side by side, at most
-    /// `at_once` of them (`--limit`; [`MAX_LIMIT`] without one), a further one is skipped.
-    Allow { at_once: u32 },
-}
-
-/// What a new overlap policy touches, and why each must (see ARCHITECTURE.md, "An overlap
-/// policy"): this type (its word and what it asks of the rest), `acquire.lua` (what an instant
-/// that finds the lock held does, decided atomically with the claim), and `release.lua` or
-/// [`Keys`] only if its release or its keys differ (`replace`, `allow`).
-impl Overlap {
-    /// Every policy, as `--overlap` names them (`allow`'s cap is `--limit`'s, resolved later).
-    pub const ALL: [Overlap; 4] = [
-        Overlap::Skip,
-        Overlap::Queue,
-        Overlap::Replace,
-        Overlap::Allow { at_once: MAX_LIMIT },
-    ];
-
-    /// As `--overlap` and `acquire.lua` name it.
-    pub fn word(self) -> &'static str {
-        match self {
-            Overlap::Skip => "skip",
-            Overlap::Queue => "queue",
-            Overlap::Replace => "replace",
-            Overlap::Allow { .. } => "allow",
-        }
-    }
-
-    /// The policy `--overlap WORD` names.
-    pub fn from_word(word: &str) -> Option<Overlap> {
-        Overlap::ALL.into_iter().find(|o| o.word() == word)
-    }
-
-    /// A busy instant waits for the lock (`queue`): a firing waits at least a period for it, and
-    /// a replica claims it again when the run before it ends or its lock would lapse.
-    pub fn waits(self) -> bool {
-        self == Overlap::Queue
-    }
-
-    /// Each instant holds a lock of its own (`allow`): its cap, the instants at once.
-    pub fn at_once(self) -> Option<u32> {
-        match self {
-            Overlap::Allow { at_once } => Some(at_once),
-            _ => None,
         }
     }
 }
