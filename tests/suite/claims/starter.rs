@@ -109,36 +109,10 @@ fn a_killed_replicas_guards_stop_their_commands_in_time() {
 fn an_idle_starter_is_let_go_and_the_next_run_gets_a_new_one() {
     let r = Redis::start();
     let dir = scratch("starter-idle");
-    let d = dir.display();
-    let file = crontab(
-        &dir,
-        &format!("CRON_TZ=UTC\n*/6 * * * * * tick echo $CRONLOCK_INSTANT >> {d}/ticks\n"),
-    );
-    let mut c = replica_with(
-        &r.url(),
-        &file,
-        &[],
-        &[("CRONLOCK_TEST_STARTER_IDLE_MS", "500")],
-    );
-    let ticks = dir.join("ticks");
-    assert!(
-        wait_for(Duration::from_secs(10), || !instants(&ticks).is_empty()),
-        "{}",
-        replica_err(&file)
-    );
-    let first = starter_of(c.id());
-    // Idle from its run's end: let go within a turn of the loop (2 s) after the 500 ms.
-    assert!(
-        wait_for(Duration::from_secs(5), || starter_of(c.id()).is_none()),
-        "the idle starter was kept\n{}",
-        replica_err(&file)
-    );
-    let before = instants(&ticks).len();
-    assert!(
-        wait_for(Duration::from_secs(10), || instants(&ticks).len() > before),
-        "no run after the starter was let go\n{}",
-        replica_err(&file)
-    );
+    let t = ticking(&r, &dir, crate::common::BIN, 6);
+    let first = starter_of(t.replica.id());
+    t.starter_let_go_then_runs(1, "no run after the starter was let go");
+    let mut c = t.replica;
     assert!(first.is_none() || starter_of(c.id()) != first);
     signal(c.id() as i32, libc::SIGTERM);
     c.wait().unwrap();
@@ -152,15 +126,38 @@ fn an_idle_starter_is_let_go_and_the_next_run_gets_a_new_one() {
 fn a_replica_whose_binary_was_replaced_still_starts_its_runs() {
     let r = Redis::start();
     let dir = scratch("starter-replaced");
-    let d = dir.display();
     let bin = dir.join("cronlock");
     std::fs::copy(crate::common::BIN, &bin).unwrap();
+    let t = ticking(&r, &dir, bin.to_str().unwrap(), 3);
+    // Replaced as a package manager does: a new file renamed over the old path.
+    let new = dir.join("cronlock.new");
+    std::fs::write(&new, "#!/bin/sh\nexit 1\n").unwrap();
+    std::fs::set_permissions(&new, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::rename(&new, &bin).unwrap();
+    t.starter_let_go_then_runs(2, "no run once the binary was replaced");
+    let mut c = t.replica;
+    signal(c.id() as i32, libc::SIGTERM);
+    c.wait().unwrap();
+}
+
+/// A replica and what it writes: see [`ticking`].
+struct Ticking {
+    replica: std::process::Child,
+    file: std::path::PathBuf,
+    ticks: std::path::PathBuf,
+}
+
+/// A replica started from `bin`, serving one job every `every` seconds that appends its instant
+/// to `DIR/ticks`, its idle starter let go after 500 ms (a test hook); returned once its first
+/// run wrote.
+fn ticking(r: &Redis, dir: &std::path::Path, bin: &str, every: u32) -> Ticking {
+    let d = dir.display();
     let file = crontab(
-        &dir,
-        &format!("CRON_TZ=UTC\n*/3 * * * * * tick echo $CRONLOCK_INSTANT >> {d}/ticks\n"),
+        dir,
+        &format!("CRON_TZ=UTC\n*/{every} * * * * * tick echo $CRONLOCK_INSTANT >> {d}/ticks\n"),
     );
-    let mut c = crate::common::replicas::replica_of(
-        bin.to_str().unwrap(),
+    let replica = crate::common::replicas::replica_of(
+        bin,
         &r.url(),
         &file,
         &[],
@@ -172,23 +169,29 @@ fn a_replica_whose_binary_was_replaced_still_starts_its_runs() {
         "{}",
         replica_err(&file)
     );
-    // Replaced as a package manager does: a new file renamed over the old path.
-    let new = dir.join("cronlock.new");
-    std::fs::write(&new, "#!/bin/sh\nexit 1\n").unwrap();
-    std::fs::set_permissions(&new, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    std::fs::rename(&new, &bin).unwrap();
-    assert!(
-        wait_for(Duration::from_secs(5), || starter_of(c.id()).is_none()),
-        "the idle starter was kept\n{}",
-        replica_err(&file)
-    );
-    let before = instants(&ticks).len();
-    assert!(
-        wait_for(Duration::from_secs(10), || instants(&ticks).len()
-            >= before + 2),
-        "no run once the binary was replaced\n{}",
-        replica_err(&file)
-    );
-    signal(c.id() as i32, libc::SIGTERM);
-    c.wait().unwrap();
+    Ticking {
+        replica,
+        file,
+        ticks,
+    }
+}
+
+impl Ticking {
+    /// Its idle starter is let go (within a turn of the loop, 2 s, after the 500 ms), and then
+    /// `more` runs follow, each started by a new one; `what` says which wait failed.
+    fn starter_let_go_then_runs(&self, more: usize, what: &str) {
+        assert!(
+            wait_for(Duration::from_secs(5), || starter_of(self.replica.id())
+                .is_none()),
+            "the idle starter was kept\n{}",
+            replica_err(&self.file)
+        );
+        let before = instants(&self.ticks).len();
+        assert!(
+            wait_for(Duration::from_secs(10), || instants(&self.ticks).len()
+                >= before + more),
+            "{what}\n{}",
+            replica_err(&self.file)
+        );
+    }
 }
