@@ -176,6 +176,9 @@ impl Cli {
             }
             return Ok(None);
         }
+        if matches!(self.mode, Mode::Run | Mode::Crontab) {
+            return Ok(None);
+        }
         let runs_command = !self.command.is_empty() || self.shell_command.is_some();
         let flag = Mode::flags()
             .find(|f| f.mode == self.mode)
