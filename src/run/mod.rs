@@ -264,63 +264,19 @@ impl<'a> Run<'a> {
             watchdog,
             ..
         } = self;
-        let CommandEnd {
-            exit,
-            ending,
-            started_ms,
-        } = end;
-        // Stopping the watchdog waits at most --connect-timeout (a renewal in flight); the
-        // release then has a --connect-timeout of its own.
-        let release_by = Instant::now() + config.connect_timeout;
-        let valid_until = match watchdog.validity.state() {
-            LockState::Valid { until } => until,
-            LockState::Lost { until, .. } => until,
-        };
-        // Lost as the command ended by itself: supervising had nothing left to stop, and said
-        // nothing; the release will find the lock not ours.
-        if let (LockState::Lost { reason, .. }, Ending::Exited | Ending::Signalled) =
-            (watchdog.validity.state(), ending)
-        {
-            log.warn(
-                "lost",
-                &format!("lock lost: {reason}; the command had already ended"),
-            );
-        }
-        // Confirmed by Redis, or feared by the main loop (no renewal in time): nothing to wait
-        // for.
-        let lost = watchdog.validity.is_lost() || ending == Ending::Lost;
-        let stop_wait = if lost {
-            Duration::ZERO
-        } else {
-            (release_by - Instant::now()).min(valid_until - Instant::now())
-        };
-        let masters = watchdog.stop(stop_wait);
-        let duration = held.sent_at.elapsed();
+        let CommandEnd { exit, ending, .. } = end;
+        let Stopped {
+            masters,
+            valid_until,
+            lost,
+        } = stop_watchdog(watchdog, config, ending, log);
         let run = (ending != Ending::NotStarted).then_some(metrics::Ran {
             started_ms: held.holder.started_ms,
-            duration,
+            duration: held.sent_at.elapsed(),
             exit_status: exit.code(),
             attempt: held.attempt,
         });
-        let succeeded = ending == Ending::Exited && exit.code() == 0;
-        let record = record::run_record(
-            &held,
-            ending,
-            exit,
-            started_ms,
-            config.keep_output.keeps(succeeded).then_some(kept),
-        );
-        let opts = ReleaseOptions {
-            hold: (held.sent_at + config.min_hold).saturating_duration_since(Instant::now()),
-            record: Some(crate::record::to_text(&record)),
-            history: config.history,
-            record_ttl: config.history_ttl,
-            ledger: held.instant.map(|instant| LedgerEnd {
-                instant,
-                exit: exit.code(),
-                interrupted: signals::asked_to_end(),
-            }),
-        };
+        let opts = release_options(config, &held, end, kept);
         let lost_until = if lost { Instant::now() } else { valid_until };
         let within = config.connect_timeout;
         // A replica's run has the replica release on its long-lived connection; without an
@@ -465,6 +421,80 @@ impl<'a> Run<'a> {
             panic!("injected by a test hook (hooks::PANIC)");
         }
         Ok(Started { child, capture })
+    }
+}
+
+/// The watchdog stopped once the command ended: the masters to release with, until when the
+/// lock was valid, and whether it is lost (confirmed by Redis, or feared by the main loop).
+struct Stopped {
+    masters: Option<Masters>,
+    valid_until: Instant,
+    lost: bool,
+}
+
+/// Stop the watchdog. It waits at most `--connect-timeout` for a renewal in flight (the release
+/// then has a `--connect-timeout` of its own), and not at all for a lock that is lost.
+fn stop_watchdog(watchdog: Watchdog, config: &RunConfig, ending: Ending, log: &Log) -> Stopped {
+    let release_by = Instant::now() + config.connect_timeout;
+    let valid_until = match watchdog.validity.state() {
+        LockState::Valid { until } => until,
+        LockState::Lost { until, .. } => until,
+    };
+    // Lost as the command ended by itself: supervising had nothing left to stop, and said
+    // nothing; the release will find the lock not ours.
+    if let (LockState::Lost { reason, .. }, Ending::Exited | Ending::Signalled) =
+        (watchdog.validity.state(), ending)
+    {
+        log.warn(
+            "lost",
+            &format!("lock lost: {reason}; the command had already ended"),
+        );
+    }
+    // Confirmed by Redis, or feared by the main loop (no renewal in time): nothing to wait for.
+    let lost = watchdog.validity.is_lost() || ending == Ending::Lost;
+    let stop_wait = if lost {
+        Duration::ZERO
+    } else {
+        (release_by - Instant::now()).min(valid_until - Instant::now())
+    };
+    Stopped {
+        masters: watchdog.stop(stop_wait),
+        valid_until,
+        lost,
+    }
+}
+
+/// What the release records: the run record (with the lines `--keep-output` kept, when it keeps
+/// them for this ending), the ledger's end of the instant, and `--min-hold`.
+fn release_options(
+    config: &RunConfig,
+    held: &Held,
+    end: CommandEnd,
+    kept: Vec<KeptLine>,
+) -> ReleaseOptions {
+    let CommandEnd {
+        exit,
+        ending,
+        started_ms,
+    } = end;
+    let succeeded = ending == Ending::Exited && exit.code() == 0;
+    let record = record::run_record(
+        held,
+        ending,
+        exit,
+        started_ms,
+        config.keep_output.keeps(succeeded).then_some(kept),
+    );
+    ReleaseOptions {
+        hold: (held.sent_at + config.min_hold).saturating_duration_since(Instant::now()),
+        record: Some(crate::record::to_text(&record)),
+        history: config.history,
+        record_ttl: config.history_ttl,
+        ledger: held.instant.map(|instant| LedgerEnd {
+            instant,
+            exit: exit.code(),
+            interrupted: signals::asked_to_end(),
+        }),
     }
 }
 
