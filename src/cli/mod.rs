@@ -185,7 +185,6 @@ impl Cli {
             .map(|f| f.flag())
             .unwrap_or_default();
         match self.mode {
-            Mode::Run | Mode::Crontab => return Ok(None),
             _ if runs_command => bail!("{flag} runs no command: remove COMMAND"),
             Mode::Next => {
                 if let (Some(given), Some(key)) = (&self.next_key, &self.key) {
