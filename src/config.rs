@@ -8,12 +8,16 @@
 //! a value of these types is a request cronlock can carry out as it stands.
 
 use std::ffi::OsString;
+use std::sync::Arc;
 use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 
 pub use crate::fleet::next::NextQuery;
 pub use crate::fleet::report::Reports;
 use crate::fleet::schedule::Schedule;
 use crate::lease::Timing;
+use crate::log::{LogFormat, Verbosity};
 use crate::store::lock::{Held, InstantKind, Instants};
 use crate::store::overlap::Overlap;
 use crate::store::topology::Redis;
@@ -93,8 +97,15 @@ pub const REPLICA_OPTIONS: [ReplicaOption; 6] = [
     },
 ];
 
+/// A crontab's `NAME=value` line, as the jobs below it give it to their commands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Variable {
+    pub name: String,
+    pub value: String,
+}
+
 /// A crontab's `NAME=value` lines in force for a job, shared between the jobs below them.
-pub type Env = std::sync::Arc<Vec<crate::starting::message::Variable>>;
+pub type Env = Arc<Vec<Variable>>;
 
 /// One job line of a crontab, resolved: the run `cronlock --schedule SCHEDULE [OPTIONS] KEY -c
 /// COMMAND-LINE` would make, and what the replica needs to fire it.
@@ -104,27 +115,42 @@ pub struct CronJob {
     pub line: usize,
     pub key: String,
     pub schedule: Schedule,
-    /// `--catch-up` given: fire once at start (a replica that starts late catches up).
-    pub catch_up: bool,
-    /// The status its run exits with when it did not run (`-E`).
-    pub conflict_exit_code: u8,
-    /// `--retries`: the replica looks again when a run of it failed here, or when the run that
-    /// holds it elsewhere could have died (its lock's expiry).
-    pub retries: u32,
-    /// The run's arguments after the program name.
-    pub args: Vec<String>,
-    /// The `NAME=value` lines above it (shared with the jobs that have the same).
+    /// The line as the run's words (`--schedule SCHEDULE [OPTIONS] KEY -c COMMAND-LINE`): the
+    /// job's identity. A reload keeps the state of a job whose words and variables stay the
+    /// same, and replicas name the fleet they share from them. Nothing reads them again.
+    pub words: Vec<String>,
+    /// The run it makes, resolved once.
+    pub run: JobRun,
+}
+
+impl CronJob {
+    /// Whether `other` is the same job (a reload keeps its state): the same words (its KEY
+    /// among them) and variables.
+    pub fn same_as(&self, other: &CronJob) -> bool {
+        self.words == other.words && self.run.env == other.run.env
+    }
+}
+
+/// A crontab job's run, as its line resolved: what the replica claims with and checks the
+/// claim against, and what its starter's child carries out. It crosses their link whole
+/// (`starting/message.rs`): the run never reads the line again.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct JobRun {
+    pub config: Arc<RunConfig>,
+    /// The `NAME=value` lines above it, its command's (shared with the jobs that have the same).
     pub env: Env,
-    /// The run it makes, resolved: what the replica claims with, and what the run checks the
-    /// lock it is handed against.
-    pub config: std::sync::Arc<RunConfig>,
+    /// How much the run says (the line's `-q`, `-v`, or the replica's variables)...
+    pub verbosity: Verbosity,
+    /// ...and in which format.
+    pub format: LogFormat,
 }
 
 /// One run of a command under a KEY's lock, fully described.
-#[derive(Clone)]
+#[derive(Clone, Serialize, Deserialize)]
 pub struct RunConfig {
     pub key: String,
     /// argv of the command: `[COMMAND, ARGS...]` or `["/bin/sh", "-c", SHELL_COMMAND]`.
+    #[serde(with = "utf8_words")]
     pub argv: Vec<OsString>,
     /// `--prefix`: the namespace of the Redis keys.
     pub prefix: String,
@@ -147,7 +173,8 @@ pub struct RunConfig {
     pub overlap: Overlap,
     /// Set by a replica (`--crontab`) for the runs it starts: the descriptor of the channel on
     /// which it hands over the lock it claimed ([`crate::handover`]). The run then takes
-    /// nothing itself.
+    /// nothing itself. A descriptor is this process's: it never crosses to another.
+    #[serde(skip)]
     pub handover: Option<i32>,
     /// `--catch-up`: the window in which a missed, failed or abandoned instant still runs.
     pub catch_up: Option<Duration>,
@@ -168,9 +195,30 @@ pub struct RunConfig {
     pub reports: Reports,
 }
 
+/// A command's words as they cross to another process: text (a crontab's are; it is UTF-8).
+mod utf8_words {
+    use std::ffi::OsString;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(words: &[OsString], s: S) -> Result<S::Ok, S::Error> {
+        let text = words
+            .iter()
+            .map(|w| w.to_str())
+            .collect::<Option<Vec<&str>>>()
+            .ok_or_else(|| serde::ser::Error::custom("a command word that is not UTF-8"))?;
+        text.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<OsString>, D::Error> {
+        let text = Vec::<String>::deserialize(d)?;
+        Ok(text.into_iter().map(OsString::from).collect())
+    }
+}
+
 /// `--keep-output SIZE[,all]`: the last `bytes` of a run's output, kept with its record in
 /// Redis for a run that did not succeed (`successes`: for every run).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeepOutput {
     pub bytes: usize,
     pub successes: bool,

@@ -22,7 +22,7 @@ pub const MIN_TTL: Duration = Duration::from_millis(250);
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(5);
 
 /// The timing that follows from `--ttl` and `--grace`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct Timing {
     pub ttl: Duration,
     pub grace: Duration,

@@ -27,15 +27,13 @@ pub mod store;
 pub mod watchdog;
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use anyhow::Result;
 use clap::error::ErrorKind;
 
 use crate::cli::Cli;
-use crate::config::{Admin, AdminMode, Request, RunConfig};
+use crate::config::{Admin, AdminMode, Request};
 use crate::exit::Exit;
-use crate::fleet::report::Report;
 use crate::fleet::{admin, check, status, suspend, trigger};
 use crate::log::LogFormat;
 use crate::log::{Log, Verbosity};
@@ -77,7 +75,7 @@ fn run_guarded() -> Exit {
                 log.error("internal", &format!("internal error: {msg}"));
                 Exit::Failure
             };
-            log.flush(FLUSH_WAIT);
+            log.flush(crate::log::FLUSH_WAIT);
             exit
         }
     }
@@ -86,10 +84,7 @@ fn run_guarded() -> Exit {
 /// Parse the command line and do what it says (or, started as a replica's starter, serve it).
 fn run_parsed() -> Exit {
     if started_as_starter() {
-        return run::starter::serve(&run::starter::StarterHooks {
-            resolve: &resolve_job_run,
-            run: &run_resolved,
-        });
+        return run::starter::serve();
     }
     let cli = match cli::parse() {
         Ok(cli) => cli,
@@ -104,7 +99,7 @@ fn run_parsed() -> Exit {
                     // The format is unknown when parsing failed; honour the environment's.
                     let log = Log::new(Verbosity::Normal, format_from_env());
                     log.error("usage", &cli::one_line(&e));
-                    log.flush(FLUSH_WAIT);
+                    log.flush(crate::log::FLUSH_WAIT);
                     Exit::Failure
                 }
             };
@@ -117,7 +112,7 @@ fn run_parsed() -> Exit {
         Err(e) => {
             let log = Log::new(Verbosity::Normal, format);
             log.error("usage", &format!("{e:#}"));
-            log.flush(FLUSH_WAIT);
+            log.flush(crate::log::FLUSH_WAIT);
             return Exit::Failure;
         }
     };
@@ -141,7 +136,7 @@ fn run_parsed() -> Exit {
             Exit::Failure
         }
     };
-    log.flush(FLUSH_WAIT);
+    log.flush(crate::log::FLUSH_WAIT);
     exit
 }
 
@@ -166,13 +161,10 @@ fn unknown(message: &str) -> Exit {
     Exit::Check(check::CheckState::Unknown as u8)
 }
 
-/// How long the exit waits for queued log lines to reach a slow stderr.
-const FLUSH_WAIT: Duration = Duration::from_millis(500);
-
 /// Do what the parsed command line says: one run, one of the admin modes, or a replica.
 fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
     match cli::request::request(cli)? {
-        Request::Run(config) => run_reported(&config, log),
+        Request::Run(config) => run::run_reported(&config, log),
         Request::Admin(admin) => admin_mode(&admin, log),
         Request::Crontab(replica) => {
             let file = replica.file.clone();
@@ -195,47 +187,11 @@ fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
     }
 }
 
-/// One run, with its reports (metrics file, pings).
-fn run_reported(config: &RunConfig, log: &Log) -> Result<Exit> {
-    let mut report = Report::new(&config.reports, log)?;
-    let attempted = crate::clock::unix_millis();
-    let outcome = run::run_job(config, log, &mut |rid, attempt| {
-        report.started(&config.key, rid, attempt, log)
-    });
-    report.tell(&config.key, attempted, &outcome, log);
-    outcome.result
-}
-
 /// Whether cronlock was started as a replica's starter (its `argv[0]`).
 fn started_as_starter() -> bool {
     std::env::args_os()
         .next()
         .is_some_and(|a| a == starting::STARTER_ARG0)
-}
-
-/// A job's run arguments (a replica's starter resolves them once per job), resolved as its
-/// command line would be.
-fn resolve_job_run(args: &[String]) -> Result<run::starter::Resolved> {
-    let cli = cli::parse_run(args)?;
-    let Request::Run(config) = cli::request::request(&cli)? else {
-        anyhow::bail!("the job's arguments are not a run");
-    };
-    Ok(run::starter::Resolved {
-        config: *config,
-        verbosity: cli.verbosity()?,
-        format: cli.log_format,
-    })
-}
-
-/// A run a replica's starter forked: as [`execute`] carries out a run, with its own log.
-fn run_resolved(resolved: &run::starter::Resolved) -> Exit {
-    let log = Log::new(resolved.verbosity, resolved.format);
-    let exit = run_reported(&resolved.config, &log).unwrap_or_else(|e| {
-        log.error("error", &format!("{e:#}"));
-        Exit::Failure
-    });
-    log.flush(FLUSH_WAIT);
-    exit
 }
 
 /// `--status`, `--check`, `--list`, `--force-release`, `--suspend` and `--resume`.

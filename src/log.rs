@@ -72,8 +72,13 @@ struct Context {
     fence: Option<i64>,
 }
 
+/// How long the exit waits for queued log lines to reach a slow stderr.
+pub const FLUSH_WAIT: Duration = Duration::from_millis(500);
+
 /// `--log-format` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
 pub enum LogFormat {
     /// `cronlock: ...` lines
     Text,
@@ -83,7 +88,7 @@ pub enum LogFormat {
 
 /// How much cronlock says: `-q` errors only; by default warnings (and, as JSON, what a run does);
 /// `-v` what a run does (and, as JSON, the debug events too).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Verbosity {
     Quiet,
     Normal,

@@ -19,10 +19,9 @@ use anyhow::{anyhow, bail, Result};
 use clap::CommandFactory;
 
 use crate::cli::{from_matches, is_admin_flag, one_line, Cli};
-use crate::config::{CronJob, Env, Replica, REPLICA_OPTIONS};
+use crate::config::{CronJob, Env, JobRun, Replica, Variable, REPLICA_OPTIONS};
 use crate::fleet::schedule::Schedule;
 use crate::signals;
-use crate::starting::message::Variable;
 
 /// The largest crontab read: a table, not data.
 const MAX_FILE: u64 = 1 << 20;
@@ -285,7 +284,7 @@ fn job(
     };
     let schedule = Schedule::parse(&text).map_err(|e| anyhow!("bad schedule '{expr}': {e}"))?;
     // The options, up to KEY: an option that takes a value takes the next word too.
-    let mut args: Vec<String> = vec!["--schedule".into(), text];
+    let mut words: Vec<String> = vec!["--schedule".into(), text];
     let mut rest = all[fields..].iter();
     let mut key = None;
     while let Some(&Word { text: word, end }) = rest.next() {
@@ -298,10 +297,10 @@ fn job(
         if replicas || OF_THE_LINE.contains(&name) || is_admin_flag(name) {
             bail!("{name} is not an option of one job");
         }
-        args.push(word.to_string());
+        words.push(word.to_string());
         if !word.contains('=') && takes_value(command, name) {
             match rest.next() {
-                Some(value) => args.push(value.text.to_string()),
+                Some(value) => words.push(value.text.to_string()),
                 None => bail!("{name} needs a value"),
             }
         }
@@ -318,10 +317,10 @@ fn job(
     if shell.is_empty() {
         bail!("a job line is SCHEDULE [OPTIONS] KEY COMMAND-LINE: KEY '{key}' has no command");
     }
-    args.extend([key.clone(), "-c".into(), shell.to_string()]);
-    // The run this line makes, checked as that run would check it.
+    words.extend([key.clone(), "-c".into(), shell.to_string()]);
+    // The run this line makes, checked and resolved as that run's command line would be.
     let mut argv = vec!["cronlock".to_string()];
-    argv.extend(args.iter().cloned());
+    argv.extend(words.iter().cloned());
     let matches = command
         .try_get_matches_from_mut(&argv)
         .map_err(|e| anyhow!(one_line(&e)))?;
@@ -335,17 +334,25 @@ fn job(
         Some(keyed) => keyed.clone(),
         None => schedule,
     };
+    let run = JobRun {
+        config: Arc::new(config),
+        env: env.clone(),
+        verbosity: cli.verbosity()?,
+        format: cli.log_format,
+    };
     Ok(CronJob {
         line: n,
         key,
         schedule,
-        catch_up: config.catch_up.is_some(),
-        conflict_exit_code: config.conflict_exit_code,
-        retries: config.retries,
-        args,
-        env: env.clone(),
-        config: Arc::new(config),
+        words,
+        run,
     })
+}
+
+/// One job line as [`load`] reads it, for other rooms' unit tests.
+#[cfg(test)]
+pub fn job_line(line: &str) -> CronJob {
+    job(line, None, &Env::default(), 1, &mut Cli::command()).expect("a job line")
 }
 
 /// Whether the option `name` (`--ttl`, `-t`) takes a value of its own.
@@ -380,7 +387,7 @@ mod tests {
         .unwrap();
         assert_eq!(j.key, "report");
         assert_eq!(
-            j.args,
+            j.words,
             [
                 "--schedule",
                 "*/5 * * * *",
@@ -393,11 +400,43 @@ mod tests {
             ]
         );
         let j = job("*/2 * * * * * k true", Some("UTC"), &[], 1).unwrap();
-        assert_eq!(j.args[1], "CRON_TZ=UTC */2 * * * * *");
+        assert_eq!(j.words[1], "CRON_TZ=UTC */2 * * * * *");
         let j = job("@hourly --catch-up=1h k true", None, &[], 1).unwrap();
-        assert!(j.catch_up);
+        assert!(j.run.config.catch_up.is_some());
         assert!(job("* * * * * --wait 5s k true", None, &[], 1).is_err());
         assert!(job("* * * * * k", None, &[], 1).is_err());
         assert!(job("* * * * * --nope k true", None, &[], 1).is_err());
+    }
+
+    /// What the replica resolved is what its starter's child runs: the run crosses whole.
+    #[test]
+    fn a_job_run_reads_back_as_it_resolved() {
+        use crate::starting::message::{Plan, StarterMessage};
+        let env = [Variable {
+            name: "A".into(),
+            value: "b c".into(),
+        }];
+        let line = "H/5 * * * * --ttl 1m -v -u redis://:sec%20ret@localhost:1/2 report echo 'a  b'";
+        let run = job(line, Some("UTC"), &env, 1).unwrap().run;
+        let back = Plan::of(&run).unwrap().read().unwrap();
+        let (a, b) = (&run.config, &back.config);
+        assert_eq!(a.key, b.key);
+        assert_eq!(a.argv, b.argv);
+        assert_eq!(a.timing.ttl, b.timing.ttl);
+        assert_eq!(a.servers[0].shown_url, b.servers[0].shown_url);
+        assert_eq!(a.servers[0].fingerprint, b.servers[0].fingerprint);
+        let (sa, sb) = (a.schedule.as_ref().unwrap(), b.schedule.as_ref().unwrap());
+        assert_eq!((&sa.text, &sa.resolved), (&sb.text, &sb.resolved));
+        assert_eq!(sa.next_after(0), sb.next_after(0));
+        assert_eq!((&run.env, run.verbosity), (&back.env, back.verbosity));
+        assert_eq!(Plan::of(&back).unwrap(), Plan::of(&run).unwrap());
+        // The password crosses, and no message's Debug shows it.
+        let m = StarterMessage::Start {
+            id: 1,
+            key: "k".into(),
+            run: Plan::of(&run).unwrap(),
+        };
+        assert!(Plan::of(&run).unwrap().text().contains("sec%20ret"));
+        assert!(!format!("{m:?}").contains("sec"));
     }
 }

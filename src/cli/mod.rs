@@ -316,17 +316,6 @@ fn check_key(key: &str) -> Result<String> {
     Ok(key.to_string())
 }
 
-/// A job's run arguments (after the program name), as a replica's starter gets them, parsed as
-/// the command line would be.
-pub fn parse_run(args: &[String]) -> anyhow::Result<Cli> {
-    let argv = std::iter::once("cronlock").chain(args.iter().map(String::as_str));
-    let cli = Cli::command()
-        .try_get_matches_from(argv)
-        .and_then(|m| from_matches(&m))
-        .map_err(|e| anyhow::anyhow!(one_line(&e)))?;
-    Ok(cli)
-}
-
 /// Parse `std::env::args_os()`; see [`one_line`] for how errors are shown.
 pub fn parse() -> std::result::Result<Cli, clap::Error> {
     if let Some(var) = non_utf8_variable() {

@@ -1,7 +1,8 @@
 //! Running the command: spawn it (behind the [guard](crate::command::guard)) in its own process group and,
 //! where possible, its own [cgroup](crate::command::cgroup); forward signals to the group, and stop it —
 //! SIGTERM, grace, SIGKILL — when the lock is lost or `--max-runtime` passes. cronlock is a child
-//! subreaper and reaps orphans, which matters when it is PID 1 and when the guard dies.
+//! subreaper and reaps orphans, which matters when it is PID 1 and when the guard dies (every
+//! wait through [`crate::command::process`]).
 
 use std::cell::Cell;
 use std::ffi::{CString, OsStr, OsString};
@@ -15,6 +16,7 @@ use nix::unistd::pipe2;
 
 use crate::command::cgroup::Cgroup;
 use crate::command::guard::{self, Prepared};
+use crate::command::process;
 use crate::command::shared::{self, Shared};
 use crate::exit::Exit;
 use crate::signals;
@@ -217,9 +219,8 @@ pub fn spawn(
         .filter(|_| shared.has(shared::CGROUP_MADE))
         .map(Cgroup::adopt);
     if let Ok(bytes) = <[u8; 4]>::try_from(report.as_slice()) {
-        let mut status = 0;
-        // SAFETY: reaping our own child.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
+        // The guard ends at once when its command did not start.
+        process::reap(pid);
         // Dropping it kills what is left in it and removes it.
         drop(cgroup);
         return Err(not_started(program, i32::from_ne_bytes(bytes)));
@@ -354,23 +355,8 @@ impl Child {
     /// its cgroup, and orphans that reached us because the guard died.
     pub(super) fn try_finish(&mut self) -> Option<Finished> {
         loop {
-            // SAFETY: zeroed siginfo_t is a valid out-parameter for waitid.
-            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-            // SAFETY: valid pointer; WNOWAIT leaves the child waitable, so its pid stays reserved.
-            let rc = unsafe {
-                libc::waitid(
-                    libc::P_ALL,
-                    0,
-                    &mut info,
-                    libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
-                )
-            };
-            // SAFETY: si_pid is valid for SIGCHLD-style siginfo filled by waitid.
-            let pid = unsafe { info.si_pid() };
-            if rc != 0 || pid == 0 {
-                return None;
-            }
-            let mut status = 0;
+            // Left waitable, so the guard's pid (the group's id) stays reserved until reaped.
+            let pid = process::ended_any()?;
             if pid == self.group {
                 // The guard hands over the command's status once it has killed what the command
                 // left behind. Without it (the guard was killed, or ended the job itself), kill
@@ -382,8 +368,7 @@ impl Child {
                 if ended.is_none() {
                     self.kill_all();
                 }
-                // SAFETY: reaping our own child.
-                unsafe { libc::waitpid(pid, &mut status, 0) };
+                let status = process::reap(pid);
                 // Orphans that reached us because the guard died; no child's status matters now.
                 crate::command::tree::kill_descendants(
                     self.cgroup.as_ref().and_then(Cgroup::kill_fd),
@@ -396,8 +381,8 @@ impl Child {
                     guard_died,
                 });
             }
-            // SAFETY: reaping an orphan that is ready.
-            unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            // An orphan that reached us (it has ended).
+            process::reap(pid);
         }
     }
 }

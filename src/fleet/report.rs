@@ -13,7 +13,7 @@ use crate::host;
 use crate::log::Log;
 
 /// What a run tells the world once it ended.
-#[derive(Clone, Default)]
+#[derive(Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Reports {
     /// `--metrics-dir`, a directory (checked).
     pub metrics_dir: Option<PathBuf>,

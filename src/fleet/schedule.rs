@@ -85,24 +85,57 @@ fn zone_file(name: &str) -> Option<jiff::tz::TimeZone> {
     jiff::tz::TimeZone::tzif(name, &bytes).ok()
 }
 
+/// How a schedule's `H` fields get their values: drawn for a KEY, or as they were drawn (a
+/// schedule read back, [`Schedule`]'s `Deserialize`).
+enum Drawn<'a> {
+    For(&'a str),
+    As(Option<String>),
+}
+
+/// A schedule as it crosses to another process (a crontab job's run): its text and its `H`
+/// fields' values; parsed again there (its parsed form is croner's, shared in this process).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ScheduleText {
+    text: String,
+    resolved: Option<String>,
+}
+
+impl serde::Serialize for Schedule {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let text = ScheduleText {
+            text: self.text.clone(),
+            resolved: self.resolved.clone(),
+        };
+        text.serialize(s)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Schedule {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Schedule, D::Error> {
+        let t = ScheduleText::deserialize(d)?;
+        Schedule::parse_for(&t.text, Drawn::As(t.resolved))
+            .map_err(|e| serde::de::Error::custom(format!("schedule '{}': {e}", t.text)))
+    }
+}
+
 const FIELDS_5: [&str; 5] = ["minute", "hour", "day-of-month", "month", "day-of-week"];
 
 impl Schedule {
     /// Parse `text`; the error names the offending field or time zone. An `H` field is drawn
     /// for no KEY: [`Schedule::for_key`] draws it for the job's.
     pub fn parse(text: &str) -> Result<Schedule, String> {
-        Schedule::parse_for(text, "")
+        Schedule::parse_for(text, Drawn::For(""))
     }
 
     /// This schedule with its `H` fields drawn for `key` (itself when it has none).
     pub fn for_key(&self, key: &str) -> Result<Schedule, String> {
         match self.resolved {
-            Some(_) => Schedule::parse_for(&self.text, key),
+            Some(_) => Schedule::parse_for(&self.text, Drawn::For(key)),
             None => Ok(self.clone()),
         }
     }
 
-    fn parse_for(text: &str, key: &str) -> Result<Schedule, String> {
+    fn parse_for(text: &str, drawn: Drawn<'_>) -> Result<Schedule, String> {
         let trimmed = text.trim();
         let (zone, expr) = match trimmed.split_once(char::is_whitespace) {
             Some((first, rest)) if first.starts_with("CRON_TZ=") || first.starts_with("TZ=") => {
@@ -121,9 +154,13 @@ impl Schedule {
         } else {
             expr
         };
-        let resolved = spread::is_hashed(expr)
-            .then(|| spread::resolve(expr, key))
-            .transpose()?;
+        let resolved = match drawn {
+            Drawn::For(key) => spread::is_hashed(expr)
+                .then(|| spread::resolve(expr, key))
+                .transpose()?,
+            Drawn::As(resolved) if resolved.is_some() == spread::is_hashed(expr) => resolved,
+            Drawn::As(_) => return Err("its H fields and their values differ".into()),
+        };
         let parser = CronParser::builder().build();
         let cron = parsed(&parser, resolved.as_deref().unwrap_or(expr))?;
         let hours = &cron.pattern.hours;

@@ -16,6 +16,7 @@
 //! releases by itself, as any run does.
 
 pub mod message;
+mod replica_side;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -27,7 +28,7 @@ use anyhow::{anyhow, bail, Result};
 
 use crate::clock::Instant;
 use crate::handover::message::{
-    LedgerEndMessage, LockMessage, Message, ReleaseMessage, ReleaseOutcome, ReleasedMessage,
+    LedgerEndMessage, LockMessage, Message, ReleaseMessage, ReleaseOutcome,
 };
 use crate::record::run::Ending;
 use crate::store::holder::Holder;
@@ -274,48 +275,11 @@ fn release_options(m: ReleaseMessage) -> ReleaseOptions {
     }
 }
 
-/// The replica's `changed` message (its watch saw the run's lock change), one line.
-pub fn changed_line() -> String {
-    Message::Changed.line()
-}
-
-/// The replica renewed the run's lock with a renewal sent at `sent` (confirmed).
-pub fn renewed_line(sent: Instant) -> String {
-    Message::Renewed {
-        sent_boot_ns: sent.as_duration().as_nanos() as u64,
-    }
-    .line()
-}
-
-/// The replica's `releasing` message, one line.
-pub fn releasing_line() -> String {
-    Message::Releasing.line()
-}
-
 /// How long a run waits for the replica's `releasing` before it releases by itself: the thread
 /// that reads the run's channel sends it at once, so only a replica that is frozen or gone (or a
 /// machine starved for this long) misses it. The lock of a run whose replica is frozen is free
 /// this long after its command ended, not `--connect-timeout` later.
 pub const RELEASING_WITHIN: Duration = Duration::from_millis(50);
-
-/// The replica's `released` message, one line.
-pub fn released_line(answer: &ReleaseAnswer) -> String {
-    let message = match answer {
-        Ok(r) => ReleasedMessage {
-            outcome: Some(match r {
-                Released::Deleted => ReleaseOutcome::Deleted,
-                Released::Kept => ReleaseOutcome::Kept,
-                Released::NotOurs => ReleaseOutcome::NotOurs,
-            }),
-            error: None,
-        },
-        Err(e) => ReleasedMessage {
-            outcome: None,
-            error: Some(e.clone()),
-        },
-    };
-    Message::Released(message).line()
-}
 
 /// Read a `released` message.
 fn parse_released(line: &str) -> Result<ReleaseAnswer> {
@@ -489,6 +453,7 @@ pub fn report_in(line: &[u8]) -> Option<RunReport> {
 mod heard;
 use heard::replica_gone;
 pub use heard::ReplicaWatch;
+pub use replica_side::ReplicaSide;
 
 #[cfg(test)]
 mod tests;

@@ -1,4 +1,5 @@
 //! The channel's messages read back as written, and its two ends.
+use super::replica_side::{changed_line, released_line, renewed_line};
 use super::*;
 
 fn sample() -> Handover {
@@ -133,7 +134,7 @@ fn a_run_the_replica_answers_does_not_release_by_itself() {
         answers: None,
     };
     let replica = std::thread::spawn(move || {
-        let mut side = ReplicaSide::new(ours.try_clone().unwrap());
+        let mut side = ReportReader::new(ours.try_clone().unwrap());
         let asked = side.report();
         let mut reply = ours;
         reply
@@ -176,7 +177,7 @@ fn the_replica_reads_reports_until_the_end() {
     run.send(&RunReport::Started { pid: 9 });
     run.stream.write_all(b"garbage\n").unwrap();
     drop(run);
-    let mut replica = ReplicaSide::new(ours);
+    let mut replica = ReportReader::new(ours);
     assert_eq!(replica.report(), Some(RunReport::Started { pid: 9 }));
     assert_eq!(replica.report(), None);
 }
@@ -205,13 +206,13 @@ fn a_released_answer_is_read_past_changes() {
 
 /// The replica's reading of a run's reports as the relay does it, line by line through
 /// [`report_in`], until end of file (`None`).
-struct ReplicaSide {
+struct ReportReader {
     reader: BufReader<UnixStream>,
 }
 
-impl ReplicaSide {
-    fn new(stream: UnixStream) -> ReplicaSide {
-        ReplicaSide {
+impl ReportReader {
+    fn new(stream: UnixStream) -> ReportReader {
+        ReportReader {
             reader: BufReader::new(stream),
         }
     }

@@ -108,7 +108,7 @@ pub(super) fn lost(
     let mut again = None;
     let text = match &verdict {
         ClaimVerdict::Busy { holder, expires_in } => {
-            if let (true, Some(left)) = (job.retries > 0, expires_in) {
+            if let (true, Some(left)) = (job.run.config.retries > 0, expires_in) {
                 again = Some(unix_millis() as i64 + left.as_millis() as i64 + 250);
             }
             let by = crate::fleet::describe::describe_holder(holder);
@@ -132,7 +132,7 @@ pub(super) fn lost(
     let fields = [("key", key.clone().into()), ("instant", instant.into())];
     log.event(Level::Debug, "claim_lost", &text, &fields);
     shown.claim(key, Some(false), suspended);
-    if job.config.reports.metrics_dir.is_some() {
+    if job.run.config.reports.metrics_dir.is_some() {
         report_skip(job, suspended, log);
     }
     again
@@ -142,9 +142,9 @@ pub(super) fn lost(
 /// `cronlock_suspended` while KEY is suspended).
 fn report_skip(job: &CronJob, suspended: Option<u64>, log: &Log) {
     use crate::fleet::report::{Report, RunOutcome};
-    let report = Report::metrics_only(&job.config.reports);
+    let report = Report::metrics_only(&job.run.config.reports);
     let outcome = RunOutcome {
-        result: Ok(Exit::Conflict(job.conflict_exit_code)),
+        result: Ok(Exit::Conflict(job.run.config.conflict_exit_code)),
         locked: false,
         run: None,
         body: None,

@@ -171,8 +171,8 @@ impl Heartbeats {
         }
         self.last = Beat::sent(every, full);
         self.changed = false;
-        table.lapse = every * 3;
-        table.settle = every + BEAT_AGAIN;
+        table.fleets.lapse = every * 3;
+        table.fleets.settle = every + BEAT_AGAIN;
     }
 
     /// Leave `group`'s fleet (a heartbeat that lapses at once).

@@ -21,14 +21,13 @@
 //! connection of its own.
 
 use std::collections::HashMap;
-use std::io::Write;
-use std::os::unix::net::UnixStream;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::Instant;
 use crate::config::RunConfig;
-use crate::handover::released_line;
+use crate::handover::ReplicaSide;
 use crate::record::ledger::MissedReason;
 use crate::record::suspension::Suspension;
 use crate::record::Stored;
@@ -71,7 +70,7 @@ pub enum Ask {
         config: Arc<RunConfig>,
         held: Box<Held>,
         opts: Box<ReleaseOptions>,
-        reply: UnixStream,
+        reply: ReplicaSide,
         urgent: bool,
     },
     /// Renew run `pid`'s lock, as it asked, with the holder value this replica claimed with
@@ -365,8 +364,6 @@ pub(super) fn verdict(outcome: RoundOutcome, config: &RunConfig) -> ClaimVerdict
 
 /// Tell a run how the release it asked for went (it waits for this; a run that is gone no
 /// longer needs it).
-pub(super) fn answer_run(reply: &mut UnixStream, released: Result<Released, Failure>) {
-    let answer = released.map_err(|e| e.to_string());
-    let _ = reply.set_write_timeout(Some(Duration::from_millis(100)));
-    let _ = reply.write_all(released_line(&answer).as_bytes());
+pub(super) fn answer_run(reply: &mut ReplicaSide, released: Result<Released, Failure>) {
+    reply.released(&released.map_err(|e| e.to_string()));
 }

@@ -7,13 +7,14 @@
 //! by one ([`crate::store::quorum::Masters::acquire_many`] settles each claim as `acquire` does).
 
 use std::collections::HashMap;
-use std::os::unix::net::UnixStream;
+
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::Instant;
 use crate::config::RunConfig;
+use crate::handover::ReplicaSide;
 use crate::http::Board;
 use crate::signals;
 use crate::store::acquire::Acquire;
@@ -183,7 +184,7 @@ struct RunRelease {
     config: Arc<RunConfig>,
     held: Box<Held>,
     opts: Box<ReleaseOptions>,
-    reply: UnixStream,
+    reply: ReplicaSide,
 }
 
 /// Carry out a batch: its undos, then its claims (they are the ones a start waits for: their

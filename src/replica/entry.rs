@@ -1,7 +1,9 @@
-//! A job's entry in the replica's table: when it is next due, the instant that waits to be
-//! claimed (until when it can still start, where its check stands when another replica owns
-//! it, and why it would be missed), the line said when it is given up, and the record of a
-//! given-up instant to send ([`Pending`]).
+//! One job's scheduling state, and every change of it: when it next comes due, the instant that
+//! waits to be claimed (until when it can still start, where its check stands when another
+//! replica owns it, why it would be missed), whether a claim of it is in flight and which instant
+//! queued behind that claim, when a failed claim may be tried again, and which instants it gives
+//! up. The table (`table.rs`) asks each job and acts: it says who owns an instant (the fleet's
+//! views, [`Owns`]), records what a job gave up ([`GivenUp`]) and keeps its agenda.
 
 use crate::clock::rfc3339;
 use std::sync::Arc;
@@ -17,28 +19,42 @@ use crate::replica::claim::Group;
 /// an instant this close ahead for the one due).
 pub const LEAD_MS: i64 = 50;
 
-/// The table's entry for one job: the job (its crontab line, resolved) and when it is due.
+/// After a claim that failed (Redis down, or a failover under way: its primary's writes may be
+/// dropped), how long before the next try (ms): a failover's second costs its instants a quarter
+/// second each, late, instead of the instant.
+pub const RETRY_MS: i64 = 250;
+
+/// The most instants of one job the loop records missed at once when it comes late to them, and
+/// how old the oldest may be (ms): older ones may have left the ledger, which keeps 64.
+const MAX_LATE: usize = 8;
+const LATE_WINDOW_MS: i64 = 60_000;
+
+/// Whether this replica owns instant `at` of a job, as the fleet's views say (the table's
+/// judgment, `table.rs`).
+pub(super) type Owns<'a> = &'a dyn Fn(&Entry, i64) -> bool;
+
+/// The table's entry for one job: the job (its crontab line, resolved) and its scheduling state.
 pub struct Entry {
     pub cron: CronJob,
-    /// The next instant (Unix ms) to come due.
-    pub(super) next: Option<i64>,
-    /// How long before `next` it comes due (ms): [`LEAD_MS`] for an instant of
-    /// the schedule, 0 for a look at once.
-    pub(super) early: i64,
-    /// An instant that came due and waits to be claimed.
-    pub(super) due: Option<Due>,
-    /// The latest instant that came due.
-    pub(super) last: Option<i64>,
     /// Where its claims go (replicas are ranked per group).
     pub(super) group: Group,
     /// How many shares its group's jobs are split into (see `rank.rs`).
     pub(super) shares: u64,
+    /// The next instant (Unix ms) to come due.
+    next: Option<i64>,
+    /// How long before `next` it comes due (ms): [`LEAD_MS`] for an instant of
+    /// the schedule, 0 for a look at once.
+    early: i64,
+    /// An instant that came due and waits to be claimed.
+    due: Option<Due>,
+    /// The latest instant that came due.
+    last: Option<i64>,
     /// A claim of it is in flight.
-    pub(super) claiming: bool,
+    claiming: bool,
     /// An instant that came due while a claim was in flight: it waits next.
-    pub(super) queued: Option<(i64, bool)>,
+    queued: Option<Queued>,
     /// No claim before this (after a failed one).
-    pub(super) not_before: i64,
+    not_before: i64,
 }
 
 /// An instant waiting to be claimed.
@@ -48,16 +64,24 @@ pub(super) struct Due {
     /// Until when it can still start.
     pub(super) until: i64,
     /// Claimed by this replica whatever the rank (fired at start, or looked at again).
-    pub(super) anyone: bool,
+    anyone: bool,
     /// Where its check stands, when another replica owns it.
-    pub(super) check: Check,
+    check: Check,
     /// Why it would be missed, if given up now.
-    pub(super) reason: MissedReason,
+    reason: MissedReason,
 }
 
-/// The check of an instant another replica owns (see the module comment).
+/// The instant that came due while a claim was in flight.
+#[derive(Clone, Copy)]
+struct Queued {
+    at: i64,
+    /// As [`Due`]'s.
+    anyone: bool,
+}
+
+/// The check of an instant another replica owns (see `table.rs`).
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Check {
+enum Check {
     /// Not yet: its check comes 250 ms after the instant (`FALLBACK_MS` in `table.rs`).
     Ahead,
     /// Sent; the answer is awaited.
@@ -66,8 +90,14 @@ pub(super) enum Check {
     Open,
 }
 
+/// An instant a job gave up: to be said (under `-v`) and recorded missed, with the reason.
+pub(super) struct GivenUp {
+    pub(super) at: i64,
+    pub(super) reason: MissedReason,
+}
+
 impl Due {
-    pub(super) fn new(at: i64, until: i64, anyone: bool) -> Due {
+    fn new(at: i64, until: i64, anyone: bool) -> Due {
         Due {
             at,
             until,
@@ -79,10 +109,42 @@ impl Due {
 }
 
 impl Entry {
+    /// A job of `group`, due at its schedule's next instant after `now`; `first`: a job with
+    /// `--catch-up` is due at once instead (a replica that starts late catches up).
+    pub(super) fn new(cron: CronJob, group: Group, first: bool, now: i64) -> Entry {
+        let mut job = Entry {
+            cron,
+            group,
+            shares: 1,
+            next: None,
+            early: 0,
+            due: None,
+            last: None,
+            claiming: false,
+            queued: None,
+            not_before: 0,
+        };
+        if first && job.cron.run.config.catch_up.is_some() {
+            job.look_at(now);
+        } else {
+            job.schedule_after(now);
+        }
+        job
+    }
+
+    /// The same job read again (a reload): it keeps its next instant, the one waiting and the
+    /// claim in flight (a reload does not fire it again).
+    pub(super) fn keep(&mut self, old: &Entry) {
+        (self.next, self.early) = (old.next, old.early);
+        self.due = old.due;
+        self.last = old.last;
+        self.claiming = old.claiming;
+    }
+
     /// Its next instant is the schedule's first after `ms`, claimed [`LEAD_MS`]
     /// (at most a twentieth of the period) before it, or before its `--jitter` offset after it
     /// (then `early` is negative).
-    pub(super) fn schedule_after(&mut self, ms: i64) {
+    fn schedule_after(&mut self, ms: i64) {
         self.next = self.cron.schedule.next_after(ms);
         let offset = self.offset();
         self.early = self.next.map_or(0, |at| {
@@ -98,7 +160,7 @@ impl Entry {
 
     /// Its `--jitter` offset after each instant (ms; 0 without).
     pub(super) fn offset(&self) -> i64 {
-        self.cron.config.jitter_offset().as_millis() as i64
+        self.cron.run.config.jitter_offset().as_millis() as i64
     }
 
     /// Look at it at `at` (Unix ms) at the latest, not ahead of time: Redis picks the instant due.
@@ -107,30 +169,207 @@ impl Entry {
             (self.next, self.early) = (Some(at), 0);
         }
     }
-}
 
-/// Until when instant `at` of `job` can still start: its `--catch-up` window, or else the
-/// job's next instant (at least a second later).
-pub(super) fn deadline(job: &Entry, at: i64) -> i64 {
-    match job.cron.config.catch_up {
-        Some(window) => at + window.as_millis() as i64,
-        None => job
-            .cron
-            .schedule
-            .next_after(at)
-            .unwrap_or(at + 60_000)
-            .max(at + 1000),
+    /// The latest instant that came due, when it may be tried again (`--retries`): a replica
+    /// that left may have abandoned it.
+    pub(super) fn retried(&self) -> Option<i64> {
+        self.last.filter(|_| self.cron.run.config.retries > 0)
+    }
+
+    /// Whether an instant waits here, or in a claim in flight (the agenda looks at it each turn).
+    pub(super) fn has_due(&self) -> bool {
+        self.due.is_some()
+    }
+
+    /// Its instant waiting here (none while a claim of it is in flight).
+    pub(super) fn waiting(&self) -> Option<Due> {
+        self.due.filter(|_| !self.claiming)
+    }
+
+    /// This replica claims `d` now: anyone may, its owner did not claim it in time (checked), or
+    /// it is this replica's.
+    pub(super) fn claims(&self, d: &Due, owns: Owns<'_>) -> bool {
+        d.anyone || d.check == Check::Open || owns(self, d.at)
+    }
+
+    /// Whether this replica answers for `d` when it can no longer start (records it missed,
+    /// unless it ran): it claims it, or it checked it. Any other replica's instant is dropped
+    /// silently: its owner and checkers answer for it.
+    fn answers_for(&self, d: &Due, owns: Owns<'_>) -> bool {
+        self.claims(d, owns) || d.check != Check::Ahead
+    }
+
+    /// `d`, given up for its reason: said and recorded when this replica answers for it.
+    fn give_up(&self, d: &Due, owns: Owns<'_>) -> Option<GivenUp> {
+        self.answers_for(d, owns).then_some(GivenUp {
+            at: d.at,
+            reason: d.reason,
+        })
+    }
+
+    /// Its waiting instant to claim now: this replica claims it, and no failed claim holds it
+    /// back.
+    pub(super) fn claimable(&self, now: i64, owns: Owns<'_>) -> Option<Due> {
+        let d = self.waiting().filter(|_| self.not_before <= now)?;
+        self.claims(&d, owns).then_some(d)
+    }
+
+    /// Its waiting instant that another replica owns and that has not been checked yet.
+    pub(super) fn unchecked(&self, owns: Owns<'_>) -> Option<Due> {
+        let d = self.waiting().filter(|d| d.check == Check::Ahead)?;
+        (!self.claims(&d, owns)).then_some(d)
+    }
+
+    /// When a failed claim may be tried again, if that is after `now`.
+    pub(super) fn retry_at(&self, now: i64) -> Option<i64> {
+        self.waiting().map(|_| self.not_before).filter(|t| *t > now)
+    }
+
+    /// A claim of its waiting instant goes out.
+    pub(super) fn claim_sent(&mut self) {
+        self.claiming = true;
+    }
+
+    /// Its waiting instant's check went out.
+    pub(super) fn check_sent(&mut self) {
+        if let Some(d) = &mut self.due {
+            d.check = Check::Asked;
+        }
+    }
+
+    /// A check's answer for instant `at`: decided (its run started, or it was recorded) or not,
+    /// in which case this replica claims it.
+    pub(super) fn checked(&mut self, at: i64, decided: bool) {
+        match &mut self.due {
+            Some(d) if d.at == at && decided => self.due = None,
+            Some(d) if d.at == at => d.check = Check::Open,
+            _ => {}
+        }
+    }
+
+    /// Its waiting instant, once it can no longer start at `now`: no longer waiting, and given
+    /// up when this replica answers for it.
+    pub(super) fn expire(&mut self, now: i64, owns: Owns<'_>) -> Option<GivenUp> {
+        let d = self.waiting().filter(|d| d.until <= now)?;
+        self.due = None;
+        self.give_up(&d, owns)
+    }
+
+    /// Until when instant `at` can still start: its `--catch-up` window, or else the job's next
+    /// instant (at least a second later).
+    fn deadline(&self, at: i64) -> i64 {
+        match self.cron.run.config.catch_up {
+            Some(window) => at + window.as_millis() as i64,
+            None => self
+                .cron
+                .schedule
+                .next_after(at)
+                .unwrap_or(at + 60_000)
+                .max(at + 1000),
+        }
+    }
+
+    /// It came due (its next instant, less its lead, is past `now`): its instants the loop came
+    /// too late to are given up as late, the one that can still start waits, and its next one is
+    /// scheduled. The instants it gave up are returned.
+    pub(super) fn come_due(&mut self, now: i64, owns: Owns<'_>) -> Vec<GivenUp> {
+        let mut gave_up = Vec::new();
+        let Some(mut at) = self.next.filter(|n| *n - self.early <= now) else {
+            return gave_up;
+        };
+        while self.deadline(at) <= now {
+            let scheduled = self.cron.schedule.next_after(at - 1) == Some(at);
+            if scheduled && gave_up.len() < MAX_LATE && now - at <= LATE_WINDOW_MS {
+                let reason = MissedReason::Late;
+                gave_up.push(GivenUp { at, reason });
+            }
+            match self.cron.schedule.next_after(at) {
+                Some(n) if n - self.early <= now => at = n,
+                _ => break,
+            }
+        }
+        self.schedule_after(at.max(now));
+        if self.deadline(at) <= now {
+            return gave_up;
+        }
+        // Fired at start or looked at again: not an instant of the schedule's (Redis picks the
+        // instant due), and this replica claims it whatever the rank.
+        let anyone = self.cron.schedule.next_after(at - 1) != Some(at);
+        self.last = Some(at);
+        if self.claiming {
+            // The instant queued behind the claim in flight can no longer start on time either:
+            // the claim has not come back (Redis slow, or not answering), so it is given up as
+            // unreachable, not dropped.
+            if let Some(old) = self.queued.replace(Queued { at, anyone }) {
+                let mut old = Due::new(old.at, self.deadline(old.at), old.anyone);
+                old.reason = MissedReason::Unreachable;
+                gave_up.extend(self.give_up(&old, owns));
+            }
+            return gave_up;
+        }
+        // A look again (a run failed, a lock lapses) while an instant still waits here: that
+        // instant is the one the look is for (Redis picks the instant due), claimed now whatever
+        // the rank; giving it up would record it missed before its claim.
+        if let Some(waiting) = self.due.as_mut().filter(|d| anyone && d.until > now) {
+            waiting.anyone = true;
+            return gave_up;
+        }
+        let new = Due::new(at, self.deadline(at), anyone);
+        // The instant this one replaces can no longer start on time.
+        if let Some(old) = self.due.replace(new) {
+            gave_up.extend(self.give_up(&old, owns));
+        }
+        gave_up
+    }
+
+    /// Its claim came back at `now`: `done` unless it failed (Redis could not be asked), in which
+    /// case the instant waits again, for a while. The instant it gave up for the one queued
+    /// behind the claim, if any, is returned.
+    pub(super) fn answered(&mut self, done: bool, now: i64) -> Option<GivenUp> {
+        self.claiming = false;
+        let mut superseded = None;
+        if !done {
+            if let Some(d) = &mut self.due {
+                d.reason = MissedReason::Unreachable;
+            }
+            self.not_before = now + RETRY_MS;
+        }
+        if let Some(queued) = self.queued.take() {
+            if let Some(old) = self.due.filter(|_| !done) {
+                superseded = Some(GivenUp {
+                    at: old.at,
+                    reason: old.reason,
+                });
+            }
+            let at = queued.at;
+            self.due = Some(Due::new(at, self.deadline(at), queued.anyone));
+        } else if done {
+            self.due = None;
+        }
+        superseded
+    }
+
+    /// What a reload gives up of it when the job is removed or changed: its instant that waits
+    /// here, when this replica answers for it.
+    pub(super) fn dropped(&self, owns: Owns<'_>) -> Option<GivenUp> {
+        let d = self.waiting()?;
+        let d = Due {
+            reason: MissedReason::Reload,
+            ..d
+        };
+        self.give_up(&d, owns)
     }
 }
 
 /// Under `-v`: an instant that waited here and can no longer start (another replica may well
 /// have run it: the ledger, asked next, records it missed only if nobody did).
-pub(super) fn missed(job: &Entry, at: i64, reason: MissedReason, log: &Log) {
-    let within = if job.cron.catch_up {
+pub(super) fn missed(job: &Entry, given: &GivenUp, log: &Log) {
+    let within = if job.cron.run.config.catch_up.is_some() {
         "its --catch-up window"
     } else {
         "its period"
     };
+    let reason = given.reason;
     log.event(
         Level::Debug,
         "gave_up",
@@ -138,12 +377,12 @@ pub(super) fn missed(job: &Entry, at: i64, reason: MissedReason, log: &Log) {
             "{}: gave up the {} instant: not started here within {within} ({}); another \
              replica may have run it",
             job.cron.key,
-            rfc3339(at.max(0) as u64),
+            rfc3339(given.at.max(0) as u64),
             reason.name()
         ),
         &[
             ("key", job.cron.key.clone().into()),
-            ("instant", at.into()),
+            ("instant", given.at.into()),
             ("reason", reason.name().into()),
         ],
     );
@@ -159,12 +398,99 @@ pub(super) struct Pending {
 }
 
 impl Pending {
-    pub fn of(job: &CronJob, instant: i64, reason: MissedReason) -> Pending {
+    pub fn of(job: &CronJob, given: &GivenUp) -> Pending {
         Pending {
             key: job.key.clone(),
-            config: job.config.clone(),
-            instant,
-            reason,
+            config: job.run.config.clone(),
+            instant: given.at,
+            reason: given.reason,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A whole second, long after the epoch.
+    const T: i64 = 1_800_000_000_000;
+
+    fn every_second() -> Entry {
+        let cron = crate::cli::crontab::job_line("* * * * * * k true");
+        let group = crate::replica::claim::group(&cron.run.config);
+        Entry::new(cron, group, false, T)
+    }
+
+    fn at(given: &[GivenUp]) -> Vec<(i64, &'static str)> {
+        given.iter().map(|g| (g.at - T, g.reason.name())).collect()
+    }
+
+    #[test]
+    fn a_late_loop_gives_up_the_instants_it_came_to_too_late() {
+        let mine = |_: &Entry, _| true;
+        let mut job = every_second();
+        assert_eq!(job.comes_due(), Some(T + 1000 - LEAD_MS));
+        let late = job.come_due(T + 5500, &mine);
+        let late_at: Vec<_> = (1..=4).map(|s| (s * 1000, "late")).collect();
+        assert_eq!(at(&late), late_at);
+        assert_eq!(job.claimable(T + 5500, &mine).map(|d| d.at), Some(T + 5000));
+        assert_eq!(job.comes_due(), Some(T + 6000 - LEAD_MS));
+    }
+
+    #[test]
+    fn an_instant_queued_behind_a_claim_in_flight_waits_next() {
+        let mine = |_: &Entry, _| true;
+        let mut job = every_second();
+        assert!(job.come_due(T + 950, &mine).is_empty());
+        job.claim_sent();
+        assert!(job.waiting().is_none());
+        // Queued behind the claim; the next one replaces it, given up as unreachable.
+        assert!(job.come_due(T + 1950, &mine).is_empty());
+        assert_eq!(
+            at(&job.come_due(T + 2950, &mine)),
+            [(2000, "redis_unreachable")]
+        );
+        // The claim failed: its instant is given up for the one queued, tried after RETRY_MS.
+        let superseded = job.answered(false, T + 3000);
+        assert_eq!(
+            at(&superseded.into_iter().collect::<Vec<_>>()),
+            [(1000, "redis_unreachable")]
+        );
+        assert!(job.claimable(T + 3000, &mine).is_none());
+        let d = job.claimable(T + 3000 + RETRY_MS, &mine).unwrap();
+        assert_eq!(d.at, T + 3000);
+        job.claim_sent();
+        assert!(job.answered(true, T + 3400).is_none());
+        assert!(!job.has_due());
+    }
+
+    #[test]
+    fn another_replicas_instant_is_checked_and_answered_for_only_once_checked() {
+        let theirs = |_: &Entry, _| false;
+        let mut job = every_second();
+        job.come_due(T + 950, &theirs);
+        assert!(job.claimable(T + 1000, &theirs).is_none());
+        assert_eq!(job.unchecked(&theirs).map(|d| d.at), Some(T + 1000));
+        // Not checked: dropped silently when it can no longer start.
+        assert!(job.expire(T + 2000, &theirs).is_none());
+        assert!(!job.has_due());
+        // Checked and undecided: claimed here, and given up here if it cannot start.
+        job.come_due(T + 1950, &theirs);
+        job.check_sent();
+        assert!(job.unchecked(&theirs).is_none());
+        job.checked(T + 2000, false);
+        assert_eq!(
+            job.claimable(T + 2300, &theirs).map(|d| d.at),
+            Some(T + 2000)
+        );
+        let missed = job.expire(T + 3000, &theirs);
+        assert_eq!(
+            at(&missed.into_iter().collect::<Vec<_>>()),
+            [(2000, "no_room")]
+        );
+        // Checked and decided: nothing waits.
+        job.come_due(T + 2950, &theirs);
+        job.checked(T + 3000, true);
+        assert!(!job.has_due());
     }
 }

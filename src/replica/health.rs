@@ -13,6 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::clock::Instant;
+use crate::command::process::Helper;
 use crate::log::Log;
 
 use super::watched::BoardFeed;
@@ -137,37 +138,28 @@ fn our_version() -> String {
 /// Start `exe --version` as a run would be started, and check that it is this version: `Err`
 /// with why not.
 fn probe(exe: &Path) -> Result<(), String> {
-    let mut child = Command::new(exe)
+    let mut command = Command::new(exe);
+    command
         .arg("--version")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| {
-            format!(
-                "cannot start {}: {}",
-                exe.display(),
-                crate::log::io_text(&e)
-            )
-        })?;
-    let deadline = Instant::now() + PROBE_WITHIN;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "{} --version did not end within {} s",
-                    exe.display(),
-                    PROBE_WITHIN.as_secs()
-                ));
-            }
-        }
+        .stderr(Stdio::null());
+    let mut child = Helper::spawn(&mut command).map_err(|e| {
+        format!(
+            "cannot start {}: {}",
+            exe.display(),
+            crate::log::io_text(&e)
+        )
+    })?;
+    let Some(status) = child.end_within(PROBE_WITHIN) else {
+        return Err(format!(
+            "{} --version did not end within {} s",
+            exe.display(),
+            PROBE_WITHIN.as_secs()
+        ));
     };
     let mut said = String::new();
-    if let Some(out) = child.stdout.take() {
+    if let Some(out) = child.take_stdout() {
         let _ = out.take(4096).read_to_string(&mut said);
     }
     if !status.success() {

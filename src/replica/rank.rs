@@ -200,7 +200,7 @@ mod tests {
     /// While the fleet changes (one replica joins, one or two leave, one becomes full), some
     /// live replica answers for every instant, whichever of them have seen the change yet: one
     /// that has not claims and checks by the old view; one that has, by the new view and, as
-    /// `Table::earlier` keeps it, its roles in the old one too; one that just joined, by the new.
+    /// `Fleets::earlier` keeps it, its roles in the old one too; one that just joined, by the new.
     #[test]
     fn while_the_fleet_changes_every_instant_has_a_replica_answering_for_it() {
         let names: Vec<String> = (0..6).map(|i| format!("r{i}")).collect();

@@ -250,7 +250,7 @@ impl<'a> Replicant<'a> {
             let job = &table.jobs[i].cron;
             self.claims.send(Ask::Claim {
                 key: job.key.clone(),
-                config: job.config.clone(),
+                config: job.run.config.clone(),
                 instant,
                 kind: InstantKind::Scheduled,
             });
@@ -260,7 +260,7 @@ impl<'a> Replicant<'a> {
                 self.manuals.answered(&key, instant, None);
                 continue;
             };
-            let config = job.cron.config.clone();
+            let config = job.cron.run.config.clone();
             self.claims.send(Ask::Claim {
                 key,
                 config,
@@ -428,7 +428,7 @@ impl<'a> Replicant<'a> {
         // sick for it.
         let refused = match (&job, &verdict) {
             (None, _) => true,
-            (Some(job), ClaimVerdict::Won(held)) => job.config.mismatch(held).is_some(),
+            (Some(job), ClaimVerdict::Won(held)) => job.run.config.mismatch(held).is_some(),
             _ => false,
         };
         let Some(job) = job.filter(|_| !refused) else {
@@ -454,7 +454,7 @@ impl<'a> Replicant<'a> {
         // instant that waits when the holder's lock would lapse (its replica died), unless that
         // run ends here first.
         if let (true, ClaimVerdict::Busy { expires_in, .. }) =
-            (job.config.overlap.waits(), &verdict)
+            (job.run.config.overlap.waits(), &verdict)
         {
             let lapse = expires_in.map_or(1000, |d| d.as_millis() as i64);
             self.manuals.queued(key, now + lapse + 250);
@@ -481,7 +481,7 @@ impl<'a> Replicant<'a> {
                 }
                 // (The table waits by itself after a failed claim.)
                 (claimed.kind != InstantKind::Scheduled)
-                    .then_some(now + crate::replica::table::RETRY_MS)
+                    .then_some(now + crate::replica::entry::RETRY_MS)
             }
             // Nothing waits (any more): nothing to say.
             ClaimVerdict::AlreadyRan if claimed.kind == InstantKind::Queued => None,
@@ -524,7 +524,7 @@ impl<'a> Replicant<'a> {
                 true
             }
             Err(e) => {
-                self.not_started(&job.key, job.config.clone(), held, &e);
+                self.not_started(&job.key, job.run.config.clone(), held, &e);
                 false
             }
         }
@@ -650,7 +650,9 @@ impl<'a> Replicant<'a> {
                         self.manuals.queued(&run.key, unix_millis() as i64);
                     }
                     self.manuals.run_ended(&run.key, unix_millis() as i64);
-                    let retries = table.job(&run.key).is_some_and(|j| j.cron.retries > 0);
+                    let retries = table
+                        .job(&run.key)
+                        .is_some_and(|j| j.cron.run.config.retries > 0);
                     let at = unix_millis() as i64 + 1000;
                     match (failed && retries, run.manual, run.instant) {
                         (true, true, Some(instant)) => {
@@ -691,7 +693,9 @@ impl<'a> Replicant<'a> {
             if let (true, Some(at)) = (run.config.overlap.waits(), after.retry_at) {
                 self.manuals.queued(&run.key, at);
             }
-            let retries = table.job(&run.key).is_some_and(|j| j.cron.retries > 0);
+            let retries = table
+                .job(&run.key)
+                .is_some_and(|j| j.cron.run.config.retries > 0);
             match (after.retry_at, retries, run.manual, run.instant) {
                 (Some(at), true, true, Some(instant)) => {
                     self.manuals.look_again(&run.key, instant, at)

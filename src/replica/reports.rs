@@ -3,11 +3,10 @@
 //! what follows a run that ended without reporting its end (its lock given back when no command
 //! can be left, else left to lapse).
 
-use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use crate::clock::{rfc3339, unix_millis};
-use crate::handover::{RunEnd, RunReport};
+use crate::handover::{ReplicaSide, RunEnd, RunReport};
 use crate::log::Log;
 use crate::record::run::{Ending, RecordedEnding, RunRecord};
 use crate::record::Stored;
@@ -24,7 +23,7 @@ pub enum Followup {
     /// Release the run's lock on the claims thread's link, and answer on `reply`.
     Release {
         opts: Box<ReleaseOptions>,
-        reply: UnixStream,
+        reply: ReplicaSide,
     },
     /// The run ended; `failed`: its command did not succeed (a `--retries` job looks again).
     Ended {

@@ -15,8 +15,8 @@
 //! alive keeps its place until the guard has stopped that command).
 
 use std::collections::HashMap;
-use std::io::Write;
-use std::os::fd::{AsRawFd, OwnedFd};
+
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
@@ -29,15 +29,14 @@ use anyhow::{anyhow, Result};
 use crate::clock::Instant;
 use crate::command::kept::Kept;
 use crate::config::CronJob;
-use crate::handover::{
-    changed_line, releasing_line, renewed_line, report_in, Handover, RunReport, MAX_MESSAGE,
-};
+use crate::handover::{report_in, Handover, ReplicaSide, RunReport, MAX_MESSAGE};
 use crate::log::Log;
 use crate::replica::output;
 use crate::replica::relay::{Relay, Source};
 use crate::replica::starter::{Asked, Starter, StarterNews};
 use crate::replica::watches::Watches;
 use crate::signals;
+use crate::starting::message::Plan;
 use crate::store::lock::Held;
 
 /// The binary a replica starts its starter (and its health probes) from: the image it runs
@@ -96,7 +95,7 @@ pub struct Spawned {
     pub held: Box<Held>,
     pub config: std::sync::Arc<crate::config::RunConfig>,
     /// The replica's writing end of the channel, for the answer to the run's `release`.
-    pub reply: Option<UnixStream>,
+    pub reply: Option<ReplicaSide>,
     pid: u32,
     /// The starter that forked it.
     starter: u32,
@@ -253,18 +252,11 @@ impl Runs {
             return;
         };
         run.renewing = false;
-        let line = match result {
-            Ok(true) => renewed_line(sent),
-            Ok(false) => changed_line(),
-            Err(_) => return,
-        };
-        if let Some(reply) = &run.reply {
-            // Never waits: a run that does not read its channel renews by itself.
-            let _ = nix::sys::socket::send(
-                reply.as_raw_fd(),
-                line.as_bytes(),
-                nix::sys::socket::MsgFlags::MSG_DONTWAIT | nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
-            );
+        // Never waits: a run that does not read its channel renews by itself.
+        match (&run.reply, result) {
+            (Some(reply), Ok(true)) => reply.renewed(sent),
+            (Some(reply), Ok(false)) => reply.changed(),
+            _ => {}
         }
     }
 
@@ -432,14 +424,15 @@ fn ask_start(starter: &mut Starter, job: &CronJob, held: &Held) -> Result<Starti
     let (out, out_w) = std::io::pipe().map_err(io)?;
     let (err, err_w) = std::io::pipe().map_err(io)?;
     let fds = [OwnedFd::from(theirs), out_w.into(), err_w.into()];
-    let asked = starter.ask(&job.key, &job.args, &job.env, [&fds[0], &fds[1], &fds[2]])?;
+    let plan = Plan::of(&job.run)?;
+    let asked = starter.ask(&job.key, plan, [&fds[0], &fds[1], &fds[2]])?;
     // (The run will have its copies: the channel's end of file, and the pipes', are the run's.)
     drop(fds);
     Ok(Starting {
         asked,
         starter: starter.pid(),
         key: job.key.clone(),
-        config: job.config.clone(),
+        config: job.run.config.clone(),
         held: Box::new(held.clone()),
         channel,
         out,
@@ -463,17 +456,17 @@ fn hand_over(
         key,
         config,
         held,
-        channel: mut ours,
+        channel: ours,
         out,
         err,
         ..
     } = starting;
     let pid = starter.answer(&asked)?;
-    let reply = ours.try_clone().map_err(io)?;
     let reading = ours.try_clone().map_err(io)?;
+    let mut reply = ReplicaSide::new(ours);
     let watched = Watches::covers(&config);
     let handover = Handover::from_held(&key, &held, starter.pid(), watched);
-    if let Err(e) = ours.write_all(handover.line().as_bytes()) {
+    if let Err(e) = reply.hand_over(&handover) {
         // It gets no lock and ends; the replica releases the lock when it has.
         log.warn(
             "handover_lost",
@@ -549,7 +542,7 @@ impl Relays<'_> {
             });
         }
         let heard = self.heard.clone();
-        let answering = channel.try_clone().ok();
+        let answering = channel.try_clone().ok().map(ReplicaSide::new);
         self.reports.add(Source {
             fd: OwnedFd::from(channel),
             on_line: Box::new(move |line| {
@@ -563,13 +556,8 @@ impl Relays<'_> {
                 };
                 // Told at once that the replica lives and carries its release out (never
                 // blocking this thread: a run that does not read loses only this line).
-                if let (Some(RunReport::Release(_)), Some(stream)) = (&report, &answering) {
-                    let _ = nix::sys::socket::send(
-                        stream.as_raw_fd(),
-                        releasing_line().as_bytes(),
-                        nix::sys::socket::MsgFlags::MSG_DONTWAIT
-                            | nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
-                    );
+                if let (Some(RunReport::Release(_)), Some(side)) = (&report, &answering) {
+                    side.releasing();
                 }
                 let _ = heard.send(Heard { pid, report });
                 signals::wake_main();

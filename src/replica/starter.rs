@@ -9,15 +9,16 @@ use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
 
 use crate::clock::Instant;
+use crate::command::process::Helper;
 use crate::signals;
-use crate::starting::message::StarterMessage;
+use crate::starting::message::{Plan, StarterMessage};
 use crate::starting::{LinkPair, Received, StarterLink, STARTER_ARG0};
 
 /// How long a start may take to be answered: a starter slower than this is broken (it is
@@ -42,7 +43,7 @@ pub struct Asked {
 
 /// A starter the replica spawned.
 pub struct Starter {
-    child: Child,
+    child: Helper,
     link: StarterLink,
     answers: Receiver<StarterMessage>,
     /// Answers read while waiting for another's, by request id.
@@ -67,7 +68,7 @@ impl Starter {
         cmd.stdin(Stdio::from(theirs))
             .stdout(Stdio::inherit())
             .stderr(Stdio::inherit());
-        let child = cmd.spawn().map_err(|e| anyhow!(crate::log::io_text(&e)))?;
+        let child = Helper::spawn(&mut cmd).map_err(|e| anyhow!(crate::log::io_text(&e)))?;
         drop(cmd);
         let (answer_to, answers) = mpsc::channel();
         let reader = link.try_clone()?;
@@ -97,25 +98,18 @@ impl Starter {
 
     /// Whether it can be asked (else a new one is spawned).
     pub fn usable(&mut self) -> bool {
-        !self.broken && matches!(self.child.try_wait(), Ok(None))
+        !self.broken && self.child.running()
     }
 
-    /// Ask for a run of KEY's job (its run arguments, its command's variables) with its
-    /// channel, stdout and stderr; [`Starter::answer`] says the run's pid.
-    pub fn ask(
-        &mut self,
-        key: &str,
-        args: &[String],
-        env: &[crate::starting::message::Variable],
-        fds: [&OwnedFd; 3],
-    ) -> Result<Asked> {
+    /// Ask for a run of KEY's job (as it resolved) with its channel, stdout and stderr;
+    /// [`Starter::answer`] says the run's pid.
+    pub fn ask(&mut self, key: &str, run: Plan, fds: [&OwnedFd; 3]) -> Result<Asked> {
         self.next_id += 1;
         let id = self.next_id;
         let ask = StarterMessage::Start {
             id,
             key: key.to_string(),
-            args: args.to_vec(),
-            env: env.to_vec(),
+            run,
         };
         let raw = fds.map(AsRawFd::as_raw_fd);
         if let Err(e) = self.link.send(&ask, &raw) {
@@ -169,8 +163,7 @@ impl Starter {
     pub fn stop(&mut self) {
         self.broken = true;
         self.link.shutdown();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.kill();
     }
 }
 
@@ -179,14 +172,7 @@ impl Drop for Starter {
     /// a second before it is killed.
     fn drop(&mut self) {
         self.link.shutdown();
-        let end = Instant::now() + Duration::from_secs(1);
-        while Instant::now() < end {
-            if !matches!(self.child.try_wait(), Ok(None)) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        self.stop();
+        self.child.end_within(Duration::from_secs(1));
     }
 }
 

@@ -60,7 +60,7 @@ impl BoardFeed {
                 .map(|j| JobLine {
                     key: j.cron.key.clone(),
                     schedule: j.cron.schedule.clone(),
-                    config: j.cron.config.clone(),
+                    config: j.cron.run.config.clone(),
                     since_ms: since.get(j.cron.key.as_str()).copied().unwrap_or(now),
                 })
                 .collect();

@@ -6,13 +6,11 @@
 //! primary, a Cluster or several masters are watched by their runs, as any run's are.
 
 use std::collections::HashMap;
-use std::os::fd::AsRawFd;
-use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
 use crate::clock::Instant;
 use crate::config::RunConfig;
-use crate::handover::changed_line;
+use crate::handover::ReplicaSide;
 use crate::log::Log;
 use crate::store::lock::Held;
 use crate::store::tracking::shared::SharedWatch;
@@ -41,7 +39,7 @@ impl Watches {
     }
 
     /// Watch the lock of run `pid` (its command just started), telling it on `channel`.
-    pub fn add(&mut self, pid: u32, config: &RunConfig, held: &Held, channel: &UnixStream) {
+    pub fn add(&mut self, pid: u32, config: &RunConfig, held: &Held, channel: &ReplicaSide) {
         let ([server], Ok(channel)) = (config.servers.as_slice(), channel.try_clone()) else {
             return;
         };
@@ -79,17 +77,13 @@ impl Watches {
 
 /// A run told of a change to its lock, on its channel.
 struct TellRun {
-    channel: UnixStream,
+    channel: ReplicaSide,
 }
 
 impl Listener for TellRun {
     fn changed(&self) {
         // Never blocks: a run that does not read its channel still has its renewals.
-        let _ = nix::sys::socket::send(
-            self.channel.as_raw_fd(),
-            changed_line().as_bytes(),
-            nix::sys::socket::MsgFlags::MSG_DONTWAIT | nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
-        );
+        self.channel.changed();
     }
 
     fn lost(&self) -> bool {

@@ -22,7 +22,7 @@ use crate::duration::Span;
 use crate::exit::Exit;
 use crate::fleet::metrics;
 use crate::fleet::record;
-use crate::fleet::report::RunOutcome;
+use crate::fleet::report::{Report, RunOutcome};
 use crate::handover::{RunEnd, RunReport, RunSide};
 use crate::lease::{self, LockState, Validity};
 use crate::log::Log;
@@ -52,6 +52,18 @@ const OUTPUT_READ_WITHIN: Duration = Duration::from_millis(100);
 
 /// The command's process group while one runs, so a panic on the main thread can still end it.
 pub static RUNNING_GROUP: AtomicI32 = AtomicI32::new(0);
+
+/// One run, with its reports (metrics file, pings): a command line's, or a replica's run that its
+/// starter forked.
+pub fn run_reported(config: &RunConfig, log: &Log) -> Result<Exit> {
+    let mut report = Report::new(&config.reports, log)?;
+    let attempted = crate::clock::unix_millis();
+    let outcome = run_job(config, log, &mut |rid, attempt| {
+        report.started(&config.key, rid, attempt, log)
+    });
+    report.tell(&config.key, attempted, &outcome, log);
+    outcome.result
+}
 
 /// Take the lock, run the command under the watchdog, release and record the run: how it went,
 /// for the reports. `on_start` is called once the command started, with its run id and attempt

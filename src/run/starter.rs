@@ -1,15 +1,15 @@
 //! The starter: the small process a replica (`--crontab`) starts its runs from. The replica
 //! spawns it at its first run (cronlock itself, named [`crate::starting::STARTER_ARG0`]), tied to it (`PR_SET_PDEATHSIG`); for
-//! each won claim it asks `start` on their link ([`crate::starting`]), with the run's
-//! channel, stdout and stderr. The starter forks, and the child *is* the run: the same steps a
-//! run makes ([`crate::run::run_job`], with the reports), from the configuration the job's
-//! arguments resolved to, resolved once per starter and kept. No `execve` of cronlock, no
-//! command-line parsing per run, and a fork of a process of a few MiB with one thread, not of
-//! the replica with its threads and table.
+//! each won claim it asks `start` on their link ([`crate::starting`]), with the job's run as the
+//! replica resolved it ([`crate::config::JobRun`]) and the run's channel, stdout and stderr. The
+//! starter forks, and the child *is* the run: the same steps a run makes
+//! ([`crate::run::run_reported`]), from that value, decoded once per job and kept. No `execve`
+//! of cronlock, no command line read again, and a fork of a process of a few MiB with one
+//! thread, not of the replica with its threads and table.
 //!
 //! Its one thread is what makes the fork sound (a lock held by another thread would stay held in
-//! the child): the starter forks only while it has one (a job's resolution runs on a thread that
-//! is joined first, and is checked to start no other), and says its rare failures on stderr
+//! the child): the starter forks only while it has one (a job's run is decoded on a thread that
+//! is joined first; [`process::fork_alone`] checks), and says its rare failures on stderr
 //! itself (the log has a writer thread). The child is not tied to the starter but to the
 //! replica, through its channel: a replica SIGKILLed takes the starter with it, and closes every
 //! run's channel, and each run then stops its command and gives its lock back
@@ -28,36 +28,20 @@ use anyhow::{anyhow, bail, Result};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
-use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-use nix::unistd::{fork, ForkResult};
 
-use crate::config::RunConfig;
+use crate::command::process::{self, Reaped};
+use crate::config::JobRun;
 use crate::exit::Exit;
-use crate::log::{LogFormat, Verbosity};
-use crate::starting::message::StarterMessage;
+use crate::log::Log;
+use crate::starting::message::{Plan, StarterMessage};
 use crate::starting::{self, Received, StarterLink};
 
-/// At most this many jobs' resolutions are kept (all are dropped when it is reached).
+/// At most this many jobs' runs are kept decoded (all are dropped when it is reached).
 const KEPT_MAX: usize = 4096;
-
-/// A job's run as its arguments resolved: what the child runs, and how it logs.
-#[derive(Clone)]
-pub struct Resolved {
-    pub config: RunConfig,
-    pub verbosity: Verbosity,
-    pub format: LogFormat,
-}
-
-/// What the starter is given by `lib.rs`: how a job's run arguments resolve (the command line's
-/// own parsing), and how a resolved run is carried out (in the forked child, with its reports).
-pub struct StarterHooks<'a> {
-    pub resolve: &'a (dyn Fn(&[String]) -> Result<Resolved> + Sync),
-    pub run: &'a dyn Fn(&Resolved) -> Exit,
-}
 
 /// Serve the replica until it closes the link and every run ended (in the starter), or carry out
 /// one run (in a forked child): the exit status of either.
-pub fn serve(hooks: &StarterHooks<'_>) -> Exit {
+pub fn serve() -> Exit {
     crate::command::guard::die_with_parent();
     // Started as `/proc/self/exe` (the replica's own image), it would show as `exe`: its runs
     // inherit the name, and `ps` should say what they are.
@@ -66,9 +50,9 @@ pub fn serve(hooks: &StarterHooks<'_>) -> Exit {
     // What every run would otherwise look up for itself, found once before any fork.
     crate::command::cgroup::find_own();
     crate::host::hostname();
-    match serve_runs(hooks.resolve) {
+    match serve_runs() {
         Ok(Served::Done) => Exit::Success,
-        Ok(Served::Run(child)) => child.run(hooks.run),
+        Ok(Served::Run(child)) => child.run(),
         Err(e) => {
             eprintln!("cronlock: the starter of the replica's runs: {e:#}");
             Exit::Failure
@@ -82,24 +66,22 @@ enum Served {
     Run(Box<Forked>),
 }
 
-/// A forked run, before it is one: its job's resolution, its command's crontab variables, and
-/// its descriptors (channel, stdout, stderr).
+/// A forked run, before it is one: its job's run, and its descriptors (channel, stdout, stderr).
 struct Forked {
-    resolved: Arc<Resolved>,
-    env: Vec<crate::starting::message::Variable>,
+    run: Arc<JobRun>,
     fds: Vec<OwnedFd>,
 }
 
 /// The starter's state between messages.
-struct StarterState<'a> {
+struct StarterState {
     link: StarterLink,
-    resolve: &'a (dyn Fn(&[String]) -> Result<Resolved> + Sync),
-    kept: HashMap<Vec<String>, Arc<Resolved>>,
+    /// Each job's run, decoded, by its encoded text.
+    kept: HashMap<String, Arc<JobRun>>,
     /// Runs forked and not yet reaped.
     running: usize,
 }
 
-fn serve_runs(resolve: &(dyn Fn(&[String]) -> Result<Resolved> + Sync)) -> Result<Served> {
+fn serve_runs() -> Result<Served> {
     let link = StarterLink::adopt(starting::take_stdin()?)?;
     let mut mask = SigSet::empty();
     mask.add(Signal::SIGCHLD);
@@ -107,7 +89,6 @@ fn serve_runs(resolve: &(dyn Fn(&[String]) -> Result<Resolved> + Sync)) -> Resul
         .map_err(|e| anyhow!("cannot watch for ended runs: {e}"))?;
     let mut s = StarterState {
         link,
-        resolve,
         kept: HashMap::new(),
         running: 0,
     };
@@ -138,10 +119,10 @@ fn serve_runs(resolve: &(dyn Fn(&[String]) -> Result<Resolved> + Sync)) -> Resul
         match s.link.receive()? {
             None => open = false,
             Some(Received {
-                message: StarterMessage::Start { id, key, args, env },
+                message: StarterMessage::Start { id, key, run },
                 fds,
             }) => {
-                if let Some(forked) = s.start(id, &key, args, env, fds)? {
+                if let Some(forked) = s.start(id, &key, &run, fds)? {
                     return Ok(Served::Run(forked));
                 }
             }
@@ -150,23 +131,15 @@ fn serve_runs(resolve: &(dyn Fn(&[String]) -> Result<Resolved> + Sync)) -> Resul
     }
 }
 
-impl StarterState<'_> {
+impl StarterState {
     /// Reap every run that ended, and say so while the replica listens.
     fn reap(&mut self, open: bool) {
-        while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
-            let (pid, raw) = match status {
-                WaitStatus::Exited(pid, code) => (pid, (code & 0xff) << 8),
-                WaitStatus::Signaled(pid, sig, core) => {
-                    (pid, sig as i32 | if core { 0x80 } else { 0 })
-                }
-                WaitStatus::StillAlive => return,
-                _ => continue,
-            };
+        while let Some(Reaped { pid, status }) = process::reap_any() {
             self.running = self.running.saturating_sub(1);
             if open {
                 let said = StarterMessage::Exited {
-                    pid: pid.as_raw() as u32,
-                    status: raw,
+                    pid: pid as u32,
+                    status,
                 };
                 let _ = self.link.send(&said, &[]);
             }
@@ -178,11 +151,10 @@ impl StarterState<'_> {
         &mut self,
         id: u64,
         key: &str,
-        args: Vec<String>,
-        env: Vec<crate::starting::message::Variable>,
+        plan: &Plan,
         fds: Vec<OwnedFd>,
     ) -> Result<Option<Box<Forked>>> {
-        let resolved = match self.resolved(args) {
+        let run = match self.decoded(plan) {
             Ok(r) => r,
             Err(e) => return self.refuse(id, &format!("{key}: {e:#}")).map(|_| None),
         };
@@ -191,20 +163,19 @@ impl StarterState<'_> {
                 .refuse(id, "a start request without its three descriptors")
                 .map(|_| None);
         }
-        // SAFETY: this process has one thread here (a resolution's thread is joined, and checked
-        // to have started no other), so the child starts with no lock held by a thread it lacks.
-        match unsafe { fork() } {
-            Ok(ForkResult::Child) => {
+        // One thread here (a decoding thread is joined first); `fork_alone` refuses otherwise.
+        match process::fork_alone() {
+            Ok(None) => {
                 // Left as it is: freeing it would write to pages the child shares with the
                 // starter until then, and each would be copied.
                 std::mem::forget(std::mem::take(&mut self.kept));
-                Ok(Some(Box::new(Forked { resolved, env, fds })))
+                Ok(Some(Box::new(Forked { run, fds })))
             }
-            Ok(ForkResult::Parent { child }) => {
+            Ok(Some(child)) => {
                 self.running += 1;
                 let started = StarterMessage::Started {
                     id,
-                    pid: child.as_raw() as u32,
+                    pid: child as u32,
                 };
                 self.link.send(&started, &[])?;
                 Ok(None)
@@ -221,36 +192,27 @@ impl StarterState<'_> {
         self.link.send(&refused, &[])
     }
 
-    /// The job's run as its arguments resolve, resolved once. The resolution runs on a thread
-    /// of its own, joined before anything forks: glibc gives that thread its own arena, so the
-    /// parser's garbage is not scattered through the heap the runs allocate from (each page of
-    /// it a child wrote to would be copied).
-    fn resolved(&mut self, args: Vec<String>) -> Result<Arc<Resolved>> {
-        if let Some(r) = self.kept.get(&args) {
+    /// The job's run `plan` carries, decoded once (its servers resolved, its TLS files read).
+    /// Decoding runs on a thread of its own, joined before anything forks: glibc gives that
+    /// thread its own arena, so the decoder's garbage is not scattered through the heap the runs
+    /// allocate from (each page of it a child wrote to would be copied).
+    fn decoded(&mut self, plan: &Plan) -> Result<Arc<JobRun>> {
+        if let Some(r) = self.kept.get(plan.text()) {
             return Ok(r.clone());
         }
-        let resolve = self.resolve;
         let r = std::thread::scope(|scope| {
-            let resolving = std::thread::Builder::new()
-                .name("resolve".into())
-                .spawn_scoped(scope, || {
-                    let r = resolve(&args).map(Arc::new);
-                    // Besides this one, nothing else may have been started.
-                    let threads = std::fs::read_dir("/proc/self/task").map_or(2, |d| d.count());
-                    if threads > 2 {
-                        bail!("resolving a job started a thread; the starter cannot fork safely");
-                    }
-                    r
-                })
+            let decoding = std::thread::Builder::new()
+                .name("decode".into())
+                .spawn_scoped(scope, || plan.read().map(Arc::new))
                 .map_err(|e| anyhow!("cannot start a thread: {e}"))?;
-            resolving
+            decoding
                 .join()
-                .map_err(|_| anyhow!("resolving the job's run failed"))?
+                .map_err(|_| anyhow!("decoding the job's run failed"))?
         })?;
         if self.kept.len() >= KEPT_MAX {
             self.kept.clear();
         }
-        self.kept.insert(args, r.clone());
+        self.kept.insert(plan.text().to_string(), r.clone());
         Ok(r)
     }
 }
@@ -260,7 +222,7 @@ impl Forked {
     /// set, handed its channel; then the run's own steps. It is not tied to the starter: it
     /// follows its replica through the channel (a starter replaced for a slow start, or killed,
     /// leaves the runs it forked going).
-    fn run(self, run: &dyn Fn(&Resolved) -> Exit) -> Exit {
+    fn run(self) -> Exit {
         let mut fds = self.fds.into_iter();
         let (Some(channel), Some(out), Some(err)) = (fds.next(), fds.next(), fds.next()) else {
             return Exit::Failure;
@@ -269,13 +231,18 @@ impl Forked {
             return Exit::Failure;
         }
         drop((out, err));
-        for crate::starting::message::Variable { name, value } in &self.env {
+        for crate::config::Variable { name, value } in self.run.env.iter() {
             // (One thread: nothing reads the environment meanwhile.)
             std::env::set_var(name, value);
         }
-        let mut resolved = (*self.resolved).clone();
-        resolved.config.handover = Some(channel.into_raw_fd());
-        let exit = run(&resolved);
+        let mut config = (*self.run.config).clone();
+        config.handover = Some(channel.into_raw_fd());
+        let log = Log::new(self.run.verbosity, self.run.format);
+        let exit = crate::run::run_reported(&config, &log).unwrap_or_else(|e| {
+            log.error("error", &format!("{e:#}"));
+            Exit::Failure
+        });
+        log.flush(crate::log::FLUSH_WAIT);
         // Ends here, its log flushed by the run: what it would free on the way out lies in
         // pages it shares with the starter, and each one written to would be copied first.
         std::process::exit(exit.code().into())

@@ -1,33 +1,61 @@
 //! The messages between a replica (`--crontab`) and its starter (`run/starter.rs`), the small
-//! process that forks the replica's runs: the replica asks `start` (the run's descriptors travel
-//! beside it, `starting/mod.rs`), the starter answers `started` or `refused` to that request,
-//! and says `exited` when a run's process ended. Each is one JSON object with a version (`"v"`).
+//! process that forks the replica's runs: the replica asks `start` with the job's resolved run
+//! ([`Plan`]; the run's descriptors travel beside it, `starting/mod.rs`), the starter answers
+//! `started` or `refused` to that request, and says `exited` when a run's process ended. Each is
+//! one JSON object with a version (`"v"`).
 
 use anyhow::{anyhow, bail, Result};
 use serde::{Deserialize, Serialize};
 
-/// The version of these messages; a process refuses any other.
-pub const VERSION: u64 = 2;
+use crate::config::JobRun;
 
-/// A crontab's `NAME=value` line, as the jobs below it give it to their commands.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Variable {
-    pub name: String,
-    pub value: String,
+/// The version of these messages; a process refuses any other.
+pub const VERSION: u64 = 3;
+
+/// A job's resolved run ([`JobRun`]) as it crosses the link: its JSON, as a string of the
+/// message. The starter keeps each job's run decoded by this text ([`Plan::text`]), so a job's
+/// run is decoded once per starter, not once per start (its servers are resolved there, its TLS
+/// files read). Its text may hold a password: it is never shown (its `Debug` says its length).
+#[derive(Clone, Serialize, Deserialize)]
+pub struct Plan(String);
+
+impl Plan {
+    /// `run`, encoded.
+    pub fn of(run: &JobRun) -> Result<Plan> {
+        serde_json::to_string(run)
+            .map(Plan)
+            .map_err(|e| anyhow!("the job's run cannot be sent to its starter: {e}"))
+    }
+
+    /// The run back, its servers resolved.
+    pub fn read(&self) -> Result<JobRun> {
+        serde_json::from_str(&self.0).map_err(|e| anyhow!("{e}"))
+    }
+
+    /// What it is kept by.
+    pub fn text(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartialEq for Plan {
+    fn eq(&self, other: &Plan) -> bool {
+        self.text() == other.text()
+    }
+}
+
+impl std::fmt::Debug for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Plan({} bytes)", self.text().len())
+    }
 }
 
 /// One message, by kind.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum StarterMessage {
-    /// Start request `id`: a run of KEY's job, whose run has these arguments (after the program
-    /// name) and whose command gets these crontab variables.
-    Start {
-        id: u64,
-        key: String,
-        args: Vec<String>,
-        env: Vec<Variable>,
-    },
+    /// Start request `id`: a run of KEY's job, as it resolved.
+    Start { id: u64, key: String, run: Plan },
     /// Request `id` started as process `pid`.
     Started { id: u64, pid: u32 },
     /// Request `id` could not be started.
@@ -76,19 +104,16 @@ impl StarterMessage {
 
 #[cfg(test)]
 mod tests {
-    use super::StarterMessage;
+    use super::{Plan, StarterMessage};
 
     #[test]
     fn messages_read_back_whole() {
+        let plan = r#"{"a":[1,"b"]}"#.to_string();
         let all = [
             StarterMessage::Start {
                 id: 7,
                 key: "k".into(),
-                args: vec!["--schedule".into(), "* * * * *".into()],
-                env: vec![super::Variable {
-                    name: "A".into(),
-                    value: "b c".into(),
-                }],
+                run: Plan(plan),
             },
             StarterMessage::Started { id: 7, pid: 42 },
             StarterMessage::Refused {
@@ -101,7 +126,7 @@ mod tests {
             assert_eq!(StarterMessage::decode(&m.encode()).unwrap(), m);
         }
         // Another version is refused.
-        assert!(StarterMessage::decode(br#"{"v":1,"kind":"exited","pid":1,"status":0}"#).is_err());
-        assert!(StarterMessage::decode(br#"{"v":3,"kind":"exited","pid":1,"status":0}"#).is_err());
+        assert!(StarterMessage::decode(br#"{"v":2,"kind":"exited","pid":1,"status":0}"#).is_err());
+        assert!(StarterMessage::decode(br#"{"v":4,"kind":"exited","pid":1,"status":0}"#).is_err());
     }
 }

@@ -19,7 +19,7 @@ use crate::starting::message::StarterMessage;
 /// The name (`argv[0]`) a replica gives its starter; cronlock started so is a starter.
 pub const STARTER_ARG0: &str = "cronlock-starter";
 
-/// The longest message (a crontab line and its variables fit: the file is at most 1 MiB).
+/// The longest message (a crontab job's run and its variables fit: the file is at most 1 MiB).
 pub const MAX_STARTER_MESSAGE: usize = 4 << 20;
 /// The most descriptors one message carries.
 const MAX_FDS: usize = 3;
@@ -202,11 +202,11 @@ mod tests {
         let LinkPair { link: ours, theirs } = StarterLink::pair().unwrap();
         let theirs = StarterLink::adopt(theirs).unwrap();
         let (a, _b) = UnixStream::pair().unwrap();
+        let long = format!("\"{}\"", "x".repeat(300_000));
         let m = StarterMessage::Start {
             id: 1,
             key: "k".into(),
-            args: vec!["x".repeat(300_000)],
-            env: vec![],
+            run: serde_json::from_str(&long).unwrap(),
         };
         let sender = std::thread::spawn(move || ours.send(&m, &[a.as_raw_fd()]).map(|_| ours));
         let Received { message: got, fds } = theirs.receive().unwrap().unwrap();

@@ -4,7 +4,7 @@
 use crate::store::keys::MAX_LIMIT;
 
 /// `--overlap`: what an instant does that finds the lock still held by an earlier one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum Overlap {
     /// It is recorded `skipped` (reason `overlap`).
     #[default]

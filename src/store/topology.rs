@@ -29,9 +29,14 @@ use crate::store::url::{explain, redact_url, Node};
 use crate::store::wire::{Wire, WireError};
 
 /// Where the locks live, resolved from the URL. Cheap to clone: the watchdog thread has a copy.
+///
+/// It crosses to another process (a crontab job's run, `crate::config::JobRun`) as what it was
+/// resolved from ([`Origin`]), and is resolved there again: a TLS configuration and the
+/// connections it opens belong to one process.
 #[derive(Clone)]
 pub struct Redis {
     target: Arc<Topology>,
+    origin: Arc<Origin>,
     /// The URL with its secrets replaced, safe to print.
     pub shown_url: String,
     pub connect_timeout: Duration,
@@ -40,6 +45,33 @@ pub struct Redis {
     /// The same for two values resolved from the same URL and options: a replica shares one
     /// set of connections between the jobs whose servers are the same.
     pub fingerprint: u64,
+}
+
+/// What a [`Redis`] was resolved from. Its URL may hold a password: it is never shown (no
+/// `Debug`), and crosses only the replica's link to its starter.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Origin {
+    url: String,
+    /// The flag or variable the URL came from, for messages.
+    source: String,
+    connect_timeout: Duration,
+    tls: TlsOptions,
+    min_replicas: u32,
+}
+
+impl serde::Serialize for Redis {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.origin.serialize(s)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Redis {
+    /// Resolved from its origin, as the command line's URL was (the TLS files read again).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Redis, D::Error> {
+        let o = Origin::deserialize(d)?;
+        Redis::new(&o.url, &o.source, o.connect_timeout, &o.tls, o.min_replicas)
+            .map_err(|e| serde::de::Error::custom(format!("{e:#}")))
+    }
 }
 
 enum Topology {
@@ -82,8 +114,16 @@ impl Redis {
             (url, connect_timeout, min_replicas, format!("{tls:?}")).hash(&mut h);
             h.finish()
         };
+        let origin = Origin {
+            url: url.to_string(),
+            source: source.to_string(),
+            connect_timeout,
+            tls: tls.clone(),
+            min_replicas,
+        };
         Ok(Redis {
             target: Arc::new(target),
+            origin: Arc::new(origin),
             shown_url,
             connect_timeout,
             min_replicas,

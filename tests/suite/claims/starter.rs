@@ -140,6 +140,49 @@ fn a_replica_whose_binary_was_replaced_still_starts_its_runs() {
     c.wait().unwrap();
 }
 
+/// A run is its job as the replica read it: the starter gets the job's resolved run and never
+/// reads the line again. Here the job's Redis URL comes from `--redis-url-file`, which is removed
+/// once the replica read it; the idle starter is let go (a test hook: after 500 ms), and the next
+/// run, from a new starter, still reaches Redis with the URL the replica read.
+#[test]
+fn a_run_is_its_job_as_the_replica_read_it() {
+    let r = Redis::start();
+    let dir = scratch("starter-resolved");
+    let d = dir.display();
+    let url = dir.join("url");
+    std::fs::write(&url, r.url()).unwrap();
+    let file = crontab(
+        &dir,
+        &format!(
+            "CRON_TZ=UTC\n*/3 * * * * * --redis-url-file {} tick echo $CRONLOCK_INSTANT >> \
+             {d}/ticks\n",
+            url.display()
+        ),
+    );
+    let replica = crate::common::replicas::replica_with(
+        "redis://127.0.0.1:1",
+        &file,
+        &[],
+        &[("CRONLOCK_TEST_STARTER_IDLE_MS", "500")],
+    );
+    let ticks = dir.join("ticks");
+    assert!(
+        wait_for(Duration::from_secs(10), || !instants(&ticks).is_empty()),
+        "{}",
+        replica_err(&file)
+    );
+    std::fs::remove_file(&url).unwrap();
+    let t = Ticking {
+        replica,
+        file,
+        ticks,
+    };
+    t.starter_let_go_then_runs(2, "no run once the URL file was gone");
+    let mut c = t.replica;
+    signal(c.id() as i32, libc::SIGTERM);
+    c.wait().unwrap();
+}
+
 /// A replica and what it writes: see [`ticking`].
 struct Ticking {
     replica: std::process::Child,
