@@ -134,7 +134,7 @@ impl Heartbeats {
 
     /// Whether one should go before the next slot (at most every [`BEAT_AGAIN`]): "full"
     /// changed, or the last view did. (An instant a full owner leaves waiting is claimed by the others after
-    /// [`super::table::FALLBACK_MS`] whatever their views say, so nothing else hurries a
+    /// [`super::fleets::FALLBACK_MS`] whatever their views say, so nothing else hurries a
     /// heartbeat: the fleet's heartbeats stay a few calls a second however busy it is.)
     pub(super) fn sooner(&self, full: bool) -> bool {
         full != self.last.full || self.changed

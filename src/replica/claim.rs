@@ -12,7 +12,7 @@
 //! command) is undone, not spent: the lock, the schedule record and the ledger entry it wrote are
 //! rolled back (`abandon.lua`), so the instant can run elsewhere at once.
 //!
-//! An instant another replica owns is checked after [`crate::replica::table::FALLBACK_MS`]: one
+//! An instant another replica owns is checked after [`crate::replica::fleets::FALLBACK_MS`]: one
 //! read-only call per fleet for all of them (`claimed.lua`) says which are decided; the others
 //! are claimed here (ownership is a preference, never a condition).
 //! A run's release comes back here too: the run asks, this thread releases on its link and

@@ -82,7 +82,7 @@ struct Queued {
 /// The check of an instant another replica owns (see `table.rs`).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Check {
-    /// Not yet: its check comes 250 ms after the instant (`FALLBACK_MS` in `table.rs`).
+    /// Not yet: its check comes 250 ms after the instant (`FALLBACK_MS` in `fleets.rs`).
     Ahead,
     /// Sent; the answer is awaited.
     Asked,

@@ -41,6 +41,7 @@ mod beat;
 mod claim;
 mod claimer;
 mod entry;
+mod fleets;
 mod health;
 mod manual;
 mod output;

@@ -20,10 +20,9 @@ use super::beat::Heartbeats;
 use super::claim::{self, Answer, Ask, CheckedInstant, ClaimVerdict, Reached};
 use super::claimer::Claims;
 use super::health::Health;
-use super::manual::{ManualClaim, Manuals};
 use super::reports::{self, Followup};
 use super::runs::{RunHeard, Runs, Starting};
-use super::table::{Table, ToClaim};
+use super::table::{Claimed, RunEnded, RunGone, Table, ToClaim};
 use super::watched;
 
 /// The longest a replica waits, at its end, for its leave and its last releases and records to
@@ -57,8 +56,6 @@ pub(super) struct Replicant<'a> {
     full_told: bool,
     /// A failed claim was said, and none went through since.
     trouble_told: bool,
-    /// The manual instants (`--trigger`) that wait here.
-    manuals: Manuals,
     /// Missed instants Redis did not take yet.
     unrecorded: Unrecorded,
     /// The runs of won claims asked of the starter this turn, handed their locks once all are
@@ -72,14 +69,6 @@ struct StartAsked {
     instant: i64,
     kind: InstantKind,
     run: Starting,
-}
-
-/// An instant a claim named: KEY's, scheduled, manual or the one that waits (`instant` 0).
-#[derive(Clone, Copy)]
-struct Claimed<'k> {
-    key: &'k str,
-    instant: i64,
-    kind: InstantKind,
 }
 
 impl<'a> Replicant<'a> {
@@ -106,7 +95,6 @@ impl<'a> Replicant<'a> {
             shown: watched::BoardFeed::new(board),
             full_told: false,
             trouble_told: false,
-            manuals: Manuals::default(),
             unrecorded: Unrecorded::default(),
             starting: Vec::new(),
         })
@@ -205,11 +193,7 @@ impl<'a> Replicant<'a> {
             // must not sleep through it (instants would wait for the next slot).
             Phase::Serving => {
                 let beat = self.beats.due(self.full()).min(self.health.probe_at());
-                let next = match (table.next_wake(), self.manuals.next_wake()) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
-                let at = next.map(|ms| {
+                let at = table.next_wake().map(|ms| {
                     let left = (ms - unix_millis() as i64).max(0) as u64;
                     (now + Duration::from_millis(left)).min(beat)
                 });
@@ -244,23 +228,13 @@ impl<'a> Replicant<'a> {
                 ),
             );
         }
-        let taken = table.take_due(room);
-        let room = room - taken.len();
-        for ToClaim { job: i, instant } in taken {
-            let job = &table.jobs[i].cron;
-            self.claims.send(Ask::Claim {
-                key: job.key.clone(),
-                config: job.run.config.clone(),
-                instant,
-                kind: InstantKind::Scheduled,
-            });
-        }
-        for ManualClaim { key, instant, kind } in self.manuals.take_due(room) {
-            let Some(job) = table.job(&key) else {
-                self.manuals.answered(&key, instant, None);
-                continue;
-            };
-            let config = job.cron.run.config.clone();
+        for ToClaim {
+            key,
+            config,
+            instant,
+            kind,
+        } in table.take_due(room)
+        {
             self.claims.send(Ask::Claim {
                 key,
                 config,
@@ -392,7 +366,7 @@ impl<'a> Replicant<'a> {
                 Answer::Renewed { pid, sent, result } => self.runs.renewed(pid, sent, result),
                 Answer::View { group, view } => {
                     let pokes = self.beats.viewed(table, group, view, &self.shown, self.log);
-                    self.manuals.poked(pokes, |key| table.serves(key));
+                    table.poked(pokes);
                 }
             }
         }
@@ -446,7 +420,7 @@ impl<'a> Replicant<'a> {
                     });
                 }
             }
-            self.look_again(table, claimed, None);
+            table.claim_back(claimed, None);
             return;
         };
         let now = unix_millis() as i64;
@@ -457,7 +431,7 @@ impl<'a> Replicant<'a> {
             (job.run.config.overlap.waits(), &verdict)
         {
             let lapse = expires_in.map_or(1000, |d| d.as_millis() as i64);
-            self.manuals.queued(key, now + lapse + 250);
+            table.queue_at(key, now + lapse + 250);
         }
         let again = match verdict {
             // Won while draining (or sick): undone, so another replica runs it at once.
@@ -496,17 +470,7 @@ impl<'a> Replicant<'a> {
             }
             lost => answers::lost(&job, instant, lost, &self.shown, self.log),
         };
-        self.look_again(table, claimed, again);
-    }
-
-    /// Look at a claimed instant again at `at`: a scheduled one through the table, a manual one
-    /// through [`Manuals`] (which forgets it with `None`).
-    fn look_again(&mut self, table: &mut Table, claimed: Claimed, at: Option<i64>) {
-        match (claimed.kind, at) {
-            (InstantKind::Scheduled, Some(at)) => table.look_again(claimed.key, at),
-            (InstantKind::Scheduled, None) => {}
-            (_, again) => self.manuals.answered(claimed.key, claimed.instant, again),
-        }
+        table.claim_back(claimed, again);
     }
 
     /// Ask for the run of a won claim to start (whether it could be asked): the runs won
@@ -545,7 +509,7 @@ impl<'a> Replicant<'a> {
                         instant: asked.instant,
                         kind: asked.kind,
                     };
-                    self.look_again(table, claimed, Some(asked.instant));
+                    table.claim_back(claimed, Some(asked.instant));
                 }
             }
         }
@@ -644,24 +608,12 @@ impl<'a> Replicant<'a> {
                     };
                     self.claims.send(ask);
                 }
-                Followup::Ended { failed } => {
-                    // The instant that waits (--overlap queue), and any manual one, start now.
-                    if run.config.overlap.waits() {
-                        self.manuals.queued(&run.key, unix_millis() as i64);
-                    }
-                    self.manuals.run_ended(&run.key, unix_millis() as i64);
-                    let retries = table
-                        .job(&run.key)
-                        .is_some_and(|j| j.cron.run.config.retries > 0);
-                    let at = unix_millis() as i64 + 1000;
-                    match (failed && retries, run.manual, run.instant) {
-                        (true, true, Some(instant)) => {
-                            self.manuals.look_again(&run.key, instant, at)
-                        }
-                        (true, _, _) => table.look_again(&run.key, at),
-                        _ => {}
-                    }
-                }
+                Followup::Ended { failed } => table.run_ended(RunEnded {
+                    key: &run.key,
+                    failed,
+                    instant: run.instant,
+                    manual: run.manual,
+                }),
             }
         }
     }
@@ -678,31 +630,17 @@ impl<'a> Replicant<'a> {
             let after = reports::unreported(&run, self.log);
             if after.release {
                 self.unclaim(run.config.clone(), run.held.clone());
-                // Back in the table: claimed again (here or elsewhere) while it can still
-                // start, else recorded missed at its deadline.
-                if let Some(at) = run.instant {
-                    match run.manual {
-                        true => self.manuals.look_again(&run.key, at, unix_millis() as i64),
-                        false => table.look_again(&run.key, at),
-                    }
-                }
             }
             if let Some(why) = after.sick {
                 self.health.fell_sick(why, self.log, &self.shown);
             }
-            if let (true, Some(at)) = (run.config.overlap.waits(), after.retry_at) {
-                self.manuals.queued(&run.key, at);
-            }
-            let retries = table
-                .job(&run.key)
-                .is_some_and(|j| j.cron.run.config.retries > 0);
-            match (after.retry_at, retries, run.manual, run.instant) {
-                (Some(at), true, true, Some(instant)) => {
-                    self.manuals.look_again(&run.key, instant, at)
-                }
-                (Some(at), true, false, _) => table.look_again(&run.key, at),
-                _ => {}
-            }
+            table.run_gone(RunGone {
+                key: &run.key,
+                instant: run.instant,
+                manual: run.manual,
+                undone: after.release,
+                lapses_at: after.retry_at,
+            });
         }
     }
 

@@ -9,7 +9,7 @@
 //! different jobs first.
 //!
 //! Ownership is a preference, never a condition: an instant the views give another replica is
-//! checked [`FALLBACK_MS`] after it is due by the two replicas after its owners in turn, with
+//! checked [`super::fleets::FALLBACK_MS`] after it is due by the two replicas after its owners in turn, with
 //! one read-only call per fleet for all such instants; one still undecided is claimed by the
 //! checker. While the fleet changes (its live or full replicas changed), views disagree until
 //! every replica had its next heartbeat (they go at the fleet's shared slots, so within a
@@ -28,24 +28,19 @@ use std::time::Duration;
 use anyhow::Result;
 
 use super::agenda::Agenda;
-use super::rank::{self, checker, fnv, owner, rank};
-use crate::clock::Instant;
+use super::manual::{ManualClaim, Manuals};
+use super::rank::{self, fnv, owner, rank};
 use crate::replica::claim::{group, Group, Reached, ToCheck};
+use crate::store::lock::InstantKind;
 use crate::store::members::FleetView;
+use crate::store::members::Poke;
 
 pub use super::entry::Entry;
-use super::entry::{missed, Due, GivenUp, Pending};
+use super::entry::{missed, GivenUp, Pending};
+pub use super::fleets::Fleets;
 use crate::clock::unix_millis;
 use crate::config::CronJob;
 use crate::log::Log;
-
-/// How long after it is due an instant another replica owns is checked, and claimed here when
-/// still undecided (ms). The owner claims `LEAD_MS` (`entry.rs`) ahead, so by then its claim
-/// has long been answered on a healthy fleet; well under the shortest period (1 s).
-pub const FALLBACK_MS: i64 = 250;
-
-/// The most earlier views of a fleet kept (see `Fleets::earlier`).
-const EARLIER_MAX: usize = 8;
 
 /// The instants of one group to check together: a job's configuration reaches its servers.
 pub struct CheckBatch {
@@ -62,10 +57,43 @@ struct Ready {
     job: usize,
 }
 
-/// A scheduled instant to claim now: the job (its index in the table) and the instant.
+/// An instant to claim now: KEY's, with its job's configuration; scheduled, manual, or the one
+/// that waits (`instant` 0).
 pub struct ToClaim {
-    pub job: usize,
+    pub key: String,
+    pub config: std::sync::Arc<crate::config::RunConfig>,
     pub instant: i64,
+    pub kind: InstantKind,
+}
+
+/// An instant a claim named: KEY's, scheduled, manual or the one that waits (`instant` 0).
+#[derive(Clone, Copy)]
+pub struct Claimed<'k> {
+    pub key: &'k str,
+    pub instant: i64,
+    pub kind: InstantKind,
+}
+
+/// A run of KEY that ended here and said how (its `ended` report).
+pub struct RunEnded<'k> {
+    pub key: &'k str,
+    /// Its command failed (or never started).
+    pub failed: bool,
+    /// The instant it ran for (none for a run without one), and whether it was manual.
+    pub instant: Option<i64>,
+    pub manual: bool,
+}
+
+/// A run of KEY that is gone without saying how it ended.
+pub struct RunGone<'k> {
+    pub key: &'k str,
+    pub instant: Option<i64>,
+    pub manual: bool,
+    /// Its claim was undone (no command can be left): its instant is claimed again while it can
+    /// still start.
+    pub undone: bool,
+    /// When its lock lapses, if it may have been left held: its attempt is abandoned then.
+    pub lapses_at: Option<i64>,
 }
 
 /// The jobs, by KEY too, and who serves them.
@@ -83,38 +111,13 @@ pub struct Table {
     pub loaded: u64,
     /// Which jobs a turn looks at: those come due, those with an instant waiting.
     agenda: Agenda,
+    /// The instants claimed apart from the schedule: manual ones (`--trigger`), and each job's
+    /// that waits under `--overlap queue`.
+    manuals: Manuals,
     /// Its groups, each with one of its jobs' configuration (to reach its servers), and the
     /// shortest `--ttl`: read at each heartbeat, found once.
     groups: Vec<Reached>,
     shortest_ttl: Duration,
-}
-
-/// What this replica knows of the fleets it serves in: the latest view of each (and the views
-/// that may still be held elsewhere), and so who owns and who checks each instant.
-pub struct Fleets {
-    /// This replica's identity (its id in the live set), for the ranking.
-    me: String,
-    /// The last view of each group's replicas, and when it came.
-    views: HashMap<Group, SeenView>,
-    /// A group's earlier views that differ from its last, each with when it was replaced: kept
-    /// for [`Fleets::settle`], while the fleet's views may disagree (its instants are checked
-    /// under them too).
-    earlier: HashMap<Group, Vec<SeenView>>,
-    /// How long a view counts (a replica lapses after this without a heartbeat).
-    pub lapse: Duration,
-    /// How long the fleet's views may disagree after a change: a heartbeat period and
-    /// [`super::beat::BEAT_AGAIN`] (every replica has had a heartbeat since).
-    pub settle: Duration,
-    /// When the table was made: until a first view comes (or a lapse passes without one), an
-    /// instant waits for it rather than being claimed by every replica.
-    made: Instant,
-}
-
-/// A view of a fleet, and when it came (or, among the earlier ones, when it was replaced).
-#[derive(Clone)]
-struct SeenView {
-    view: FleetView,
-    when: Instant,
 }
 
 impl Table {
@@ -134,18 +137,12 @@ impl Table {
         let mut table = Table {
             jobs,
             index,
-            fleets: Fleets {
-                me: me.to_string(),
-                views: HashMap::new(),
-                earlier: HashMap::new(),
-                lapse: Duration::from_secs(2),
-                settle: Duration::from_millis(1500),
-                made: Instant::now(),
-            },
+            fleets: Fleets::new(me),
             gave_up: Vec::new(),
             left: Vec::new(),
             loaded: 0,
             agenda: Agenda::default(),
+            manuals: Manuals::default(),
             groups: Vec::new(),
             shortest_ttl: Duration::from_secs(30),
         };
@@ -240,7 +237,7 @@ impl Table {
             .count()
     }
 
-    /// The instants other replicas own that are due for a check ([`FALLBACK_MS`] after them),
+    /// The instants other replicas own that are due for a check ([`super::fleets::FALLBACK_MS`] after them),
     /// by group (with a job's configuration to reach it); each is marked asked.
     pub fn due_checks(&mut self) -> Vec<CheckBatch> {
         let now = unix_millis() as i64;
@@ -285,11 +282,6 @@ impl Table {
         self.noted(i);
     }
 
-    /// Whether KEY is one of its jobs.
-    pub fn serves(&self, key: &str) -> bool {
-        self.index.contains_key(key)
-    }
-
     pub fn job(&self, key: &str) -> Option<&Entry> {
         let i = *self.index.get(key)?;
         self.jobs.get(i)
@@ -318,6 +310,7 @@ impl Table {
             })
             .flatten()
             .chain(self.agenda.next_come())
+            .chain(self.manuals.next_wake())
             .min()
     }
 
@@ -342,14 +335,14 @@ impl Table {
     }
 
     /// Up to `room` waiting instants to claim now, in this replica's order; each is marked in
-    /// flight until [`Table::answered`].
+    /// flight until its claim comes back ([`Table::answered`], [`Table::claim_back`]).
     pub fn take_due(&mut self, room: usize) -> Vec<ToClaim> {
         if room == 0 {
             return Vec::new();
         }
         let now = unix_millis() as i64;
         let owns = |j: &Entry, at| self.fleets.mine(j, at);
-        // Oldest first; at one instant, in an order of this replica's own.
+        // Scheduled instants first, then the manual ones. Oldest first; at one instant, in an order of this replica's own.
         let mut ready: Vec<Ready> = self
             .agenda
             .waiting()
@@ -366,16 +359,32 @@ impl Table {
             .collect();
         ready.sort_unstable_by_key(|r| (r.at, r.order, r.job));
         ready.truncate(room);
-        for r in &ready {
-            self.jobs[r.job].claim_sent();
-        }
-        ready
-            .into_iter()
-            .map(|r| ToClaim {
-                job: r.job,
+        let mut out = Vec::new();
+        for r in ready {
+            let job = &mut self.jobs[r.job];
+            job.claim_sent();
+            out.push(ToClaim {
+                key: job.cron.key.clone(),
+                config: job.cron.run.config.clone(),
                 instant: r.at,
-            })
-            .collect()
+                kind: InstantKind::Scheduled,
+            });
+        }
+        for ManualClaim { key, instant, kind } in self.manuals.take_due(room - out.len()) {
+            let Some(job) = self.job(&key) else {
+                // Its job was removed by a reload: nothing claims it.
+                self.manuals.answered(&key, instant, None);
+                continue;
+            };
+            let config = job.cron.run.config.clone();
+            out.push(ToClaim {
+                key,
+                config,
+                instant,
+                kind,
+            });
+        }
+        out
     }
 
     /// A claim of KEY came back: `done` unless it failed (Redis could not be asked), in which case
@@ -391,10 +400,86 @@ impl Table {
 
     /// Look at KEY again at `at` (Unix ms): a run of it failed, or the lock of the run that holds
     /// it elsewhere lapses then (with `--retries`, an abandoned attempt is due again).
-    pub fn look_again(&mut self, key: &str, at: i64) {
+    fn look_again(&mut self, key: &str, at: i64) {
         if let Some(i) = self.index.get(key).copied() {
             self.jobs[i].look_at(at);
             self.noted(i);
+        }
+    }
+
+    /// The pokes a heartbeat brought (`--trigger`): those of jobs this table serves wait to be
+    /// claimed now.
+    pub fn poked(&mut self, pokes: Vec<Poke>) {
+        let index = &self.index;
+        self.manuals.poked(pokes, |key| index.contains_key(key));
+    }
+
+    /// The claim of `claimed` is done with, or its instant is to be looked at again at `again`
+    /// (a scheduled one through its job; a manual one, or the one that waits, here too).
+    pub fn claim_back(&mut self, claimed: Claimed<'_>, again: Option<i64>) {
+        match (claimed.kind, again) {
+            (InstantKind::Scheduled, Some(at)) => self.look_again(claimed.key, at),
+            (InstantKind::Scheduled, None) => {}
+            (_, again) => self.manuals.answered(claimed.key, claimed.instant, again),
+        }
+    }
+
+    /// KEY's instant that waits (`--overlap queue`) is claimed at `at` at the latest: the lock
+    /// it waits for lapses then (its replica died), unless the run that holds it ends here first.
+    pub fn queue_at(&mut self, key: &str, at: i64) {
+        self.manuals.queued(key, at);
+    }
+
+    /// A run ended here: the instant that waits behind it, and its job's manual instants that
+    /// wait, are claimed now; with `--retries`, a failed run's instant is looked at again a second
+    /// later.
+    pub fn run_ended(&mut self, ended: RunEnded<'_>) {
+        let now = unix_millis() as i64;
+        let Some(config) = self.job(ended.key).map(|j| j.cron.run.config.clone()) else {
+            return;
+        };
+        if config.overlap.waits() {
+            self.manuals.queued(ended.key, now);
+        }
+        self.manuals.run_ended(ended.key, now);
+        if ended.failed && config.retries > 0 {
+            self.retry(ended.key, ended.instant, ended.manual, now + 1000);
+        }
+    }
+
+    /// A run is gone without saying how it ended: an undone claim's instant is claimed again
+    /// while it can still start (else recorded missed at its deadline); the instant that waits
+    /// behind it, and with `--retries` its own, are looked at when its lock lapses.
+    pub fn run_gone(&mut self, gone: RunGone<'_>) {
+        let now = unix_millis() as i64;
+        if let (true, Some(at)) = (gone.undone, gone.instant) {
+            match gone.manual {
+                true => self.manuals.look_again(gone.key, at, now),
+                false => self.look_again(gone.key, at),
+            }
+        }
+        let Some(job) = self.job(gone.key) else {
+            return;
+        };
+        let (waits, retries) = (
+            job.cron.run.config.overlap.waits(),
+            job.cron.run.config.retries > 0,
+        );
+        if let (true, Some(at)) = (waits, gone.lapses_at) {
+            self.manuals.queued(gone.key, at);
+        }
+        if let (true, Some(at)) = (retries, gone.lapses_at) {
+            self.retry(gone.key, gone.instant, gone.manual, at);
+        }
+    }
+
+    /// Look at KEY's instant again at `at` (`--retries`): a manual one as such, a scheduled one
+    /// through its job (Redis picks the instant due).
+    fn retry(&mut self, key: &str, instant: Option<i64>, manual: bool, at: i64) {
+        match (manual, instant) {
+            (true, Some(instant)) => self.manuals.look_again(key, instant, at),
+            (true, None) => {}
+            (false, _) => self.look_again(key, at),
         }
     }
 
@@ -430,6 +515,7 @@ impl Table {
                     .collect();
                 next.left = std::mem::take(&mut self.left);
                 std::mem::swap(&mut next.fleets, &mut self.fleets);
+                std::mem::swap(&mut next.manuals, &mut self.manuals);
                 next.loaded = self.loaded + 1;
                 // A job that stays keeps its next instant and its waiting one (a reload does not
                 // fire it again).
@@ -463,86 +549,6 @@ impl Table {
                 );
                 None
             }
-        }
-    }
-}
-
-impl Fleets {
-    /// Keep `view` as `group`'s latest: whether it names other live or full replicas than the
-    /// last (or is the first).
-    fn set_view(&mut self, group: Group, view: FleetView) -> bool {
-        let now = Instant::now();
-        // Views may disagree on who owns or checks an instant only after the live replicas, or
-        // the full ones among them, changed: the view replaced is kept while others may hold it.
-        let alike =
-            |a: &[String], b: &[String]| a.len() == b.len() && a.iter().all(|m| b.contains(m));
-        let settle = self.settle;
-        let earlier = self.earlier.entry(group.clone()).or_default();
-        earlier.retain(|seen| seen.when.elapsed() < settle);
-        let changed = match self.views.get(&group) {
-            Some(old) if alike(&old.view.live, &view.live) && alike(&old.view.full, &view.full) => {
-                false
-            }
-            Some(old) => {
-                earlier.push(SeenView {
-                    view: old.view.clone(),
-                    when: now,
-                });
-                // Bounded: a fleet that changes at every heartbeat keeps its last few views.
-                if earlier.len() > EARLIER_MAX {
-                    earlier.remove(0);
-                }
-                true
-            }
-            None => true,
-        };
-        self.views.insert(group, SeenView { view, when: now });
-        changed
-    }
-
-    /// When this replica checks `d` of `job`, another replica's instant (Unix ms): [`FALLBACK_MS`]
-    /// after it, as one of its two checkers, as its owner or checker in a view it held lately
-    /// (the fleet changed), or with no fresh view; never otherwise.
-    fn check_at(&self, job: &Entry, d: &Due) -> Option<i64> {
-        // Both checkers at once: Redis wakes once for both (a wake costs it more than the
-        // reads), and when both find an instant undecided, one claim wins.
-        let checks = match self.fresh(&job.group) {
-            Some(view) => {
-                checker(view, &self.me, d.at, job.shares).is_some()
-                    || self.answered_before(job, d.at)
-            }
-            None => true,
-        };
-        checks.then_some(d.at + job.offset() + FALLBACK_MS)
-    }
-
-    /// Whether a view of `job`'s fleet this replica held lately ([`Fleets::settle`]) made it
-    /// owner or checker of instant `at`: the replicas that still hold that view count on it.
-    fn answered_before(&self, job: &Entry, at: i64) -> bool {
-        let Some(earlier) = self.earlier.get(&job.group) else {
-            return false;
-        };
-        earlier
-            .iter()
-            .filter(|seen| seen.when.elapsed() < self.settle)
-            .any(|seen| {
-                checker(&seen.view, &self.me, at, job.shares).is_some()
-                    || owner(&seen.view, &self.me, &job.cron.key, at, job.shares) == self.me
-            })
-    }
-
-    /// The group's view, if it is recent enough to trust.
-    fn fresh(&self, group: &Group) -> Option<&FleetView> {
-        let seen = self.views.get(group)?;
-        (seen.when.elapsed() < self.lapse).then_some(&seen.view)
-    }
-
-    /// This replica owns instant `at` of `job`: it is its turn, or it has no view ([`Owns`]).
-    fn mine(&self, job: &Entry, at: i64) -> bool {
-        match self.fresh(&job.group) {
-            // A stale view (heartbeats failing): claim as if alone. None yet: wait for the first.
-            None => self.views.contains_key(&job.group) || self.made.elapsed() >= self.lapse,
-            Some(view) => owner(view, &self.me, &job.cron.key, at, job.shares) == self.me,
         }
     }
 }
