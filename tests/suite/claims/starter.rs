@@ -109,7 +109,11 @@ fn a_killed_replicas_guards_stop_their_commands_in_time() {
 fn an_idle_starter_is_let_go_and_the_next_run_gets_a_new_one() {
     let r = Redis::start();
     let dir = scratch("starter-idle");
-    let t = ticking(&r, &dir, crate::common::BIN, 6);
+    let job = Job {
+        every: 6,
+        options: "",
+    };
+    let t = ticking(&r.url(), &dir, crate::common::BIN, &job);
     let first = starter_of(t.replica.id());
     t.starter_let_go_then_runs(1, "no run after the starter was let go");
     let mut c = t.replica;
@@ -128,7 +132,11 @@ fn a_replica_whose_binary_was_replaced_still_starts_its_runs() {
     let dir = scratch("starter-replaced");
     let bin = dir.join("cronlock");
     std::fs::copy(crate::common::BIN, &bin).unwrap();
-    let t = ticking(&r, &dir, bin.to_str().unwrap(), 3);
+    let job = Job {
+        every: 3,
+        options: "",
+    };
+    let t = ticking(&r.url(), &dir, bin.to_str().unwrap(), &job);
     // Replaced as a package manager does: a new file renamed over the old path.
     let new = dir.join("cronlock.new");
     std::fs::write(&new, "#!/bin/sh\nexit 1\n").unwrap();
@@ -148,35 +156,15 @@ fn a_replica_whose_binary_was_replaced_still_starts_its_runs() {
 fn a_run_is_its_job_as_the_replica_read_it() {
     let r = Redis::start();
     let dir = scratch("starter-resolved");
-    let d = dir.display();
     let url = dir.join("url");
     std::fs::write(&url, r.url()).unwrap();
-    let file = crontab(
-        &dir,
-        &format!(
-            "CRON_TZ=UTC\n*/3 * * * * * --redis-url-file {} tick echo $CRONLOCK_INSTANT >> \
-             {d}/ticks\n",
-            url.display()
-        ),
-    );
-    let replica = crate::common::replicas::replica_with(
-        "redis://127.0.0.1:1",
-        &file,
-        &[],
-        &[("CRONLOCK_TEST_STARTER_IDLE_MS", "500")],
-    );
-    let ticks = dir.join("ticks");
-    assert!(
-        wait_for(Duration::from_secs(10), || !instants(&ticks).is_empty()),
-        "{}",
-        replica_err(&file)
-    );
-    std::fs::remove_file(&url).unwrap();
-    let t = Ticking {
-        replica,
-        file,
-        ticks,
+    let job = Job {
+        every: 3,
+        options: &format!("--redis-url-file {}", url.display()),
     };
+    // The replica's own URL names no server: the job's file is what reaches Redis.
+    let t = ticking("redis://127.0.0.1:1", &dir, crate::common::BIN, &job);
+    std::fs::remove_file(&url).unwrap();
     t.starter_let_go_then_runs(2, "no run once the URL file was gone");
     let mut c = t.replica;
     signal(c.id() as i32, libc::SIGTERM);
@@ -190,18 +178,28 @@ struct Ticking {
     ticks: std::path::PathBuf,
 }
 
-/// A replica started from `bin`, serving one job every `every` seconds that appends its instant
-/// to `DIR/ticks`, its idle starter let go after 500 ms (a test hook); returned once its first
-/// run wrote.
-fn ticking(r: &Redis, dir: &std::path::Path, bin: &str, every: u32) -> Ticking {
+/// The job a [`ticking`] replica serves: every `every` seconds, with these options.
+struct Job<'a> {
+    every: u32,
+    options: &'a str,
+}
+
+/// A replica started from `bin` with `url`, serving `job`, which appends its instant to
+/// `DIR/ticks`, its idle starter let go after 500 ms (a test hook); returned once its first run
+/// wrote.
+fn ticking(url: &str, dir: &std::path::Path, bin: &str, job: &Job<'_>) -> Ticking {
     let d = dir.display();
+    let Job { every, options } = job;
     let file = crontab(
         dir,
-        &format!("CRON_TZ=UTC\n*/{every} * * * * * tick echo $CRONLOCK_INSTANT >> {d}/ticks\n"),
+        &format!(
+            "CRON_TZ=UTC\n*/{every} * * * * * {options} tick echo $CRONLOCK_INSTANT >> \
+             {d}/ticks\n"
+        ),
     );
     let replica = crate::common::replicas::replica_of(
         bin,
-        &r.url(),
+        url,
         &file,
         &[],
         &[("CRONLOCK_TEST_STARTER_IDLE_MS", "500")],
