@@ -19,7 +19,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 /// The TLS options from the command line.
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TlsOptions {
     pub ca_cert: Option<PathBuf>,
     pub cert: Option<PathBuf>,

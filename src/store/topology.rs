@@ -49,7 +49,7 @@ pub struct Redis {
 
 /// What a [`Redis`] was resolved from. Its URL may hold a password: it is never shown (no
 /// `Debug`), and crosses only the replica's link to its starter.
-#[derive(serde::Serialize, serde::Deserialize)]
+#[derive(PartialEq, serde::Serialize, serde::Deserialize)]
 struct Origin {
     url: String,
     /// The flag or variable the URL came from, for messages.
@@ -57,6 +57,31 @@ struct Origin {
     connect_timeout: Duration,
     tls: TlsOptions,
     min_replicas: u32,
+}
+
+/// The most distinct origins kept for sharing.
+const SHARED_MAX: usize = 1024;
+
+/// `origin`, shared with every equal one resolved before in this process: a replica's
+/// thousands of jobs mostly name the same server, and each would otherwise keep a copy.
+fn shared(origin: Origin, fingerprint: u64) -> Arc<Origin> {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    static SHARED: Mutex<Option<HashMap<u64, Arc<Origin>>>> = Mutex::new(None);
+    let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    let map = shared.get_or_insert_with(HashMap::new);
+    match map.get(&fingerprint) {
+        // The same fingerprint is almost surely the same origin; compared to be sure.
+        Some(kept) if **kept == origin => kept.clone(),
+        Some(_) => Arc::new(origin),
+        None => {
+            let origin = Arc::new(origin);
+            if map.len() < SHARED_MAX {
+                map.insert(fingerprint, origin.clone());
+            }
+            origin
+        }
+    }
 }
 
 impl serde::Serialize for Redis {
@@ -123,7 +148,7 @@ impl Redis {
         };
         Ok(Redis {
             target: Arc::new(target),
-            origin: Arc::new(origin),
+            origin: shared(origin, fingerprint),
             shown_url,
             connect_timeout,
             min_replicas,
