@@ -65,21 +65,23 @@ pub fn reap(pid: libc::pid_t) -> libc::c_int {
 const ALONE_WITHIN: Duration = Duration::from_millis(100);
 
 /// Fork this process, which must have one thread: in the child, `Ok(None)`; in the parent, the
-/// child's pid. A process with another thread is refused: the child would inherit locks that
-/// thread holds (the allocator's, stdio's), and nothing would ever release them.
+/// child's pid. A process seen to have another thread is refused: the child would inherit locks
+/// that thread holds (the allocator's, stdio's), and nothing would ever release them. (Without
+/// `/proc` the threads cannot be counted, and the caller's word is taken: the starter joins the
+/// one thread it ever starts before it forks.)
 pub fn fork_alone() -> io::Result<Option<libc::pid_t>> {
-    let threads = || std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count());
+    let threads = || std::fs::read_dir("/proc/self/task").ok().map(|d| d.count());
     // A thread just joined may still be listed while it finishes exiting (its joiner is woken
     // before the kernel lets it go): looked at again for a short, bounded while.
     let deadline = Instant::now() + ALONE_WITHIN;
     let mut count = threads();
-    while count != 1 && Instant::now() < deadline {
+    while count.is_some_and(|n| n != 1) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(1));
         count = threads();
     }
-    if count != 1 {
+    if let Some(n) = count.filter(|n| *n != 1) {
         return Err(io::Error::other(format!(
-            "cannot fork with {count} threads (one is needed)"
+            "cannot fork with {n} threads (one is needed)"
         )));
     }
     // SAFETY: this process has one thread (checked above; nothing here starts one), so the child
