@@ -17,6 +17,7 @@ pub mod inspect;
 pub mod keys;
 pub mod lock;
 pub mod members;
+pub mod origin;
 pub mod overlap;
 pub mod quorum;
 pub mod resp;

@@ -22,6 +22,7 @@ use redis::Value;
 use crate::clock::Instant;
 use crate::store::cluster::{Cluster, ClusterCon};
 pub use crate::store::failure::Failure;
+use crate::store::origin::{shared, Origin};
 use crate::store::resp::{Bad, Reply};
 use crate::store::sentinel::{Primary, Service};
 use crate::store::tls::TlsOptions;
@@ -45,43 +46,6 @@ pub struct Redis {
     /// The same for two values resolved from the same URL and options: a replica shares one
     /// set of connections between the jobs whose servers are the same.
     pub fingerprint: u64,
-}
-
-/// What a [`Redis`] was resolved from. Its URL may hold a password: it is never shown (no
-/// `Debug`), and crosses only the replica's link to its starter.
-#[derive(PartialEq, serde::Serialize, serde::Deserialize)]
-struct Origin {
-    url: String,
-    /// The flag or variable the URL came from, for messages.
-    source: String,
-    connect_timeout: Duration,
-    tls: TlsOptions,
-    min_replicas: u32,
-}
-
-/// The most distinct origins kept for sharing.
-const SHARED_MAX: usize = 1024;
-
-/// `origin`, shared with every equal one resolved before in this process: a replica's
-/// thousands of jobs mostly name the same server, and each would otherwise keep a copy.
-fn shared(origin: Origin, fingerprint: u64) -> Arc<Origin> {
-    use std::collections::HashMap;
-    use std::sync::Mutex;
-    static SHARED: Mutex<Option<HashMap<u64, Arc<Origin>>>> = Mutex::new(None);
-    let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
-    let map = shared.get_or_insert_with(HashMap::new);
-    match map.get(&fingerprint) {
-        // The same fingerprint is almost surely the same origin; compared to be sure.
-        Some(kept) if **kept == origin => kept.clone(),
-        Some(_) => Arc::new(origin),
-        None => {
-            let origin = Arc::new(origin);
-            if map.len() < SHARED_MAX {
-                map.insert(fingerprint, origin.clone());
-            }
-            origin
-        }
-    }
 }
 
 impl serde::Serialize for Redis {
