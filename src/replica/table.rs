@@ -9,9 +9,9 @@
 //! different jobs first.
 //!
 //! Ownership is a preference, never a condition: an instant the views give another replica is
-//! checked [`super::fleets::FALLBACK_MS`] after it is due by the two replicas after its owners in turn, with
-//! one read-only call per fleet for all such instants; one still undecided is claimed by the
-//! checker. While the fleet changes (its live or full replicas changed), views disagree until
+//! checked [`super::fleets::FALLBACK_MS`] after it is due by the two replicas after its owners in
+//! turn, with one read-only call per fleet for all such instants; one still undecided is claimed
+//! by the checker. While the fleet changes (its live or full replicas changed), views disagree until
 //! every replica had its next heartbeat (they go at the fleet's shared slots, so within a
 //! period): a replica then also checks the instants it owned or checked in the views it held
 //! within a period (and [`super::beat::BEAT_AGAIN`]) before, so every replica that any of those
@@ -32,8 +32,7 @@ use super::manual::{ManualClaim, Manuals};
 use super::rank::{self, fnv, owner, rank};
 use crate::replica::claim::{group, Group, Reached, ToCheck};
 use crate::store::lock::InstantKind;
-use crate::store::members::FleetView;
-use crate::store::members::Poke;
+use crate::store::members::{FleetView, Poke};
 
 pub use super::entry::Entry;
 use super::entry::{missed, GivenUp, Pending};
@@ -237,8 +236,8 @@ impl Table {
             .count()
     }
 
-    /// The instants other replicas own that are due for a check ([`super::fleets::FALLBACK_MS`] after them),
-    /// by group (with a job's configuration to reach it); each is marked asked.
+    /// The instants other replicas own that are due for a check ([`super::fleets::FALLBACK_MS`]
+    /// after them), by group (with a job's configuration to reach it); each is marked asked.
     pub fn due_checks(&mut self) -> Vec<CheckBatch> {
         let now = unix_millis() as i64;
         let owns = |j: &Entry, at| self.fleets.mine(j, at);
@@ -342,7 +341,8 @@ impl Table {
         }
         let now = unix_millis() as i64;
         let owns = |j: &Entry, at| self.fleets.mine(j, at);
-        // Scheduled instants first, then the manual ones. Oldest first; at one instant, in an order of this replica's own.
+        // Scheduled instants first, then the manual ones. Oldest first; at one instant, in an
+        // order of this replica's own.
         let mut ready: Vec<Ready> = self
             .agenda
             .waiting()
