@@ -320,10 +320,14 @@ impl Table {
         let now = unix_millis() as i64;
         for i in self.agenda.waiting().collect::<Vec<_>>() {
             let owns = |j: &Entry, at| self.fleets.mine(j, at);
-            if let Some(given) = self.jobs[i].expire(now, &owns) {
+            let given = self.jobs[i].expire(now, &owns);
+            if let Some(given) = given {
                 self.give_up(i, vec![given], log);
             }
-            self.noted(i);
+            // Only a job whose instant no longer waits changed.
+            if !self.jobs[i].has_due() {
+                self.noted(i);
+            }
         }
         for i in self.agenda.take_come(now) {
             let owns = |j: &Entry, at| self.fleets.mine(j, at);
