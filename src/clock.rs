@@ -1,5 +1,6 @@
 //! The clocks: every deadline is measured on `CLOCK_BOOTTIME` ([`Instant`]); the wall clock
-//! ([`unix_millis`], [`rfc3339`]) is for records people read, never for deadlines.
+//! ([`unix_millis`], [`rfc3339`]) is for records people read, never for deadlines; and Redis's
+//! clock as a replica measured it ([`redis_millis`]) names and schedules instants.
 //!
 //! `CLOCK_BOOTTIME` is monotonic like `std::time::Instant` (`CLOCK_MONOTONIC`) but keeps counting
 //! while the system is suspended. Redis's expiry keeps running then too, so after a resume
@@ -8,6 +9,7 @@
 //! the deadline passed and stops the command.
 
 use std::ops::{Add, Sub};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A point on `CLOCK_BOOTTIME`.
@@ -68,10 +70,39 @@ impl Sub for Instant {
 
 /// Wall-clock milliseconds since the Unix epoch, for records people read (never for deadlines).
 pub fn unix_millis() -> u64 {
-    SystemTime::now()
+    let ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+        .unwrap_or(0);
+    ms.saturating_add_signed(shifted())
+}
+
+/// A debug build's wall clock shifted by [`crate::hooks::CLOCK_SHIFT_MS`] (a host whose clock is
+/// wrong, for the tests); 0 in the release build.
+fn shifted() -> i64 {
+    static SHIFT: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    *SHIFT.get_or_init(|| {
+        crate::hooks::get(crate::hooks::CLOCK_SHIFT_MS)
+            .and_then(|v| v.to_str()?.parse().ok())
+            .unwrap_or(0)
+    })
+}
+
+/// How far Redis's clock is ahead of this host's wall clock (ms), as a replica measured it
+/// (`replica/skew.rs`); 0 until then, and in a plain run (which reads Redis's clock in each
+/// acquire's reply instead).
+static REDIS_OFFSET_MS: AtomicI64 = AtomicI64::new(0);
+
+/// Redis's clock as this process knows it (Unix ms): the wall clock corrected by the offset a
+/// replica measured. A replica names, schedules and claims instants by it: Redis's clock, not a
+/// host's, names an instant.
+pub fn redis_millis() -> i64 {
+    unix_millis() as i64 + REDIS_OFFSET_MS.load(Ordering::Relaxed)
+}
+
+/// The offset [`redis_millis`] adds (a replica's measurement).
+pub fn set_redis_offset(ms: i64) {
+    REDIS_OFFSET_MS.store(ms, Ordering::Relaxed);
 }
 
 /// RFC 3339 rendering of [`unix_millis`] values for humans.

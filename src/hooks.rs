@@ -26,6 +26,10 @@ pub const HOLD_LOOP: &str = "CRONLOCK_TEST_HOLD_LOOP";
 /// N: a replica lets its idle starter go after N ms instead of a minute.
 pub const STARTER_IDLE_MS: &str = "CRONLOCK_TEST_STARTER_IDLE_MS";
 
+/// N (ms, may be negative): the wall clock reads N ms ahead of the host's (a host whose clock
+/// is wrong). Every process of the test's replica reads it, its runs too, as on such a host.
+pub const CLOCK_SHIFT_MS: &str = "CRONLOCK_TEST_CLOCK_SHIFT_MS";
+
 /// The hooks that act on a replica, never on its runs.
 pub const REPLICA: [&str; 4] = [
     HOLD_AFTER_CLAIM,

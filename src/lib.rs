@@ -210,7 +210,15 @@ fn admin_mode(admin: &Admin, log: &Log) -> Result<Exit> {
                 schedule: schedule.as_ref(),
                 offset: *offset,
             };
-            status::status(&mut masters, timeout, &keys, json, *history, planned)?
+            status::status(
+                &mut masters,
+                timeout,
+                &keys,
+                &admin.prefix,
+                json,
+                *history,
+                planned,
+            )?
         }
         AdminMode::Check { key, .. } => {
             let verdict = check_key(admin, &mut masters);

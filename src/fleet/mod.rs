@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod next;
 pub mod ping;
 pub mod record;
+pub mod replicas;
 pub mod report;
 pub mod schedule;
 pub mod spread;

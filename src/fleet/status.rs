@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use crate::clock::{rfc3339, unix_millis};
 use crate::fleet::describe::{ago, describe_suspension, round_ms, suspension_json, ttl_ms};
 use crate::fleet::ledger;
+use crate::fleet::replicas::{self, ShownReplica};
 use crate::fleet::schedule::Schedule;
 use crate::record::holder::HolderValue;
 use crate::record::ledger::LedgerInstant;
@@ -34,6 +35,8 @@ struct StatusView {
     holder: Option<Stored<HolderValue>>,
     holders: Vec<SlotView>,
     with_history: bool,
+    /// The replicas heartbeating under the prefix (any fleet), with their clocks' offsets.
+    replicas: Vec<ShownReplica>,
 }
 
 /// One holder of a `--limit` above 1, as `--status` shows it.
@@ -89,6 +92,8 @@ struct ShownStatus<'a> {
     history: Option<&'a [Stored<RunRecord>]>,
     #[serde(skip_serializing_if = "Option::is_none")]
     masters: Option<Vec<ShownMaster<'a>>>,
+    /// The replicas (`--crontab`) heartbeating under the prefix, any fleet.
+    replicas: &'a [ShownReplica],
 }
 
 /// The schedule in `--status --json` (its keys in name order, as before they were typed).
@@ -160,11 +165,13 @@ impl MasterView {
     }
 }
 
-/// `--status KEY`; with `history`, also the kept runs (`Some(None)`: all of them).
+/// `--status KEY` (under `prefix`: the replicas heartbeating there are listed too); with
+/// `history`, also the kept runs (`Some(None)`: all of them).
 pub fn status(
     masters: &mut Masters,
     within: Duration,
     keys: &Keys,
+    prefix: &str,
     as_json: bool,
     history: Option<Option<u32>>,
     planned: Planned,
@@ -197,6 +204,7 @@ pub fn status(
         majority: masters.majority(),
         masters: masters.len(),
         with_history: history.is_some(),
+        replicas: replicas::seen(masters, within, prefix),
         snap,
     };
     if let Some(limit) = view
@@ -245,6 +253,7 @@ fn json_status(keys: &Keys, view: &StatusView) -> String {
                 })
                 .collect()
         }),
+        replicas: &view.replicas,
     };
     format!("{}\n", crate::record::to_json(&doc))
 }
@@ -276,6 +285,7 @@ fn text_status(keys: &Keys, view: &StatusView) -> String {
     if let Some(p) = &view.plan {
         schedule_lines(&mut out, p, &view.snap.ledger);
     }
+    replica_lines(&mut out, &view.replicas);
     if view.with_history {
         history_lines(&mut out, &view.snap.history);
         if view.plan.is_some() || !view.snap.ledger.is_empty() {
@@ -289,6 +299,21 @@ fn text_status(keys: &Keys, view: &StatusView) -> String {
         }
     }
     out
+}
+
+/// The replicas heartbeating under the prefix, each with its clock against Redis's.
+fn replica_lines(out: &mut String, seen: &[ShownReplica]) {
+    if seen.is_empty() {
+        return;
+    }
+    w!(
+        out,
+        "replicas:        {} heartbeating (any fleet)",
+        seen.len()
+    );
+    for r in seen {
+        w!(out, "{}", replicas::line(r));
+    }
 }
 
 /// While `--suspend` is in force: by whom, since when, why.

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::record::run::Ending;
 
 /// The version of the messages; a process refuses any other.
-pub const VERSION: u64 = 4;
+pub const VERSION: u64 = 5;
 
 /// One message, by kind.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -88,12 +88,18 @@ pub struct LockMessage {
     /// `--overlap replace`: until when (`CLOCK_BOOTTIME`) a run replaced may still be stopping.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after_boot_ns: Option<u64>,
+    /// A scheduled instant's: when Redis's clock reaches it (`CLOCK_BOOTTIME`); the command
+    /// starts no earlier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub due_boot_ns: Option<u64>,
 }
 
 /// What a run asks its replica to record at release.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReleaseMessage {
-    pub hold_ms: u64,
+    /// Until when `--min-hold` keeps the lock (`CLOCK_BOOTTIME`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold_until_boot_ns: Option<u64>,
     /// The run record, as stored.
     pub record: Option<String>,
     pub history: u32,
@@ -109,13 +115,16 @@ pub struct LedgerEndMessage {
     pub interrupted: bool,
 }
 
-/// How the replica's release went, or why it failed.
+/// How the replica's release went, or why it failed (`owed`: the replica carries it out once
+/// Redis answers).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReleasedMessage {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<ReleaseOutcome>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub owed: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

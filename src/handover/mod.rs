@@ -70,6 +70,8 @@ pub struct Handover {
     pub renewed_by_replica: bool,
     /// `--overlap replace`: a run replaced may still be stopping until then (`CLOCK_BOOTTIME`).
     pub after: Option<Instant>,
+    /// A scheduled instant's: when Redis's clock reaches it (`CLOCK_BOOTTIME`).
+    pub due: Option<Instant>,
 }
 
 impl Handover {
@@ -89,6 +91,7 @@ impl Handover {
             sent_at: held.sent_at,
             own_lock: held.own_lock,
             after: held.after,
+            due: held.due,
             parent_pid,
             watched,
             // A replica renews its runs' locks as they ask, those asking together as one pipeline.
@@ -112,6 +115,7 @@ impl Handover {
             manual: self.manual,
             own_lock: self.own_lock,
             after: self.after,
+            due: self.due,
         }
     }
 
@@ -139,6 +143,7 @@ impl Handover {
             renewed_by_replica: self.renewed_by_replica,
             own_lock: self.own_lock,
             after_boot_ns: self.after.map(|a| a.as_duration().as_nanos() as u64),
+            due_boot_ns: self.due.map(|a| a.as_duration().as_nanos() as u64),
         })
         .line()
     }
@@ -175,6 +180,9 @@ impl Handover {
             renewed_by_replica: m.renewed_by_replica,
             after: m
                 .after_boot_ns
+                .map(|ns| Instant::from_duration(Duration::from_nanos(ns))),
+            due: m
+                .due_boot_ns
                 .map(|ns| Instant::from_duration(Duration::from_nanos(ns))),
         })
     }
@@ -241,14 +249,22 @@ impl RunReport {
     }
 }
 
-/// The replica's answer to a `release`: how the release went, or the line saying why it failed
-/// (then the run releases by itself).
-pub type ReleaseAnswer = Result<Released, String>;
+/// The replica's answer to a `release`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReleaseAnswer {
+    /// Carried out: how it went.
+    Done(Released),
+    /// Not carried out yet (Redis is slow or away: the line says why): the replica keeps it and
+    /// carries it out as soon as Redis answers. The run is done with it.
+    Owed(String),
+    /// Failed for good (the line says why): the run releases by itself.
+    Failed(String),
+}
 
 /// A `release` message: what the run asks to be recorded.
 fn release_message(opts: &ReleaseOptions) -> ReleaseMessage {
     ReleaseMessage {
-        hold_ms: opts.hold.as_millis() as u64,
+        hold_until_boot_ns: opts.hold_until.map(|t| t.as_duration().as_nanos() as u64),
         record: opts.record.clone(),
         history: opts.history,
         record_ttl_ms: opts.record_ttl.map(|t| t.as_millis() as u64),
@@ -263,7 +279,9 @@ fn release_message(opts: &ReleaseOptions) -> ReleaseMessage {
 /// What a `release` message asks for.
 fn release_options(m: ReleaseMessage) -> ReleaseOptions {
     ReleaseOptions {
-        hold: Duration::from_millis(m.hold_ms),
+        hold_until: m
+            .hold_until_boot_ns
+            .map(|ns| Instant::from_duration(Duration::from_nanos(ns))),
         record: m.record,
         history: m.history,
         record_ttl: m.record_ttl_ms.map(Duration::from_millis),
@@ -287,12 +305,15 @@ fn parse_released(line: &str) -> Result<ReleaseAnswer> {
         bail!("expected a 'released' message");
     };
     if let Some(e) = m.error {
-        return Ok(Err(e));
+        return Ok(match m.owed {
+            true => ReleaseAnswer::Owed(e),
+            false => ReleaseAnswer::Failed(e),
+        });
     }
     match m.outcome {
-        Some(ReleaseOutcome::Deleted) => Ok(Ok(Released::Deleted)),
-        Some(ReleaseOutcome::Kept) => Ok(Ok(Released::Kept)),
-        Some(ReleaseOutcome::NotOurs) => Ok(Ok(Released::NotOurs)),
+        Some(ReleaseOutcome::Deleted) => Ok(ReleaseAnswer::Done(Released::Deleted)),
+        Some(ReleaseOutcome::Kept) => Ok(ReleaseAnswer::Done(Released::Kept)),
+        Some(ReleaseOutcome::NotOurs) => Ok(ReleaseAnswer::Done(Released::NotOurs)),
         None => bail!("a released message with no outcome"),
     }
 }

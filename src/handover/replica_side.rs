@@ -92,17 +92,19 @@ pub(super) fn releasing_line() -> String {
 /// The replica's `released` message, one line.
 pub(super) fn released_line(answer: &ReleaseAnswer) -> String {
     let message = match answer {
-        Ok(r) => ReleasedMessage {
+        ReleaseAnswer::Done(r) => ReleasedMessage {
             outcome: Some(match r {
                 Released::Deleted => ReleaseOutcome::Deleted,
                 Released::Kept => ReleaseOutcome::Kept,
                 Released::NotOurs => ReleaseOutcome::NotOurs,
             }),
             error: None,
+            owed: false,
         },
-        Err(e) => ReleasedMessage {
+        ReleaseAnswer::Owed(e) | ReleaseAnswer::Failed(e) => ReleasedMessage {
             outcome: None,
             error: Some(e.clone()),
+            owed: matches!(answer, ReleaseAnswer::Owed(_)),
         },
     };
     Message::Released(message).line()

@@ -16,6 +16,7 @@ fn sample() -> Handover {
         sent_at: Instant::now(),
         own_lock: false,
         after: None,
+        due: None,
         parent_pid: 42,
         watched: false,
         renewed_by_replica: true,
@@ -71,9 +72,9 @@ fn a_handover_reads_back_as_written() {
 
 #[test]
 fn other_versions_and_shapes_are_refused() {
-    let line = sample().line().replace("\"v\":4", "\"v\":5");
+    let line = sample().line().replace("\"v\":5", "\"v\":6");
     let e = Handover::parse(line.trim_end()).unwrap_err().to_string();
-    assert!(e.contains("version 5"), "{e}");
+    assert!(e.contains("version 6"), "{e}");
     assert!(Handover::parse("{}").is_err());
     assert!(Handover::parse("not json").is_err());
     let line = sample().line().replace("\"fence\":42", "\"fence\":0");
@@ -98,7 +99,7 @@ fn reports_read_back() {
 #[test]
 fn release_asks_and_answers_read_back() {
     let opts = ReleaseOptions {
-        hold: Duration::from_millis(1500),
+        hold_until: Some(Instant::now() + Duration::from_millis(1500)),
         record: Some("{\"exit_status\":3}".into()),
         history: 10,
         record_ttl: Some(Duration::from_secs(60)),
@@ -113,10 +114,11 @@ fn release_asks_and_answers_read_back() {
     let bare = RunReport::Release(Box::default());
     assert_eq!(RunReport::parse(bare.line().trim_end()).unwrap(), bare);
     for answer in [
-        Ok(Released::Deleted),
-        Ok(Released::Kept),
-        Ok(Released::NotOurs),
-        Err("cannot reach Redis".to_string()),
+        ReleaseAnswer::Done(Released::Deleted),
+        ReleaseAnswer::Done(Released::Kept),
+        ReleaseAnswer::Done(Released::NotOurs),
+        ReleaseAnswer::Owed("cannot reach Redis".to_string()),
+        ReleaseAnswer::Failed("refused".to_string()),
     ] {
         let line = released_line(&answer);
         assert_eq!(parse_released(line.trim_end()).unwrap(), answer);
@@ -138,12 +140,12 @@ fn a_run_the_replica_answers_does_not_release_by_itself() {
         let asked = side.report();
         let mut reply = ours;
         reply
-            .write_all(released_line(&Ok(Released::Deleted)).as_bytes())
+            .write_all(released_line(&ReleaseAnswer::Done(Released::Deleted)).as_bytes())
             .unwrap();
         asked
     });
     let answer = run.release_by_replica(&ReleaseOptions::default(), Duration::from_secs(5));
-    assert_eq!(answer, Some(Ok(Released::Deleted)));
+    assert_eq!(answer, Some(ReleaseAnswer::Done(Released::Deleted)));
     assert!(matches!(
         replica.join().unwrap(),
         Some(RunReport::Release(_))
@@ -196,10 +198,10 @@ fn a_released_answer_is_read_past_changes() {
     ours.write_all(changed_line().as_bytes()).unwrap();
     ours.write_all(renewed_line(Instant::now()).as_bytes())
         .unwrap();
-    ours.write_all(released_line(&Ok(Released::Kept)).as_bytes())
+    ours.write_all(released_line(&ReleaseAnswer::Done(Released::Kept)).as_bytes())
         .unwrap();
     let answer = run.release_by_replica(&ReleaseOptions::default(), Duration::from_secs(5));
-    assert_eq!(answer, Some(Ok(Released::Kept)));
+    assert_eq!(answer, Some(ReleaseAnswer::Done(Released::Kept)));
     // (Heard on the main loop's wake-ups, through O_ASYNC: a signal the suite's process does
     // not block, so that part is told by `tests/suite/tracking.rs` on real runs.)
 }

@@ -99,6 +99,8 @@ pub struct BoardState {
     pub sick: Option<String>,
     /// Instants this replica recorded missed, by job and reason.
     pub missed: HashMap<(String, MissedReason), u64>,
+    /// How far Redis's clock is ahead of this host's (ms), once measured.
+    pub clock_offset_ms: Option<i64>,
 }
 
 /// The replica's board: the loop's last turn (lock-free, written every turn) and the [`BoardState`].

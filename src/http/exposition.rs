@@ -295,6 +295,15 @@ fn replica_series(board: &Board, f: &mut Families, jobs: usize) {
             );
         }
     }
+    if let Some(ms) = s.clock_offset_ms {
+        f.add(
+            "cronlock_replica_clock_offset_seconds",
+            "gauge",
+            "How far Redis's clock is ahead of this host's (negative: behind), as the heartbeats measured it; instants are named and claimed by Redis's clock.",
+            "",
+            ms as f64 / 1000.0,
+        );
+    }
     rtt_histogram(&s, f);
     f.add(
         "cronlock_redis_errors_total",

@@ -33,9 +33,14 @@ padding:.4em 0}tr.job td{display:block;border:0;padding:.1em .5em}\
 tr.job td::before{content:attr(data-label);font-weight:600;margin-right:.5em}}";
 
 pub fn answer(board: &Board, fleet: &mut Reader) -> Response {
-    let (jobs, running, draining) = {
+    let (jobs, running, draining, offset) = {
         let s = board.state();
-        (s.jobs.clone(), s.running.clone(), s.draining)
+        (
+            s.jobs.clone(),
+            s.running.clone(),
+            s.draining,
+            s.clock_offset_ms,
+        )
     };
     let super::fleet::FleetRead {
         by_key: read,
@@ -56,6 +61,17 @@ pub fn answer(board: &Board, fleet: &mut Reader) -> Response {
         state = if draining { "draining" } else { "serving" },
         at = rfc3339(now),
     );
+    if let Some(ms) = offset {
+        let class = if ms.abs() >= 500 { "warn" } else { "muted" };
+        let way = if ms > 0 { "behind" } else { "ahead of" };
+        let _ = write!(
+            out,
+            "<p class=\"{class}\">This host's clock is {}.{:03} s {way} Redis's (instants are \
+             named by Redis's clock).</p>",
+            ms.abs() / 1000,
+            ms.abs() % 1000
+        );
+    }
     if let Some(why) = &trouble {
         let _ = write!(
             out,

@@ -5,13 +5,13 @@
 
 use std::collections::VecDeque;
 
-use crate::clock::{rfc3339, unix_millis};
+use crate::clock::{redis_millis, rfc3339, unix_millis};
 use crate::config::{CronJob, RunConfig};
 use crate::exit::Exit;
 use crate::log::{Level, Log};
 use crate::record::ledger::MissedReason;
 
-use super::claim::ClaimVerdict;
+use super::claim::{ClaimVerdict, OwedEnd};
 pub(super) use super::entry::Pending;
 use super::watched::BoardFeed;
 
@@ -36,7 +36,7 @@ impl Unrecorded {
             self.pending.pop_front();
         }
         if self.pending.is_empty() {
-            self.next_try = unix_millis() as i64 + AGAIN_MS;
+            self.next_try = redis_millis() + AGAIN_MS;
         }
         self.pending.push_back(missed);
     }
@@ -44,7 +44,7 @@ impl Unrecorded {
     /// Those to ask again now (the others come back through [`Unrecorded::keep`] if Redis still
     /// does not take them).
     pub fn due(&mut self) -> Vec<Pending> {
-        let now = unix_millis() as i64;
+        let now = redis_millis();
         if self.pending.is_empty() || now < self.next_try {
             return Vec::new();
         }
@@ -92,6 +92,28 @@ pub(super) fn missed(
     }
 }
 
+/// What came of a run's end this replica owed (Redis did not take it when the run ended): one
+/// line.
+pub(super) fn owed(key: &str, instant: Option<i64>, end: OwedEnd, log: &Log) {
+    let of = instant.map_or(String::new(), |at| {
+        format!(" (the {} instant)", rfc3339(at.max(0) as u64))
+    });
+    match end {
+        OwedEnd::Written => log.info(
+            "release_written",
+            &format!("{key}: wrote the end of its run{of} once redis answered"),
+            &[("key", key.into()), ("instant", instant.into())],
+        ),
+        OwedEnd::Dropped(why) => log.warn(
+            "release_dropped",
+            &format!(
+                "{key}: gave up writing the end of its run{of}: {why}; its lock lapses by \
+                 itself, and its instant then reads abandoned (--retries may run it again)"
+            ),
+        ),
+    }
+}
+
 /// A claim another replica's run (or a suspension) answered: said under `-v`, reported in the
 /// job's metrics file. When to look at it again, if ever: with `--retries`, when the holder's
 /// lock would lapse; a claim sent ahead that Redis found not yet due, at the instant.
@@ -109,19 +131,23 @@ pub(super) fn lost(
     let text = match &verdict {
         ClaimVerdict::Busy { holder, expires_in } => {
             if let (true, Some(left)) = (job.run.config.retries > 0, expires_in) {
-                again = Some(unix_millis() as i64 + left.as_millis() as i64 + 250);
+                again = Some(redis_millis() + left.as_millis() as i64 + 250);
             }
             let by = crate::fleet::describe::describe_holder(holder);
             format!("{key}: the {at} instant is held by {by}")
         }
         // Claimed ahead of the instant, and Redis's clock (a little behind this host's)
         // judged it not yet due: looked at again at the instant itself, once; not lost yet.
-        ClaimVerdict::AlreadyRan if instant > unix_millis() as i64 => {
+        ClaimVerdict::AlreadyRan if instant > redis_millis() => {
             return Some(instant);
         }
         ClaimVerdict::AlreadyRan => {
             format!("{key}: the {at} instant already ran or is not due")
         }
+        // Claimed before Redis's clock reached it (this host's clock runs fast, and its offset
+        // was not measured yet: the reply measured it): claimed again at the instant, by
+        // Redis's clock.
+        ClaimVerdict::Early { .. } => return Some(instant),
         ClaimVerdict::Suspended(record) => {
             suspended = Some(crate::fleet::describe::suspended_since(record).unwrap_or(0));
             let how = crate::fleet::describe::describe_suspension(record);

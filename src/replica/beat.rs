@@ -1,12 +1,12 @@
 //! When this replica's heartbeat goes: every period, at the fleet's slots (the multiples of the
-//! period on the wall clock, less the claims' lead), so the heartbeats of every replica of a fleet
+//! period on Redis's clock as measured, less the claims' lead), so the heartbeats of every replica of a fleet
 //! and the claims of instants on whole seconds reach Redis together, and it wakes once for all of
 //! them instead of once for each.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::unix_millis;
+use crate::clock::redis_millis;
 use crate::clock::Instant;
 use crate::config::RunConfig;
 use crate::log::{Level, Log};
@@ -15,6 +15,7 @@ use crate::store::members::{FleetView, Poke};
 use super::claim::{Ask, Group, Reached};
 use super::claimer::Claims;
 use super::entry::LEAD_MS;
+use super::skew::{ClockSample, Skew};
 use super::table::Table;
 use super::watched::BoardFeed;
 
@@ -77,7 +78,7 @@ impl Beat {
     pub fn sent(every: Duration, full: bool) -> Beat {
         Beat {
             at: Instant::now(),
-            at_ms: unix_millis() as i64,
+            at_ms: redis_millis(),
             every,
             full,
         }
@@ -90,7 +91,7 @@ impl Beat {
 
     /// Whether the next is due: its slot came, or a period passed (the wall clock may jump).
     pub fn is_due(&self) -> bool {
-        unix_millis() as i64 >= next_slot(self.at_ms, self.every) || self.since() >= self.every
+        redis_millis() >= next_slot(self.at_ms, self.every) || self.since() >= self.every
     }
 
     /// When the next is due, `sooner` (a change to tell, a view to renew): [`BEAT_AGAIN`] after
@@ -105,7 +106,7 @@ impl Beat {
     /// When the next is due: at the next slot, and a period after this one at the latest.
     pub fn due(&self) -> Instant {
         let slot = next_slot(self.at_ms, self.every);
-        let left = (slot - unix_millis() as i64).max(0) as u64;
+        let left = (slot - redis_millis()).max(0) as u64;
         (Instant::now() + Duration::from_millis(left)).min(self.at + self.every)
     }
 }
@@ -120,6 +121,8 @@ pub(super) struct Heartbeats {
     /// of a fleet that changed (replicas started together, one joined, left or lapsed) agree
     /// again within about half a second of the change being seen, not a period.
     changed: bool,
+    /// This host's clock against Redis's, read from the heartbeats' answers (and told in them).
+    pub(super) skew: Skew,
 }
 
 impl Heartbeats {
@@ -129,6 +132,7 @@ impl Heartbeats {
             me,
             last: Beat::first(every),
             changed: false,
+            skew: Skew::default(),
         }
     }
 
@@ -167,6 +171,7 @@ impl Heartbeats {
                 id: self.me.clone(),
                 lapse,
                 full,
+                offset: self.skew.offset(),
             });
         }
         self.last = Beat::sent(every, full);
@@ -183,6 +188,7 @@ impl Heartbeats {
             id: self.me.clone(),
             lapse: Duration::ZERO,
             full: false,
+            offset: self.skew.offset(),
         });
     }
 
@@ -193,13 +199,20 @@ impl Heartbeats {
         table: &mut Table,
         group: Group,
         view: Result<FleetView, String>,
+        clock: Option<ClockSample>,
         shown: &BoardFeed,
         log: &Log,
     ) -> Vec<Poke> {
+        if let Some(sample) = clock {
+            if self.skew.heard(sample, log) {
+                table.rebase();
+            }
+        }
         if let Ok(view) = &view {
             self.last.every = period(view.live.len(), table.shortest_ttl());
         }
-        shown.beat(view.as_ref().err().map(String::as_str), self.last.every);
+        let failed = view.as_ref().err().map(String::as_str);
+        shown.beat(failed, self.last.every, self.skew.offset());
         match view {
             Ok(mut view) => {
                 let pokes = std::mem::take(&mut view.pokes);

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use crate::clock::Instant;
 use crate::config::RunConfig;
-use crate::handover::ReplicaSide;
+use crate::handover::{ReleaseAnswer, ReplicaSide};
 use crate::record::ledger::MissedReason;
 use crate::record::suspension::Suspension;
 use crate::record::Stored;
@@ -39,6 +39,9 @@ use crate::store::lock::{Held, InstantKind, KeyInstant, ReleaseOptions, Released
 use crate::store::members::{FleetView, Heartbeat};
 use crate::store::quorum::{Masters, Refused, RoundOutcome};
 use crate::store::topology::Failure;
+
+use super::owed::{Owed, OwedRelease};
+use super::skew::{CallWindow, ClockSample};
 
 /// What the loop asks of the claim thread.
 pub enum Ask {
@@ -89,13 +92,14 @@ pub enum Ask {
         reason: MissedReason,
     },
     /// This replica's heartbeat where `config`'s jobs are claimed: live for `lapse` more (zero:
-    /// leaving), full or not.
+    /// leaving), full or not, with its clock's offset from Redis's once measured.
     Beat {
         config: Arc<RunConfig>,
         group: Group,
         id: String,
         lapse: Duration,
         full: bool,
+        offset: Option<i64>,
     },
 }
 
@@ -151,6 +155,10 @@ pub enum ClaimVerdict {
     },
     /// The instant's run already started (elsewhere, or a later one did).
     AlreadyRan,
+    /// Claimed before Redis's clock reached the instant: Redis's clock as the reply told it.
+    Early {
+        clock: Option<ClockSample>,
+    },
     /// KEY is suspended (`--suspend`): the record; the instant is recorded skipped.
     Suspended(Stored<Suspension>),
     /// Redis could not be asked, or refused: the line saying why.
@@ -191,19 +199,66 @@ pub enum Answer {
         sent: Instant,
         result: Result<bool, String>,
     },
-    /// A heartbeat's view of the group's replicas, or why there is none.
+    /// What came of a release owed (see [`super::owed`]): KEY's, for its instant.
+    Owed {
+        key: String,
+        instant: Option<i64>,
+        end: OwedEnd,
+    },
+    /// A heartbeat's view of the group's replicas, or why there is none; and Redis's clock as
+    /// it told it.
     View {
         group: Group,
         view: Result<FleetView, String>,
+        clock: Option<ClockSample>,
     },
 }
 
 /// The links of the claims thread: one set per distinct server list.
 pub(super) type Links = HashMap<Vec<u64>, Masters>;
 
-/// Do what `ask` says on its servers' links; what to tell the loop (nothing for a release).
-pub(super) fn carry_out(links: &mut Links, ask: Ask) -> Option<Answer> {
-    match ask {
+/// What the claims thread keeps between asks: its links, the releases it owes (Redis did not
+/// take them yet), and the runs whose release it was asked, by holder token, until their locks
+/// would lapse: a renewal of one of them that comes after is refused (it would keep a lock
+/// released with `--min-hold`, or released by the run itself, for a whole TTL).
+#[derive(Default)]
+pub(super) struct Desk {
+    pub links: Links,
+    pub owed: Owed,
+    pub released: Releasing,
+}
+
+/// The runs whose release the claims thread was asked, by holder token, until their locks
+/// would lapse.
+#[derive(Default)]
+pub(super) struct Releasing(HashMap<String, Instant>);
+
+impl Releasing {
+    /// The run holding `held` asked for its release.
+    pub(super) fn asked(&mut self, held: &Held) {
+        let now = Instant::now();
+        self.0.retain(|_, until| *until > now);
+        self.0.insert(held.holder.token.clone(), now + held.ttl * 2);
+    }
+
+    /// Whether the run holding `held` asked for its release already.
+    pub(super) fn has(&self, held: &Held) -> bool {
+        self.0.contains_key(&held.holder.token)
+    }
+}
+
+/// How an owed release ended.
+pub enum OwedEnd {
+    /// Redis took it.
+    Written,
+    /// Given up (the line says why): the instant reads abandoned once its lock lapsed.
+    Dropped(String),
+}
+
+/// Do what `ask` says on its servers' links; what to tell the loop.
+pub(super) fn carry_out(desk: &mut Desk, ask: Ask) -> Vec<Answer> {
+    let links = &mut desk.links;
+    let answer = match ask {
         Ask::Claim {
             key,
             config,
@@ -244,6 +299,7 @@ pub(super) fn carry_out(links: &mut Links, ask: Ask) -> Option<Answer> {
             id,
             lapse,
             full,
+            offset,
         } => {
             let fleet = format!("{:016x}", group.fleet);
             let beat = Heartbeat {
@@ -252,11 +308,18 @@ pub(super) fn carry_out(links: &mut Links, ask: Ask) -> Option<Answer> {
                 id: &id,
                 lapse,
                 full,
+                offset,
             };
+            let window = CallWindow::start();
             let view = masters(links, &config)
                 .beat(config.connect_timeout, beat)
                 .map_err(|e| e.to_string());
-            Some(Answer::View { group, view })
+            let window = window.ended();
+            let clock = view
+                .as_ref()
+                .ok()
+                .and_then(|v| ClockSample::of(v.redis_ms, window));
+            Some(Answer::View { group, view, clock })
         }
         Ask::Unclaim { config, held, undo } => {
             let result = masters(links, &config)
@@ -270,6 +333,9 @@ pub(super) fn carry_out(links: &mut Links, ask: Ask) -> Option<Answer> {
         }
         Ask::RenewRun { config, pid, held } => {
             let sent = Instant::now();
+            if desk.released.has(&held) {
+                return vec![refused_renewal(pid, sent)];
+            }
             let result = masters(links, &config)
                 .renew(config.connect_timeout, &held)
                 .map_err(|e| e.to_string());
@@ -282,10 +348,26 @@ pub(super) fn carry_out(links: &mut Links, ask: Ask) -> Option<Answer> {
             mut reply,
             ..
         } => {
+            desk.released.asked(&held);
             let released = masters(links, &config).release(config.connect_timeout, &held, &opts);
-            answer_run(&mut reply, released);
-            None
+            let release = OwedRelease {
+                config,
+                held,
+                opts,
+                since: Instant::now(),
+            };
+            return settle_release(&mut desk.owed, release, Some(&mut reply), released);
         }
+    };
+    answer.into_iter().collect()
+}
+
+/// The answer to a renewal of a run that asked for its release already: refused.
+pub(super) fn refused_renewal(pid: u32, sent: Instant) -> Answer {
+    Answer::Renewed {
+        pid,
+        sent,
+        result: Err("the run asked for its release".into()),
     }
 }
 
@@ -341,18 +423,26 @@ fn claim(
         instants: instants.as_ref(),
         limit: config.limit,
     };
+    let window = CallWindow::start();
     let outcome = masters.acquire(config.connect_timeout, ask);
-    verdict(outcome, config)
+    verdict(outcome, config, window.ended())
 }
 
-/// What an acquisition round came to, for the loop.
-pub(super) fn verdict(outcome: RoundOutcome, config: &RunConfig) -> ClaimVerdict {
+/// What an acquisition round (asked in `window`) came to, for the loop.
+pub(super) fn verdict(
+    outcome: RoundOutcome,
+    config: &RunConfig,
+    window: CallWindow,
+) -> ClaimVerdict {
     match outcome {
         Ok(AcquireOutcome::Held(held)) => ClaimVerdict::Won(held),
         Ok(AcquireOutcome::Busy {
             expires_in, holder, ..
         }) => ClaimVerdict::Busy { holder, expires_in },
         Ok(AcquireOutcome::AlreadyRan { .. }) => ClaimVerdict::AlreadyRan,
+        Ok(AcquireOutcome::Early { instant, ahead }) => ClaimVerdict::Early {
+            clock: ClockSample::of(instant - ahead.as_millis() as i64, window),
+        },
         Ok(AcquireOutcome::Suspended { record, .. }) => ClaimVerdict::Suspended(record),
         Ok(AcquireOutcome::Mismatch(other)) => ClaimVerdict::Failed(format!(
             "lock '{}' is held with --limit {other} by its current holders",
@@ -362,8 +452,44 @@ pub(super) fn verdict(outcome: RoundOutcome, config: &RunConfig) -> ClaimVerdict
     }
 }
 
-/// Tell a run how the release it asked for went (it waits for this; a run that is gone no
-/// longer needs it).
-pub(super) fn answer_run(reply: &mut ReplicaSide, released: Result<Released, Failure>) {
-    reply.released(&released.map_err(|e| e.to_string()));
+/// What came of a run's release (`reply`: the run's channel, when it asked now; none for a
+/// release owed since): done, owed (a transient failure: kept, to be carried out again), or
+/// failed for good. The run, if it asked now, is told (it waits for this; a run that is gone no
+/// longer needs it); the loop is told what came of a release owed before, and of those dropped
+/// to keep the owed ones bounded.
+pub(super) fn settle_release(
+    owed: &mut Owed,
+    release: OwedRelease,
+    reply: Option<&mut ReplicaSide>,
+    released: Result<Released, Failure>,
+) -> Vec<Answer> {
+    let was_owed = reply.is_none();
+    let ended = |release: &OwedRelease, end: OwedEnd| Answer::Owed {
+        key: release.config.key.clone(),
+        instant: release.held.instant,
+        end,
+    };
+    let answer = match &released {
+        Ok(r) => ReleaseAnswer::Done(*r),
+        Err(e) if e.transient() => ReleaseAnswer::Owed(e.to_string()),
+        Err(e) => ReleaseAnswer::Failed(e.to_string()),
+    };
+    if let Some(reply) = reply {
+        reply.released(&answer);
+    }
+    match answer {
+        ReleaseAnswer::Done(_) => was_owed
+            .then(|| ended(&release, OwedEnd::Written))
+            .into_iter()
+            .collect(),
+        ReleaseAnswer::Owed(_) => owed
+            .keep(release)
+            .iter()
+            .map(|r| ended(r, OwedEnd::Dropped("too many run ends owed at once".into())))
+            .collect(),
+        ReleaseAnswer::Failed(why) => was_owed
+            .then(|| ended(&release, OwedEnd::Dropped(why)))
+            .into_iter()
+            .collect(),
+    }
 }

@@ -22,7 +22,9 @@ use crate::store::holder::Holder;
 use crate::store::keys::Keys;
 use crate::store::lock::{Held, InstantKind, ReleaseOptions};
 
-use super::claim::{self, answer_run, masters, verdict, Answer, Ask, ClaimVerdict, Links};
+use super::claim::{self, masters, settle_release, verdict, Answer, Ask, ClaimVerdict, Desk};
+use super::owed::OwedRelease;
+use super::skew::CallWindow;
 
 /// The claims thread's inbox, its answers, and how many claims it has not answered yet.
 pub struct Claims {
@@ -91,18 +93,46 @@ impl Claims {
 }
 
 /// Answer asks until the loop is gone: those that wait together are carried out together
-/// (see the module comment).
+/// (see the module comment); the releases owed are carried out again every
+/// [`super::owed::AGAIN`] meanwhile, and once more when the loop is gone (those still owed
+/// then are said lost).
 fn serve(inbox: Receiver<Ask>, answers: Sender<Answer>, board: Option<Arc<Board>>) {
-    let mut links: Links = HashMap::new();
-    while let Ok(first) = inbox.recv() {
-        let asks = gather(first, &inbox);
+    let mut desk = Desk::default();
+    let tell = &mut |answer| tell(&answers, answer);
+    loop {
+        let first = match desk.owed.next_try() {
+            None => inbox.recv().ok(),
+            Some(at) => match inbox.recv_timeout(at.saturating_duration_since(Instant::now())) {
+                Ok(ask) => Some(ask),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => break,
+            },
+        };
         let began = Instant::now();
-        if carry_out(&mut links, asks, &mut |answer| tell(&answers, answer)).is_err() {
+        let carried = match first {
+            Some(first) => carry_out(&mut desk, gather(first, &inbox), tell),
+            None if desk.owed.next_try().is_none() => break,
+            None => Ok(()),
+        };
+        if carried.is_err() {
+            return;
+        }
+        let due = desk.owed.due(Instant::now());
+        if !due.is_empty() && release_owed(&mut desk, due, tell).is_err() {
             return;
         }
         if let Some(board) = &board {
             board.called(began.elapsed());
         }
+    }
+    let last = desk.owed.take_all();
+    let _ = release_owed(&mut desk, last, tell);
+    for release in desk.owed.take_all() {
+        let _ = tell(Answer::Owed {
+            key: release.config.key.clone(),
+            instant: release.held.instant,
+            end: claim::OwedEnd::Dropped("the replica stopped before redis took it".into()),
+        });
     }
 }
 
@@ -188,11 +218,11 @@ struct RunRelease {
 }
 
 /// Carry out a batch: its undos, then its claims (they are the ones a start waits for: their
-/// answers go to the loop at once, through `tell`), then its runs' renewals, then their releases
-/// (a renewal the loop asked before a run's release is carried out before it: after, it would
-/// keep a lock released with `--min-hold` for a whole TTL), then the rest in order. [`LoopGone`]: the loop is gone.
+/// answers go to the loop at once, through `tell`), then its runs' renewals (but those of runs
+/// that asked for their release, now or before: refused), then their releases, then the rest
+/// in order. [`LoopGone`]: the loop is gone.
 pub fn carry_out(
-    links: &mut Links,
+    desk: &mut Desk,
     asks: Vec<Ask>,
     tell: &mut dyn FnMut(Answer) -> Result<(), LoopGone>,
 ) -> Result<(), LoopGone> {
@@ -236,25 +266,38 @@ pub fn carry_out(
     // Undos first: a claim of an instant whose earlier claim is undone in the same batch (its
     // run could not start; the replica claims it again) must find it undone.
     for ask in undos {
-        if let Some(answer) = claim::carry_out(links, ask) {
+        for answer in claim::carry_out(desk, ask) {
             tell(answer)?;
         }
     }
     for group in by_servers(claims, |c| &c.config) {
-        for answer in claim_together(links, group) {
+        for answer in claim_together(&mut desk.links, group) {
             tell(answer)?;
         }
     }
+    // A renewal of a run whose release was asked already (in this batch or an earlier one) is
+    // refused: it would keep a lock released with --min-hold, or by the run itself, for a TTL.
+    for release in &releases {
+        desk.released.asked(&release.held);
+    }
+    let (refused, renewals): (Vec<_>, Vec<_>) = renewals
+        .into_iter()
+        .partition(|r| desk.released.has(&r.held));
+    for r in refused {
+        tell(claim::refused_renewal(r.pid, Instant::now()))?;
+    }
     for group in by_servers(renewals, |r| &r.config) {
-        for answer in renew_together(links, group) {
+        for answer in renew_together(&mut desk.links, group) {
             tell(answer)?;
         }
     }
     for group in by_servers(releases, |r| &r.config) {
-        release_together(links, group);
+        for answer in release_together(desk, group) {
+            tell(answer)?;
+        }
     }
     for ask in rest {
-        if let Some(answer) = claim::carry_out(links, ask) {
+        for answer in claim::carry_out(desk, ask) {
             tell(answer)?;
         }
     }
@@ -297,7 +340,7 @@ fn reach<'a>(mut configs: impl Iterator<Item = &'a Arc<RunConfig>>) -> Option<Re
 }
 
 /// Claims on one server list, as one pipeline: each one's answer.
-fn claim_together(links: &mut Links, group: Vec<ClaimAsk>) -> Vec<Answer> {
+fn claim_together(links: &mut claim::Links, group: Vec<ClaimAsk>) -> Vec<Answer> {
     let Some(Reach { config, within }) = reach(group.iter().map(|c| &c.config)) else {
         return Vec::new();
     };
@@ -324,12 +367,14 @@ fn claim_together(links: &mut Links, group: Vec<ClaimAsk>) -> Vec<Answer> {
             limit: 1,
         })
         .collect();
+    let window = CallWindow::start();
     let outcomes = masters(links, &config).acquire_many(within, &claims);
+    let window = window.ended();
     outcomes
         .into_iter()
         .zip(group)
         .map(|(outcome, c)| Answer::Claim {
-            verdict: verdict(outcome, &c.config),
+            verdict: verdict(outcome, &c.config, window),
             key: c.key,
             instant: c.instant,
             kind: c.kind,
@@ -339,7 +384,7 @@ fn claim_together(links: &mut Links, group: Vec<ClaimAsk>) -> Vec<Answer> {
 }
 
 /// Runs' renewals on one server list, as one pipeline: each one's answer, with when it was sent.
-fn renew_together(links: &mut Links, group: Vec<RunRenewal>) -> Vec<Answer> {
+fn renew_together(links: &mut claim::Links, group: Vec<RunRenewal>) -> Vec<Answer> {
     let Some(Reach { config, within }) = reach(group.iter().map(|r| &r.config)) else {
         return Vec::new();
     };
@@ -357,14 +402,58 @@ fn renew_together(links: &mut Links, group: Vec<RunRenewal>) -> Vec<Answer> {
         .collect()
 }
 
-/// Runs' releases on one server list, as one pipeline; each run is told how its release went.
-fn release_together(links: &mut Links, group: Vec<RunRelease>) {
+/// Runs' releases on one server list, as one pipeline; each run is told how its release went
+/// (one Redis did not take is owed: kept, and carried out again).
+fn release_together(desk: &mut Desk, group: Vec<RunRelease>) -> Vec<Answer> {
     let Some(Reach { config, within }) = reach(group.iter().map(|r| &r.config)) else {
-        return;
+        return Vec::new();
     };
     let items: Vec<(&Held, &ReleaseOptions)> = group.iter().map(|r| (&*r.held, &*r.opts)).collect();
-    let released = masters(links, &config).release_many(within, &items);
-    for (result, mut run) in released.into_iter().zip(group) {
-        answer_run(&mut run.reply, result);
+    let released = masters(&mut desk.links, &config).release_many(within, &items);
+    let since = Instant::now();
+    let mut answers = Vec::new();
+    for (result, run) in released.into_iter().zip(group) {
+        let RunRelease {
+            config,
+            held,
+            opts,
+            mut reply,
+        } = run;
+        let release = OwedRelease {
+            config,
+            held,
+            opts,
+            since,
+        };
+        answers.extend(settle_release(
+            &mut desk.owed,
+            release,
+            Some(&mut reply),
+            result,
+        ));
     }
+    answers
+}
+
+/// The releases owed, carried out again (as one pipeline per server list): what came of each
+/// is told to the loop once Redis took it or it was given up; the others stay owed.
+fn release_owed(
+    desk: &mut Desk,
+    due: Vec<OwedRelease>,
+    tell: &mut dyn FnMut(Answer) -> Result<(), LoopGone>,
+) -> Result<(), LoopGone> {
+    for group in by_servers(due, |r| &r.config) {
+        let Some(Reach { config, within }) = reach(group.iter().map(|r| &r.config)) else {
+            continue;
+        };
+        let items: Vec<(&Held, &ReleaseOptions)> =
+            group.iter().map(|r| (&*r.held, &*r.opts)).collect();
+        let released = masters(&mut desk.links, &config).release_many(within, &items);
+        for (result, release) in released.into_iter().zip(group) {
+            for answer in settle_release(&mut desk.owed, release, None, result) {
+                tell(answer)?;
+            }
+        }
+    }
+    Ok(())
 }

@@ -132,13 +132,16 @@ impl Entry {
         job
     }
 
-    /// The same job read again (a reload): it keeps its next instant, the one waiting and the
-    /// claim in flight (a reload does not fire it again).
+    /// The same job read again (a reload): it keeps its next instant, the one waiting, the
+    /// claim in flight and the instant queued behind it, and when a failed claim may be tried
+    /// again (a reload neither fires it again nor drops an instant without a word).
     pub(super) fn keep(&mut self, old: &Entry) {
         (self.next, self.early) = (old.next, old.early);
         self.due = old.due;
         self.last = old.last;
         self.claiming = old.claiming;
+        self.queued = old.queued;
+        self.not_before = old.not_before;
     }
 
     /// Its next instant is the schedule's first after `ms`, claimed [`LEAD_MS`]
@@ -151,6 +154,22 @@ impl Entry {
             let period = self.cron.schedule.next_after(at).map_or(0, |f| f - at);
             (period / 20).min(LEAD_MS) - offset
         });
+    }
+
+    /// Its next instant chosen again after `now`, if it came due already (see
+    /// [`super::table::Table::rebase`]); whether it changed. A claim in flight, or an instant
+    /// that waits, stays as it is.
+    pub(super) fn rebase(&mut self, now: i64) -> bool {
+        let passed = self.comes_due().is_some_and(|at| at <= now);
+        if self.claiming || self.due.is_some() || !passed {
+            return false;
+        }
+        if self.cron.run.config.catch_up.is_some() {
+            (self.next, self.early) = (Some(now), 0);
+        } else {
+            self.schedule_after(now);
+        }
+        true
     }
 
     /// When it next comes due (Unix ms): its next instant less its lead.
@@ -462,6 +481,24 @@ mod tests {
         job.claim_sent();
         assert!(job.answered(true, T + 3400).is_none());
         assert!(!job.has_due());
+    }
+
+    /// A reload while a claim is in flight keeps the instant queued behind it: it waits next
+    /// in the job read again (it was dropped without a record before).
+    #[test]
+    fn a_reload_keeps_the_instant_queued_behind_a_claim_in_flight() {
+        let mine = |_: &Entry, _| true;
+        let mut job = every_second();
+        job.come_due(T + 950, &mine);
+        job.claim_sent();
+        assert!(job.come_due(T + 1950, &mine).is_empty());
+        let mut again = every_second();
+        again.keep(&job);
+        assert!(again.answered(true, T + 2100).is_none());
+        assert_eq!(
+            again.claimable(T + 2100, &mine).map(|d| d.at),
+            Some(T + 2000)
+        );
     }
 
     #[test]

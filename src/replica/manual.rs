@@ -10,7 +10,7 @@
 
 use std::collections::VecDeque;
 
-use crate::clock::unix_millis;
+use crate::clock::redis_millis;
 use crate::store::lock::InstantKind;
 use crate::store::members::Poke;
 
@@ -52,7 +52,7 @@ impl Manuals {
     /// The pokes a heartbeat brought: those of jobs this replica serves (`serves`), not seen
     /// before, wait to be claimed now.
     pub fn poked(&mut self, pokes: Vec<Poke>, serves: impl Fn(&str) -> bool) {
-        let now = unix_millis() as i64;
+        let now = redis_millis();
         for poke in pokes {
             if self.seen.contains(&poke) || !serves(&poke.key) {
                 continue;
@@ -76,7 +76,7 @@ impl Manuals {
 
     /// Up to `room` instants to claim now, each marked in flight.
     pub fn take_due(&mut self, room: usize) -> Vec<ManualClaim> {
-        let now = unix_millis() as i64;
+        let now = redis_millis();
         self.waiting.retain(|w| w.until > now || w.claiming);
         let mut out = Vec::new();
         for w in &mut self.waiting {
@@ -168,7 +168,7 @@ impl Manuals {
     /// When one next needs the loop: its look, or, when that passed (it waits for room, which a
     /// run's end brings with a wake of its own), its end; never a time already past.
     pub fn next_wake(&self) -> Option<i64> {
-        let now = unix_millis() as i64;
+        let now = redis_millis();
         self.waiting
             .iter()
             .filter(|w| !w.claiming)

@@ -112,6 +112,7 @@ mod tests {
             live: live.iter().map(|s| s.to_string()).collect(),
             full: full.iter().map(|s| s.to_string()).collect(),
             pokes: Vec::new(),
+            redis_ms: 0,
         }
     }
 

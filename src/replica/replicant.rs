@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Result};
 
 use crate::clock::Instant;
-use crate::clock::{rfc3339, unix_millis};
+use crate::clock::{redis_millis, rfc3339};
 use crate::config::{CronJob, Replica, RunConfig};
 use crate::log::Log;
 use crate::record::ledger::MissedReason;
@@ -194,7 +194,7 @@ impl<'a> Replicant<'a> {
             Phase::Serving => {
                 let beat = self.beats.due(self.full()).min(self.health.probe_at());
                 let at = table.next_wake().map(|ms| {
-                    let left = (ms - unix_millis() as i64).max(0) as u64;
+                    let left = (ms - redis_millis()).max(0) as u64;
                     (now + Duration::from_millis(left)).min(beat)
                 });
                 at.or(Some(beat))
@@ -275,11 +275,14 @@ impl<'a> Replicant<'a> {
         let finished = self.claims.finish(LEAVE_WITHIN);
         let mut failed = None;
         while let Some(answer) = self.claims.answer() {
-            if let claim::Answer::View {
-                view: Err(text), ..
-            } = answer
-            {
-                failed = Some(text);
+            match answer {
+                claim::Answer::View {
+                    view: Err(text), ..
+                } => failed = Some(text),
+                claim::Answer::Owed { key, instant, end } => {
+                    answers::owed(&key, instant, end, self.log)
+                }
+                _ => {}
             }
         }
         let why = match (finished, failed) {
@@ -364,8 +367,11 @@ impl<'a> Replicant<'a> {
                     }
                 }
                 Answer::Renewed { pid, sent, result } => self.runs.renewed(pid, sent, result),
-                Answer::View { group, view } => {
-                    let pokes = self.beats.viewed(table, group, view, &self.shown, self.log);
+                Answer::Owed { key, instant, end } => answers::owed(&key, instant, end, self.log),
+                Answer::View { group, view, clock } => {
+                    let pokes = self
+                        .beats
+                        .viewed(table, group, view, clock, &self.shown, self.log);
                     table.poked(pokes);
                 }
             }
@@ -386,6 +392,14 @@ impl<'a> Replicant<'a> {
     ) {
         let Claimed { key, instant, .. } = claimed;
         let failed = matches!(verdict, ClaimVerdict::Failed(_));
+        if let ClaimVerdict::Early {
+            clock: Some(sample),
+        } = &verdict
+        {
+            if self.beats.skew.heard(*sample, self.log) {
+                table.rebase();
+            }
+        }
         match &verdict {
             ClaimVerdict::Won(_) => self.shown.claim(key, Some(true), None),
             ClaimVerdict::Failed(_) => self.shown.claim(key, None, None),
@@ -423,7 +437,7 @@ impl<'a> Replicant<'a> {
             table.claim_back(claimed, None);
             return;
         };
-        let now = unix_millis() as i64;
+        let now = redis_millis();
         // --overlap queue: a claim that found the lock held is followed by a claim of the
         // instant that waits when the holder's lock would lapse (its replica died), unless that
         // run ends here first.

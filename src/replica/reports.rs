@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::clock::{rfc3339, unix_millis};
+use crate::clock::{redis_millis, rfc3339};
 use crate::handover::{ReplicaSide, RunEnd, RunReport};
 use crate::log::Log;
 use crate::record::run::{Ending, RecordedEnding, RunRecord};
@@ -135,7 +135,7 @@ pub fn unreported(run: &Spawned, log: &Log) -> Unreported {
                 crate::exit::FAILURE
             )
         }),
-        retry_at: (!release).then(|| unix_millis() as i64 + run.ttl.as_millis() as i64 + 250),
+        retry_at: (!release).then(|| redis_millis() + run.ttl.as_millis() as i64 + 250),
     }
 }
 

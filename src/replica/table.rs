@@ -37,7 +37,7 @@ use crate::store::members::{FleetView, Poke};
 pub use super::entry::Entry;
 use super::entry::{missed, GivenUp, Pending};
 pub use super::fleets::Fleets;
-use crate::clock::unix_millis;
+use crate::clock::redis_millis;
 use crate::config::CronJob;
 use crate::log::Log;
 
@@ -122,7 +122,7 @@ pub struct Table {
 impl Table {
     /// `first`: jobs with `--catch-up` are due at once (a replica that starts late catches up).
     pub fn new(jobs: &[CronJob], first: bool, me: &str) -> Table {
-        let now = unix_millis() as i64;
+        let now = redis_millis();
         let mut jobs: Vec<Entry> = jobs
             .iter()
             .map(|c| Entry::new(c.clone(), group(&c.run.config), first, now))
@@ -199,7 +199,7 @@ impl Table {
         if let Some(old) = self.fleets.fresh(&group) {
             let gone: Vec<&String> = old.live.iter().filter(|m| !view.live.contains(m)).collect();
             if !gone.is_empty() {
-                let at = unix_millis() as i64;
+                let at = redis_millis();
                 let mut again = Vec::new();
                 for (i, job) in self
                     .jobs
@@ -226,6 +226,19 @@ impl Table {
         self.fleets.set_view(group, view)
     }
 
+    /// The replica's clock was just measured against Redis's for the first time: the jobs'
+    /// next instants were chosen by this host's clock, and those that Redis's clock has passed
+    /// meanwhile are not this replica's to answer for (it did not serve then): each job's next
+    /// is chosen again from now, by Redis's clock.
+    pub fn rebase(&mut self) {
+        let now = redis_millis();
+        for i in 0..self.jobs.len() {
+            if self.jobs[i].rebase(now) {
+                self.noted(i);
+            }
+        }
+    }
+
     /// How many instants wait for a claim.
     pub fn waiting(&self) -> usize {
         let owns = |j: &Entry, at| self.fleets.mine(j, at);
@@ -239,7 +252,7 @@ impl Table {
     /// The instants other replicas own that are due for a check ([`super::fleets::FALLBACK_MS`]
     /// after them), by group (with a job's configuration to reach it); each is marked asked.
     pub fn due_checks(&mut self) -> Vec<CheckBatch> {
-        let now = unix_millis() as i64;
+        let now = redis_millis();
         let owns = |j: &Entry, at| self.fleets.mine(j, at);
         let mut out: Vec<CheckBatch> = Vec::new();
         let mut asked = Vec::new();
@@ -295,7 +308,7 @@ impl Table {
     /// (A past time here made the loop spin until the instant's deadline.) A check due now is
     /// sent in the turn that computes this.
     pub fn next_wake(&self) -> Option<i64> {
-        let now = unix_millis() as i64;
+        let now = redis_millis();
         let owns = |j: &Entry, at| self.fleets.mine(j, at);
         self.agenda
             .waiting()
@@ -317,7 +330,7 @@ impl Table {
     /// no longer start is given up, with one line, to be recorded missed. Instants the loop came
     /// to too late (it was frozen, or the machine saturated) are given up as late.
     pub fn advance(&mut self, log: &Log) {
-        let now = unix_millis() as i64;
+        let now = redis_millis();
         for i in self.agenda.waiting().collect::<Vec<_>>() {
             let owns = |j: &Entry, at| self.fleets.mine(j, at);
             let given = self.jobs[i].expire(now, &owns);
@@ -343,7 +356,7 @@ impl Table {
         if room == 0 {
             return Vec::new();
         }
-        let now = unix_millis() as i64;
+        let now = redis_millis();
         let owns = |j: &Entry, at| self.fleets.mine(j, at);
         // Scheduled instants first, then the manual ones. Oldest first; at one instant, in an
         // order of this replica's own.
@@ -397,7 +410,7 @@ impl Table {
         let Some(i) = self.index.get(key).copied() else {
             return;
         };
-        let superseded = self.jobs[i].answered(done, unix_millis() as i64);
+        let superseded = self.jobs[i].answered(done, redis_millis());
         self.give_up(i, superseded.into_iter().collect(), log);
         self.noted(i);
     }
@@ -438,7 +451,7 @@ impl Table {
     /// wait, are claimed now; with `--retries`, a failed run's instant is looked at again a second
     /// later.
     pub fn run_ended(&mut self, ended: RunEnded<'_>) {
-        let now = unix_millis() as i64;
+        let now = redis_millis();
         let Some(config) = self.job(ended.key).map(|j| j.cron.run.config.clone()) else {
             return;
         };
@@ -455,7 +468,7 @@ impl Table {
     /// while it can still start (else recorded missed at its deadline); the instant that waits
     /// behind it, and with `--retries` its own, are looked at when its lock lapses.
     pub fn run_gone(&mut self, gone: RunGone<'_>) {
-        let now = unix_millis() as i64;
+        let now = redis_millis();
         if let (true, Some(at)) = (gone.undone, gone.instant) {
             match gone.manual {
                 true => self.manuals.look_again(gone.key, at, now),

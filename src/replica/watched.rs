@@ -124,11 +124,13 @@ impl BoardFeed {
         }
     }
 
-    /// A heartbeat was answered (or failed, with why); the next is due within `every`.
-    pub(super) fn beat(&self, failed: Option<&str>, every: Duration) {
+    /// A heartbeat was answered (or failed, with why); the next is due within `every`; the
+    /// clock's offset from Redis's as measured so far.
+    pub(super) fn beat(&self, failed: Option<&str>, every: Duration, offset: Option<i64>) {
         if let Some(board) = &self.board {
             let mut s = board.state();
             s.beat_every = every;
+            s.clock_offset_ms = offset;
             match failed {
                 None => {
                     s.answered = Some(crate::clock::Instant::now());

@@ -2,8 +2,8 @@
 //! the lock the replica claimed, over the channel it named ([`crate::handover`]), and
 //! check it against this run's own configuration. A lock that does not match is released (it is
 //! ours by handover) and the command does not run. A replica claims a scheduled instant a little
-//! ahead of it (`LEAD_MS` in `replica/table.rs`), so the run waits for the instant by the wall
-//! clock: its command starts on time, never before.
+//! ahead of it (`LEAD_MS` in `replica/entry.rs`), so the run waits for the instant by Redis's
+//! clock (`wait_for_instant` in `run/mod.rs`): its command starts on time, never before.
 
 use anyhow::{bail, Result};
 
@@ -51,27 +51,4 @@ pub(super) fn receive(config: &RunConfig, fd: i32, log: &Log) -> Result<Handed> 
         masters,
         side,
     })
-}
-
-/// The most a run waits for its instant (a replica claims 50 ms ahead at most).
-const MAX_EARLY_MS: i64 = 1000;
-
-/// Sleep until the held instant, if it is ahead (by at most [`MAX_EARLY_MS`]): called as late as
-/// possible, right before the command is started.
-pub(super) fn wait_for_instant(held: &Held, offset: std::time::Duration) {
-    let Some(at) = held.instant else {
-        return;
-    };
-    // A manual instant runs now; a scheduled one, `--jitter`'s offset after it.
-    let at = if held.manual {
-        at
-    } else {
-        at + offset.as_millis() as i64
-    };
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let at = std::time::Duration::from_millis(at.clamp(0, i64::MAX) as u64);
-    let ahead = at.saturating_sub(now);
-    std::thread::sleep(ahead.min(std::time::Duration::from_millis(MAX_EARLY_MS as u64)));
 }

@@ -23,7 +23,7 @@ use crate::exit::Exit;
 use crate::fleet::metrics;
 use crate::fleet::record;
 use crate::fleet::report::{Report, RunOutcome};
-use crate::handover::{RunEnd, RunReport, RunSide};
+use crate::handover::{ReleaseAnswer, RunEnd, RunReport, RunSide};
 use crate::lease::{self, LockState, Validity};
 use crate::log::Log;
 use crate::record::run::Ending;
@@ -117,14 +117,28 @@ fn run_locked(
     );
     let mut run = Run::new(config, log, held, masters, channel)?;
     replacing::wait_for_replaced(config, &run.held, &run.watchdog.validity, log);
-    if run.channel.is_some() {
-        handed::wait_for_instant(&run.held, config.jitter_offset());
-    }
+    wait_for_instant(&run.held, config.jitter_offset());
     let mut captured = capture::Captured::default();
     let end = run.command(on_start, &mut captured);
     outcome.body = captured.body;
     outcome.run = run.finish(end, captured.kept);
     Ok(end.exit)
+}
+
+/// The most a run waits for its instant: a claim goes at most 250 ms before it by Redis's clock
+/// (`acquire.lua`'s `AHEAD`), a replica's 50 ms (`LEAD_MS`).
+const MAX_EARLY: Duration = Duration::from_secs(1);
+
+/// Sleep until the held scheduled instant comes by Redis's clock (`--jitter`'s offset after it),
+/// if it is ahead (by at most [`MAX_EARLY`]): called as late as possible, right before the
+/// command is started, so no command starts before its instant by Redis's clock. (A manual
+/// instant is a label, and runs now.)
+fn wait_for_instant(held: &Held, offset: Duration) {
+    let Some(due) = held.due else {
+        return;
+    };
+    let ahead = (due + offset).saturating_duration_since(Instant::now());
+    std::thread::sleep(ahead.min(MAX_EARLY));
 }
 
 /// How the command ended: cronlock's exit status, and the ending the run record names.
@@ -309,8 +323,19 @@ impl<'a> Run<'a> {
             .as_mut()
             .and_then(|c| c.release_by_replica(&opts, wait))
         {
-            Some(Ok(released)) => said_released(&held, &opts, Ok(released), lost, false, log),
-            _ => release(
+            Some(ReleaseAnswer::Done(released)) => {
+                said_released(&held, &opts, Ok(released), lost, false, log)
+            }
+            Some(ReleaseAnswer::Owed(why)) => log.info(
+                "release_owed",
+                &format!(
+                    "cannot release lock '{}' yet: {why}; the replica keeps the run's end and \
+                     writes it as soon as redis answers",
+                    config.key
+                ),
+                &[],
+            ),
+            Some(ReleaseAnswer::Failed(_)) | None => release(
                 &config.servers,
                 within,
                 masters,
@@ -498,7 +523,7 @@ fn release_options(
         config.keep_output.keeps(succeeded).then_some(kept),
     );
     ReleaseOptions {
-        hold: (held.sent_at + config.min_hold).saturating_duration_since(Instant::now()),
+        hold_until: (!config.min_hold.is_zero()).then(|| held.sent_at + config.min_hold),
         record: Some(crate::record::to_text(&record)),
         history: config.history,
         record_ttl: config.history_ttl,

@@ -78,6 +78,10 @@ pub(super) fn take(config: &RunConfig, log: &Log, suspended: &mut Option<u64>) -
             already_ran(config, instant, ran, log);
             Exit::Conflict(config.conflict_exit_code)
         }
+        Acquired::NotDue { instant, ahead } => {
+            not_due(config, instant, ahead, log);
+            Exit::Conflict(config.conflict_exit_code)
+        }
         Acquired::Suspended { record, instant } => {
             say_suspended(config, &record, instant, log);
             *suspended = Some(describe::suspended_since(&record).unwrap_or(0));
@@ -225,6 +229,25 @@ fn say_suspended(config: &RunConfig, record: &Stored<Suspension>, instant: Optio
             ("suspension", describe::suspension_json(record)),
             ("instant", instant.into()),
         ],
+    );
+}
+
+/// `--schedule`: the instant this host fired for is far ahead of Redis's clock.
+fn not_due(config: &RunConfig, instant: i64, ahead: Duration, log: &Log) {
+    let label = config
+        .schedule
+        .as_ref()
+        .map_or_else(|| instant.to_string(), |s| s.label(instant));
+    let ahead = Duration::from_millis(ahead.as_millis() as u64);
+    log.warn(
+        "not_due",
+        &format!(
+            "lock '{}': the {label} run is not due yet by redis's clock ({} ahead, more than {}: \
+             this host's clock runs fast); not running the command",
+            config.key,
+            Span(ahead),
+            Span(wait::EARLY_WAIT)
+        ),
     );
 }
 

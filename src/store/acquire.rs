@@ -1,6 +1,7 @@
 //! Taking the lock: one acquisition attempt (`acquire.lua`, or `semaphore.lua` with `--limit`
-//! above 1), and its reply read to the letter: a grant, busy, already ran, suspended, or another
-//! `--limit`. Anything but the exact shape is a failure, never a grant.
+//! above 1), and its reply read to the letter: a grant, busy, already ran, suspended, another
+//! `--limit`, or an instant not yet due by Redis's clock. Anything but the exact shape is a
+//! failure, never a grant.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -110,6 +111,12 @@ pub enum AcquireOutcome {
         record: Stored<Suspension>,
         instant: Option<i64>,
     },
+    /// The instant of the schedule is `ahead` of Redis's clock (by more than `acquire.lua`'s
+    /// `AHEAD`, 250 ms): nothing was taken or written; ask again once it is due.
+    Early {
+        instant: i64,
+        ahead: Duration,
+    },
 }
 
 /// One acquire: KEY's keys, the holder value, the TTL, with `--schedule` the instants to choose
@@ -182,6 +189,12 @@ fn attempt(
             instant,
         });
     }
+    if reply.ahead_ms > 0 {
+        return Ok(AcquireOutcome::Early {
+            instant: reply.instant,
+            ahead: Duration::from_millis(reply.ahead_ms as u64),
+        });
+    }
     if reply.ran != 0 {
         return Ok(AcquireOutcome::AlreadyRan {
             instant: instant.unwrap_or(reply.ran),
@@ -212,6 +225,20 @@ fn attempt(
         .ok()
         .filter(|ms| *ms > 0)
         .map(|ms| Instant::now() + Duration::from_millis(ms));
+    let manual = instants.is_some_and(|s| s.kind == InstantKind::Manual);
+    // A scheduled instant comes when Redis's clock reaches it (maybe past): measured from the
+    // reply, which came after Redis read its clock, so never early. (A manual instant is a
+    // label: it runs now.)
+    let due = instant
+        .filter(|_| !manual && reply.redis_ms > 0)
+        .and_then(|at| {
+            let now = Instant::now();
+            let ms = at - reply.redis_ms;
+            match u64::try_from(ms) {
+                Ok(ahead) => Some(now + Duration::from_millis(ahead)),
+                Err(_) => now.checked_sub(Duration::from_millis(ms.unsigned_abs())),
+            }
+        });
     Ok(AcquireOutcome::Held(Box::new(Held {
         keys,
         holder: holder.clone(),
@@ -222,9 +249,10 @@ fn attempt(
         limit,
         slot,
         attempt: reply.attempt.clamp(1, i64::from(u32::MAX)) as u32,
-        manual: instants.is_some_and(|s| s.kind == InstantKind::Manual),
+        manual,
         own_lock,
         after,
+        due,
     })))
 }
 
@@ -247,16 +275,20 @@ struct AcquireReply {
     suspension: Option<String>,
     /// `--overlap replace`: how long a run replaced may still be stopping, in ms.
     after_ms: i64,
+    /// Redis's clock when the script read it (Unix ms; 0: it did not).
+    redis_ms: i64,
+    /// The instant is this far ahead of Redis's clock, and was not taken (ms; 0: not early).
+    ahead_ms: i64,
 }
 
 /// Read an acquire's reply; anything but its exact shape is a failure, never an answer.
 fn acquire_reply(reply: &Value) -> Result<AcquireReply, Failure> {
     const SHAPE: &str = "an acquire reply that is not {fence, pttl, holder, instant, ran, slot, \
-                         limit, attempt, suspension, after}";
+                         limit, attempt, suspension, after, clock, ahead}";
     let Value::Array(parts) = reply else {
         return Err(Failure::shape(SHAPE));
     };
-    let [fence, pttl, value, instant, ran, got, other, attempt, suspended, after] =
+    let [fence, pttl, value, instant, ran, got, other, attempt, suspended, after, clock, ahead] =
         parts.as_slice()
     else {
         return Err(Failure::shape(SHAPE));
@@ -281,6 +313,8 @@ fn acquire_reply(reply: &Value) -> Result<AcquireReply, Failure> {
         attempt: int(attempt, SHAPE)?,
         suspension: text_or_nil(suspended, SHAPE)?,
         after_ms: int(after, SHAPE)?,
+        redis_ms: int(clock, SHAPE)?,
+        ahead_ms: int(ahead, SHAPE)?,
     })
 }
 

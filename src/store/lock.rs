@@ -59,6 +59,9 @@ pub struct Held {
     /// `--overlap replace`: a run this one replaced may still be stopping until then (unless
     /// `keys.replaced` names none first); the command must not start before.
     pub after: Option<Instant>,
+    /// A scheduled instant's: when Redis's clock reaches it (`CLOCK_BOOTTIME`), from the
+    /// acquire's reply; the command must not start before.
+    pub due: Option<Instant>,
 }
 
 /// With `--schedule`: what the acquire script chooses the run's instant from.
@@ -119,14 +122,23 @@ pub enum Released {
 /// What the release also does besides deleting.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReleaseOptions {
-    /// Keep the lock this much longer instead of deleting it (`--min-hold`).
-    pub hold: Duration,
+    /// Keep the lock until then (`--min-hold`, on `CLOCK_BOOTTIME`) instead of deleting it: what
+    /// is left of it when the release is carried out (a release tried again keeps it no longer).
+    pub hold_until: Option<Instant>,
     /// The run record (JSON) to store as the last run.
     pub record: Option<String>,
     pub history: u32,
     pub record_ttl: Option<Duration>,
     /// With `--schedule`: how the attempt at its instant ended, for the ledger.
     pub ledger: Option<LedgerEnd>,
+}
+
+impl ReleaseOptions {
+    /// What is left of `--min-hold` now, if anything.
+    pub fn hold_left(&self) -> Option<Duration> {
+        let left = self.hold_until?.saturating_duration_since(Instant::now());
+        (!left.is_zero()).then_some(left)
+    }
 }
 
 /// How an attempt at a scheduled instant ended, for the ledger.
@@ -142,8 +154,14 @@ pub struct LedgerEnd {
 /// What an undo does to the attempt's ledger entry (see `abandon.lua`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Undo {
-    /// The claim never became a run: its attempt is removed and the instant can be claimed again.
+    /// The claim never became a run: its attempt is removed and the instant can be claimed again
+    /// (whoever undoes it answers for the instant).
     RollBack,
+    /// The claim never became a run, and nobody here answers for its instant any more (the run's
+    /// replica is gone, or drains): rolled back while the other replicas can still claim it (at
+    /// most 200 ms after the instant of the schedule, by Redis's clock), else ended `interrupted`
+    /// (they judged it decided by then).
+    GiveBack,
     /// Its run died after its lock lapsed: the attempt is ended `abandoned`.
     Abandoned,
 }
@@ -166,6 +184,7 @@ pub fn abandon(
     let ttl = ms(ttl).to_string();
     let mode: &[u8] = match undo {
         Undo::RollBack => b"undo",
+        Undo::GiveBack => b"give-back",
         Undo::Abandoned => b"abandoned",
     };
     let count = (5 + slots.len()).to_string();
@@ -415,11 +434,7 @@ struct ReleaseCall {
 /// `release.lua`'s keys and arguments for `held`.
 fn release_call(held: &Held, opts: &ReleaseOptions) -> ReleaseCall {
     let keys = &held.keys;
-    let hold = if opts.hold.is_zero() {
-        0
-    } else {
-        ms(opts.hold)
-    };
+    let hold = opts.hold_left().map_or(0, ms);
     let mut all: Vec<String> = vec![
         keys.lock.clone(),
         keys.last.clone(),

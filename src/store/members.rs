@@ -34,6 +34,8 @@ pub struct FleetView {
     pub full: Vec<String>,
     /// The manual instants (`--trigger`) that wait for the fleet.
     pub pokes: Vec<Poke>,
+    /// Redis's clock when it answered (Unix ms).
+    pub redis_ms: i64,
 }
 
 /// A manual instant of KEY that waits for a replica (`--trigger`).
@@ -110,6 +112,8 @@ pub struct Heartbeat<'a> {
     pub id: &'a str,
     pub lapse: Duration,
     pub full: bool,
+    /// How far Redis's clock is ahead of the replica's (ms), once it measured it.
+    pub offset: Option<i64>,
 }
 
 /// Send one heartbeat; the view after it.
@@ -120,6 +124,7 @@ pub fn beat(link: &mut Link, within: Duration, beat: Heartbeat<'_>) -> Result<Fl
         id,
         lapse,
         full,
+        offset,
     } = beat;
     let members = members_key(prefix, fleet);
     let pokes = pokes_key(prefix, fleet);
@@ -129,6 +134,7 @@ pub fn beat(link: &mut Link, within: Duration, beat: Heartbeat<'_>) -> Result<Fl
         lapse_ms.to_string(),
         u8::from(full).to_string(),
         MAX_MEMBERS.to_string(),
+        offset.map_or(String::new(), |o| o.to_string()),
     ];
     eval(
         link,
@@ -141,9 +147,9 @@ pub fn beat(link: &mut Link, within: Duration, beat: Heartbeat<'_>) -> Result<Fl
     )
 }
 
-/// `{live ids, full ids, pokes}`; anything else is a failure.
+/// `{live ids, full ids, pokes, clock}`; anything else is a failure.
 fn read_view(reply: &Value) -> Result<FleetView, Failure> {
-    const SHAPE: &str = "a heartbeat reply that is not {live ids, full ids, pokes}";
+    const SHAPE: &str = "a heartbeat reply that is not {live ids, full ids, pokes, clock}";
     let ids = |v: &Value| -> Result<Vec<String>, Failure> {
         let Value::Array(items) = v else {
             return Err(Failure::shape(SHAPE));
@@ -160,14 +166,83 @@ fn read_view(reply: &Value) -> Result<FleetView, Failure> {
             .collect()
     };
     match reply {
-        Value::Array(parts) if parts.len() == 3 => Ok(FleetView {
+        Value::Array(parts) if parts.len() == 4 => Ok(FleetView {
             live: ids(&parts[0])?,
             full: ids(&parts[1])?,
             pokes: ids(&parts[2])?
                 .iter()
                 .filter_map(|m| Poke::read(m))
                 .collect(),
+            redis_ms: int(&parts[3], SHAPE)?,
         }),
         _ => Err(Failure::shape(SHAPE)),
+    }
+}
+
+/// One replica of a fleet as its heartbeat left it: its id, whether it is at `--max-jobs`, and
+/// how far Redis's clock is ahead of its own (ms), when it measured it (a replica of an earlier
+/// version does not say).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub id: String,
+    pub full: bool,
+    pub offset: Option<i64>,
+}
+
+impl Member {
+    /// A members hash's field and value (`LAPSE[ full][ offset=N]`).
+    fn read(id: &str, value: &str) -> Member {
+        let offset = value
+            .split(' ')
+            .find_map(|w| w.strip_prefix("offset="))
+            .and_then(|n| n.parse().ok());
+        Member {
+            id: id.to_string(),
+            full: value.split(' ').any(|w| w == "full"),
+            offset,
+        }
+    }
+}
+
+/// The replicas of `fleet` under `prefix` that heartbeat there (at most [`MAX_MEMBERS`]; a
+/// lapsed one may linger until the next heartbeat drops it).
+pub fn members(
+    link: &mut Link,
+    within: Duration,
+    prefix: &str,
+    fleet: &str,
+) -> Result<Vec<Member>, Failure> {
+    const SHAPE: &str = "a members hash that is not field, value pairs";
+    let key = members_key(prefix, fleet);
+    let reply = link.call(within, &key, &[b"HGETALL", key.as_bytes()])?;
+    link.read(reply, |v| {
+        let Value::Array(items) = v else {
+            return Err(Failure::shape(SHAPE));
+        };
+        let text = |v: &Value| match v {
+            Value::BulkString(b) => Ok(String::from_utf8_lossy(b).into_owned()),
+            _ => Err(Failure::shape(SHAPE)),
+        };
+        let mut out = Vec::new();
+        for pair in items.chunks(2).take(MAX_MEMBERS) {
+            let [id, value] = pair else {
+                return Err(Failure::shape(SHAPE));
+            };
+            out.push(Member::read(&text(id)?, &text(value)?));
+        }
+        Ok(out)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_member_reads_as_its_heartbeat_wrote_it() {
+        let m = Member::read("h/1", "1800000000000 full offset=-3012");
+        assert_eq!((m.full, m.offset), (true, Some(-3012)));
+        let m = Member::read("h/2", "1800000000000");
+        assert_eq!((m.full, m.offset), (false, None));
     }
 }

@@ -11,7 +11,8 @@
 //! - renew: confirmed when a majority confirmed, and then written back (`restore.lua`) on any
 //!   master that answered but had lost it (restarted empty), so a rolling restart cannot hand a
 //!   majority to someone else; "not ours" once a majority can no longer confirm;
-//! - release and force-release: on every master that answers.
+//! - release: on every master that answers, done once a majority confirmed it (deleted, or
+//!   found it not ours); force-release: on every master that answers.
 //!
 //! Fencing: each master keeps its own counter. The token is the maximum of the majority's answers,
 //! and before the command starts it is written back (`raise.lua`, only where the lock is still
@@ -455,7 +456,9 @@ impl Masters {
         }
     }
 
-    /// Release on every master: deleted (or kept for `--min-hold`) if it was ours anywhere. A
+    /// Release on every master: done once a majority confirmed it (deleted, kept for
+    /// `--min-hold`, or not ours), and then deleted (or kept) if it was ours anywhere; with fewer,
+    /// a (transient) failure, so the caller makes it again while it matters. A
     /// release's answer counts once it is confirmed as a grant is ([`Link::confirm_kept`]): on a
     /// primary being replaced, a release may be dropped and "not ours" may be the old primary's
     /// stale word, so either is a (transient) failure. Made again, on the new primary once it is
@@ -480,16 +483,30 @@ impl Masters {
         if answers.len() == 1 {
             return answers.remove(0);
         }
+        // Done only once a majority confirmed it (deleted, kept, or found it not ours): the lock
+        // left on a majority would hold KEY for its TTL, and its instant read running.
+        let confirmed = answers.iter().filter(|a| a.is_ok()).count();
+        if confirmed < self.majority() {
+            let problems: Vec<String> = answers
+                .iter()
+                .enumerate()
+                .filter_map(|(i, a)| a.as_ref().err().map(|e| format!("{}: {e}", self.shown(i))))
+                .collect();
+            return Err(Failure::Connect(anyhow::anyhow!(
+                "{confirmed} of {} masters confirmed the release, {} needed ({}); it is made \
+                 again",
+                answers.len(),
+                self.majority(),
+                problems.join("; ")
+            )));
+        }
         if answers.iter().any(|a| matches!(a, Ok(Released::Deleted))) {
             return Ok(Released::Deleted);
         }
         if answers.iter().any(|a| matches!(a, Ok(Released::Kept))) {
             return Ok(Released::Kept);
         }
-        match answers.iter().position(|a| a.is_ok()) {
-            Some(_) => Ok(Released::NotOurs),
-            None => answers.remove(0),
-        }
+        Ok(Released::NotOurs)
     }
 
     /// `--overlap replace`: whether the runs replaced are gone (a majority answered, none of
@@ -572,6 +589,16 @@ impl Masters {
         span: Duration,
     ) -> Result<usize, Failure> {
         members::poke(&mut self.links[0], within, prefix, fleet, poke, span)
+    }
+
+    /// The replicas of `fleet` (on the master the heartbeats go to).
+    pub fn members(
+        &mut self,
+        within: Duration,
+        prefix: &str,
+        fleet: &str,
+    ) -> Result<Vec<members::Member>, Failure> {
+        members::members(&mut self.links[0], within, prefix, fleet)
     }
 
     /// Each master's answer to `--resume`: the record that was in force.

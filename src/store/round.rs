@@ -1,6 +1,6 @@
 //! How the masters' answers to one acquisition round read, when they did not grant the lock:
-//! another `--limit`, suspended, the run already started, busy (with the soonest expiry), or the
-//! one line that says what failed. Split from [`crate::store::quorum`], which asks and undoes.
+//! another `--limit`, suspended, not yet due, the run already started, busy (with the soonest
+//! expiry), or the one line that says what failed. Split from [`crate::store::quorum`], which asks and undoes.
 
 use std::time::Duration;
 
@@ -48,6 +48,14 @@ pub(super) fn refused(answers: &[MasterAnswer], majority: usize) -> Option<Round
             record: record.clone(),
             instant: *instant,
         }));
+    }
+    // Not yet due by some master's clock: asked again when the latest of them says it is.
+    let early = answers.iter().filter_map(|a| match a {
+        Ok(AcquireOutcome::Early { instant, ahead }) => Some((*instant, *ahead)),
+        _ => None,
+    });
+    if let Some((instant, ahead)) = early.max_by_key(|(_, ahead)| *ahead) {
+        return Some(Ok(AcquireOutcome::Early { instant, ahead }));
     }
     let count = |f: fn(&MasterAnswer) -> bool| answers.iter().filter(|a| f(a)).count();
     let busy = count(|a| matches!(a, Ok(AcquireOutcome::Busy { .. })));

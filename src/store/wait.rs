@@ -26,6 +26,10 @@ use crate::store::quorum::{Masters, Refused};
 /// The longest a waiter blocks between attempts.
 const POLL_CAP: Duration = Duration::from_millis(500);
 
+/// The furthest ahead of Redis's clock an instant may be for this host to wait for it (its clock
+/// runs fast, or it fired early): further, the run does not start ([`Acquired::NotDue`]).
+pub const EARLY_WAIT: Duration = Duration::from_secs(60);
+
 /// The result of trying to get the lock.
 pub enum Acquired {
     /// Ours (the masters' links that took it are the caller's: the watchdog goes on with them).
@@ -45,6 +49,9 @@ pub enum Acquired {
         record: Stored<Suspension>,
         instant: Option<i64>,
     },
+    /// With `--schedule`: the instant this host fired for is further ahead of Redis's clock than
+    /// [`EARLY_WAIT`] (this host's clock runs fast).
+    NotDue { instant: i64, ahead: Duration },
 }
 
 /// A random duration in `[d/2, d]`, so waiters on many hosts do not poll in step.
@@ -101,6 +108,7 @@ pub fn acquire(
         limit,
     } = ask;
     let io_timeout = masters.redis().connect_timeout;
+    let mut early_waits = 0;
     let mut waiter = Waiter {
         deadline: Instant::now() + wait,
         wait,
@@ -137,6 +145,22 @@ pub fn acquire(
             }
             Ok(AcquireOutcome::Suspended { record, instant }) => {
                 return Ok(Acquired::Suspended { record, instant })
+            }
+            // Not yet due by Redis's clock: wait for it (answering signals) and ask for that
+            // instant then; twice at most (Redis's clock does not go back).
+            Ok(AcquireOutcome::Early { instant, ahead }) => {
+                if ahead > EARLY_WAIT || early_waits >= 2 {
+                    return Ok(Acquired::NotDue { instant, ahead });
+                }
+                early_waits += 1;
+                waiter.early(instant, ahead);
+                if let Some(s) = instants.as_mut() {
+                    s.candidates = vec![instant];
+                }
+                match pause(ahead) {
+                    Some(sig) => return Ok(Acquired::Signalled(sig)),
+                    None => continue,
+                }
             }
             Ok(AcquireOutcome::Busy {
                 expires_in,
@@ -196,6 +220,32 @@ impl Waiter<'_> {
                 .info("wait_retry", &format!("{e:#}; retrying while waiting"), &[]);
         }
         Ok(pause(jitter(POLL_CAP).min(left)))
+    }
+
+    /// The instant is `ahead` of Redis's clock: waiting for it.
+    fn early(&self, instant: i64, ahead: Duration) {
+        let ahead = Duration::from_millis(ahead.as_millis() as u64);
+        // A second or more: this host's clock is off, or it fired far from the instant.
+        let level = if ahead >= Duration::from_secs(1) {
+            crate::log::Level::Warn
+        } else {
+            crate::log::Level::Info
+        };
+        self.log.event(
+            level,
+            "waiting_for_instant",
+            &format!(
+                "lock '{}': the {} instant is {} ahead of redis's clock (this host's clock runs \
+                 fast, or it fired early); waiting for it",
+                self.keys.name,
+                crate::clock::rfc3339(instant.max(0) as u64),
+                Span(ahead)
+            ),
+            &[
+                ("instant", instant.into()),
+                ("ahead_ms", (ahead.as_millis() as u64).into()),
+            ],
+        );
     }
 
     /// "lock 'KEY' is held elsewhere; waiting up to D", once.

@@ -850,3 +850,48 @@ fn a_claim_in_flight_across_a_reload_is_undone_and_recorded() {
     assert!(!said.contains("claiming nothing"), "{said}");
     assert!(!said.contains("not this run's"), "{said}");
 }
+
+/// A reload while a claim is in flight (the claims thread holds each won claim's answer 1.5 s,
+/// a test hook) keeps the instant queued behind that claim: with SIGHUPs (the crontab
+/// unchanged) every 700 ms for 8 s, every instant of a job every second ran or is in the ledger
+/// with a reason.
+#[test]
+fn a_reload_keeps_the_instant_queued_behind_a_claim_in_flight() {
+    let r = Redis::start();
+    let url = r.url();
+    let dir = scratch("acc-reload-queued");
+    let d = dir.display();
+    let file = crate::common::replicas::crontab(
+        &dir,
+        &format!(
+            "CRON_TZ=UTC\n* * * * * * rq echo rq $CRONLOCK_INSTANT $(date +%s%N) >> {d}/runs\n"
+        ),
+    );
+    let hold = [("CRONLOCK_TEST_HOLD_CLAIM_ANSWER_MS", "1500")];
+    let c = crate::common::replicas::replica_with(&url, &file, &[], &hold);
+    let ticks = || crate::common::replicas::instants(&dir.join("runs")).len();
+    assert!(wait_for(Duration::from_secs(15), || ticks() >= 1));
+    let from = now_secs() + 1;
+    let began = Instant::now();
+    while began.elapsed() < Duration::from_secs(8) {
+        let until = Instant::now() + Duration::from_millis(700);
+        assert!(wait_for(Duration::from_secs(2), || Instant::now() >= until));
+        signal(c.id() as i32, libc::SIGHUP);
+    }
+    let to = now_secs() - 1;
+    // Until the last given up is recorded (asked again each second while Redis does not take it).
+    let calm = Instant::now();
+    assert!(wait_for(Duration::from_secs(5), || calm.elapsed()
+        >= Duration::from_secs(3)));
+    let said = crate::common::replicas::replica_err(&file);
+    assert_eq!(crate::common::replicas::stop(c), Some(0), "{said}");
+    let (count, _) = runs(&dir);
+    let book = ledger(&url, "rq");
+    for at in from..=to {
+        let ran = count.get(&("rq".to_string(), at)).copied().unwrap_or(0);
+        assert!(
+            ran > 0 || book.iter().any(|(t, _, _)| *t == at),
+            "{at} neither ran nor is in the ledger: {book:?}\n{said}"
+        );
+    }
+}

@@ -536,3 +536,58 @@ mod starter;
 
 /// The tests that measure time: they run alone (`common::alone`).
 mod alone;
+
+/// A run that asked its replica for a renewal and then for its release, while the replica's loop
+/// was held (a test hook), releases its `--min-hold` lock by itself; when the loop turns again,
+/// the replica carries out that renewal and release: the renewal is refused (the run asked for
+/// its release), and the release keeps only what is left of `--min-hold`, so the lock is gone
+/// when `--min-hold` ends, never kept for a TTL or for the hold the run asked at its end.
+#[test]
+fn a_late_renewal_never_keeps_a_min_hold_lock_past_its_end() {
+    let r = Redis::start();
+    let dir = scratch("late-renewal");
+    let hold = dir.join("hold");
+    let log = dir.join("log");
+    let file = crontab(
+        &dir,
+        &format!(
+            "CRON_TZ=UTC\n*/10 * * * * * --ttl 3s --min-hold 4s --connect-timeout 300ms mh sh -c \
+             'echo $CRONLOCK_INSTANT_MS >> {}; sleep 1.5'\n",
+            log.display()
+        ),
+    );
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let hook = hold.to_str().unwrap();
+    let c = crate::common::replicas::replica_with(
+        &r.url(),
+        &file,
+        &["--listen", &addr],
+        &[("CRONLOCK_TEST_HOLD_LOOP", hook)],
+    );
+    assert!(
+        wait_for(Duration::from_secs(25), || !instants(&log).is_empty()),
+        "{}",
+        replica_err(&file)
+    );
+    std::fs::write(&hold, "").unwrap();
+    let at: u64 = instants(&log)[0].parse().unwrap();
+    let now_ms = || {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+    };
+    // The run asks for a renewal (at 1 s), ends (1.5 s), and releases by itself (the replica
+    // does not answer): the loop turns again at 3 s.
+    assert!(wait_for(Duration::from_secs(5), || now_ms() >= at + 3000));
+    std::fs::remove_file(&hold).unwrap();
+    assert!(wait_for(Duration::from_secs(5), || now_ms() >= at + 4400));
+    let pttl = r.pttl("cronlock:{mh}");
+    let said = replica_err(&file);
+    assert_eq!(stop(c), Some(0), "{said}");
+    assert_eq!(
+        pttl, -2,
+        "the lock is kept past --min-hold: {pttl} ms left\n{said}"
+    );
+}

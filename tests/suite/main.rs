@@ -37,6 +37,7 @@ mod schedule;
 mod secrets;
 mod semaphore;
 mod ship;
+mod stalls;
 mod timing;
 mod tls;
 mod tracking;

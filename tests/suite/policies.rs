@@ -1331,3 +1331,89 @@ fn an_undone_manual_instant_is_asked_again_and_runs() {
     assert!(again, "{:?} {book:?}\n{}", ran(), replica_err(&file));
     assert_ne!(ran()[0], ran()[1]);
 }
+
+/// `--overlap replace`: the new instant's run waits for the run it replaced to stop (here 2 s: it
+/// traps SIGTERM), and its replica is SIGKILLed meanwhile. Its run never starts its command and
+/// gives its claim back, after the other replica judged the instant decided: the instant is
+/// recorded (`interrupted`), never lost without a word, and nothing reads `running` once the
+/// locks lapsed.
+#[test]
+fn a_replacing_run_whose_replica_dies_while_it_waits_is_recorded() {
+    let r = Redis::start();
+    let url = r.url();
+    let dir = scratch("policies-replace-dies");
+    let starts = dir.join("starts");
+    let file = crontab(
+        &dir,
+        &format!(
+            "CRON_TZ=UTC\n*/4 * * * * * --overlap replace --ttl 10s --grace 4s rdie echo \
+             $CRONLOCK_INSTANT_MS >> {}; trap 'sleep 2; exit 0' TERM; sleep 6 & wait\n",
+            starts.display()
+        ),
+    );
+    let mut fleet: Vec<_> = (0..2).map(|_| replica(&url, &file, &[])).collect();
+    let first = {
+        assert!(wait_for(Duration::from_secs(15), || {
+            !crate::common::replicas::instants(&starts).is_empty()
+        }));
+        crate::common::replicas::instants(&starts)[0]
+            .parse::<i64>()
+            .unwrap()
+    };
+    // The next instant replaces it: once its lock names another run, that run's replica dies.
+    let holder = || {
+        let v: Option<String> = r.query(redis::cmd("GET").arg("cronlock:{rdie}"));
+        v.and_then(|v| serde_json::from_str::<serde_json::Value>(&v).ok())
+    };
+    let next = first + 4000;
+    let mut replacer = None;
+    assert!(wait_for(Duration::from_secs(10), || {
+        replacer = holder().filter(|h| h["started"].as_i64() > Some(next - 1000));
+        replacer.is_some()
+    }));
+    let pid = replacer.unwrap()["pid"].as_u64().unwrap() as u32;
+    let i = fleet
+        .iter()
+        .position(|c| c.id() == pid)
+        .unwrap_or_else(|| panic!("the replacing lock's pid {pid} is no replica's"));
+    // Once its run is there, waiting (no command under it yet).
+    use crate::common::replicas::{children_of, starter_of};
+    let waiting = || {
+        starter_of(pid)
+            .map(children_of)
+            .unwrap_or_default()
+            .into_iter()
+            .any(|run| children_of(run).is_empty())
+    };
+    assert!(
+        wait_for(Duration::from_secs(5), waiting),
+        "{}",
+        replica_err(&file)
+    );
+    // After the other replica checked the instant (250 ms after it) and found it decided.
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+    };
+    assert!(wait_for(Duration::from_secs(5), || now_ms() >= next + 700));
+    assert!(waiting(), "{}", replica_err(&file));
+    signal(pid as i32, libc::SIGKILL);
+    fleet.remove(i).wait().unwrap();
+    let said = || replica_err(&file);
+    let recorded = || {
+        ledger(&url, "rdie")
+            .iter()
+            .any(|(at, st, _)| *at * 1000 == next && st != "running")
+    };
+    assert!(
+        wait_for(Duration::from_secs(20), recorded),
+        "{next}: {:?}\n{}",
+        ledger(&url, "rdie"),
+        said()
+    );
+    for c in fleet {
+        stop(c);
+    }
+}

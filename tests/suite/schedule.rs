@@ -125,12 +125,10 @@ fn one_run_per_instant_whatever_each_hosts_timing() {
     assert_eq!(runs(&marker), 2);
 }
 
-/// Skip when within a second of the half-minute, where the nearest minute changes.
+/// Wait until the first 25 s of a minute: the nearest minute is then the one that began (a
+/// firing nearer the next one would wait for it: no command starts before its instant).
 fn away_from_half_minute() {
-    let s = (now_ms() / 1000) % 60;
-    if (29..=31).contains(&s) {
-        std::thread::sleep(Duration::from_secs(3));
-    }
+    assert!(wait_for(Duration::from_secs(40), || (now_ms() / 1000) % 60 < 25));
 }
 
 #[test]

@@ -5,7 +5,8 @@
 -- ledger, KEYS[5] the manual instants asked for (--trigger), KEYS[6...] other locks the attempt
 -- may hold (the slots of a --limit above 1: a reply lost or a split vote does not say which one
 -- a master granted); ARGV[1] holder value, ARGV[2] ttl in ms, ARGV[3] the attempt's run id (the holder's
--- token), ARGV[4] 'undo' (the claim is rolled back: the instant can be claimed again at once) or
+-- token), ARGV[4] 'undo' (the claim is rolled back: the instant can be claimed again at once),
+-- 'give-back' (the same, from a run whose replica no longer answers for the instant) or
 -- 'abandoned' (the attempt is ended as abandoned: its run died after its lock lapsed).
 -- If a lock holds our value, delete it. Leave the marker for a TTL, so an acquire script of this
 -- attempt that runs later takes nothing. Then the ledger entry whose last attempt is ours and
@@ -16,8 +17,13 @@
 -- queue waits again, first in line (a later instant that took its place is skipped, as a second
 -- one that waits is), and a manual instant's request is asked again; abandoned, the attempt and
 -- the entry are ended.
--- An entry that ended, or whose last attempt is another's, is never touched.
+-- An entry that ended, or whose last attempt is another's, is never touched. An undo that comes
+-- more than LATE_UNDO ms after its instant of the schedule (Redis's clock) ends the attempt
+-- 'interrupted' instead of rolling it back, when it is a give-back: the other replicas judged the
+-- instant decided by then.
 -- Returns 1 when it deleted our lock, 0 otherwise.
+-- (The other replicas check an instant 250 ms after it: replica/fleets.rs's FALLBACK_MS.)
+local LATE_UNDO = 200
 redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
 local result = 0
 local slots_held = false
@@ -55,10 +61,18 @@ for i = 1, #all, 2 do
         redis.call('HDEL', KEYS[1] .. ':running', field)
         result = 1
       end
-      if ARGV[4] == 'abandoned' then
-        local t = redis.call('TIME')
-        last.state, last.ended = 'abandoned', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-        e.state = 'abandoned'
+      local t = redis.call('TIME')
+      local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      -- An undo of an instant of the schedule that comes late (its run waited, for the run it
+      -- replaced say, and its replica died or drained meanwhile): the other replicas checked
+      -- it and found it decided, so nobody would claim it again. Its attempt ends interrupted
+      -- instead (recorded, and run again under --retries).
+      local late = ARGV[4] == 'give-back' and #e.attempts == 1 and not e.queued and not e.manual
+        and tonumber(field) and now - tonumber(field) > LATE_UNDO
+      if ARGV[4] == 'abandoned' or late then
+        local state = late and 'interrupted' or 'abandoned'
+        last.state, last.ended = state, now
+        e.state = state
         redis.call('HSET', KEYS[4], field, cjson.encode(e))
       else
         if #e.attempts == 1 and e.queued then

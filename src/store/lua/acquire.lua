@@ -39,7 +39,12 @@
 -- at the instant (1, 2, ...; 0 when nothing was taken); and a ninth: the suspension record when
 -- KEY is suspended (then nothing was taken, and the instant is recorded 'skipped'), else false;
 -- and a tenth: under 'replace', when taken, how long (ms) a run it replaced (now or before) may
--- still be stopping: its command must not start before that, unless KEYS[9] is empty first.
+-- still be stopping: its command must not start before that, unless KEYS[9] is empty first;
+-- and an eleventh: Redis's clock (ms) when the script read it (0: it did not), and a twelfth:
+-- when an instant of the schedule is more than AHEAD ms ahead of that clock, how far (then nothing
+-- was taken or written: the caller asks again when it is due), else 0. With --catch-up, an
+-- instant abandoned for its lapse reads held (its holder's value, and the ms left of REPORT)
+-- until its holder had REPORT ms to write its end, when --retries would run it again.
 -- An instant that passed while KEY was suspended is recorded 'skipped' and never run, also
 -- after --resume.
 -- The GETs come first so a key of the wrong type fails before anything is written
@@ -53,14 +58,24 @@
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 if redis.call('EXISTS', KEYS[3]) == 1 then
   -- The client gave up on this attempt (its reply was lost) and asked for it to be undone.
-  return {0, 0, false, 0, 0, -1, 0, 0, false, 0}
+  return {0, 0, false, 0, 0, -1, 0, 0, false, 0, 0, 0}
 end
 local limit = tonumber(redis.call('GET', KEYS[5]) or '0')
 if limit and limit > 1 then
-  return {0, 0, false, 0, 0, -1, limit, 0, false, 0}
+  return {0, 0, false, 0, 0, -1, limit, 0, false, 0, 0, 0}
 end
 -- An early host still runs the instant it fired for, when it is at most this far ahead.
 local EARLY = 5000
+-- An instant of the schedule is taken at most this far (ms) ahead of Redis's clock: a claim
+-- that comes earlier takes nothing and is told how far ahead it is (the caller asks again
+-- then), so a host whose clock runs fast neither starts a run early nor marks later instants
+-- as run before their time (the schedule record's 'instant' only ever grows).
+local AHEAD = 250
+-- An attempt judged abandoned because its lock lapsed while its entry read running ('lapsed')
+-- is tried again (--retries) only this long (ms, Redis's clock) after that judgment: its holder
+-- may have ended while Redis was slow or away, and writes its end as soon as Redis answers
+-- (release.lua takes it).
+local REPORT = 2000
 -- The ledger keeps this many instants, the newest.
 local KEEP = 64
 -- The suspension, read before anything is written (as every read here).
@@ -96,6 +111,13 @@ local function keep_ledger()
   if ttl > 0 then redis.call('PEXPIRE', KEYS[6], ttl) else redis.call('PERSIST', KEYS[6]) end
 end
 local instant, attempt, entry, now, t, ran = 0, 0, nil, 0, nil, nil
+-- Every reply ends with two more elements: Redis's clock (ms; 0 when this script did not read it)
+-- and, when the instant was not taken because Redis's clock has not reached it (by more than
+-- AHEAD), how far ahead of it the instant is (ms; else 0).
+local function reply(r, ahead)
+  r[11], r[12] = now, ahead or 0
+  return r
+end
 -- The last instants started, the schedule's and a manual one (the schedule record's 'instant'
 -- and 'manual').
 local scheduled_ran, manual_ran = nil, nil
@@ -155,7 +177,7 @@ if ARGV[3] ~= '' then
     local request = instant ~= 0 and redis.call('HGET', KEYS[8], string.format('%d', instant))
     if not request then
       -- No such request (taken back, or never asked): nothing to run.
-      return {0, 0, false, instant, instant, -1, 0, 0, false, 0}
+      return reply({0, 0, false, instant, instant, -1, 0, 0, false, 0})
     end
     -- Taken already (accepted or skipped): its ledger entry judges a retry; without one (the
     -- ledger keeps its newest instants only) it ran, and never runs again while the request is
@@ -163,13 +185,13 @@ if ARGV[3] ~= '' then
     if not string.find(request, '"state":"asked"', 1, true)
       and not string.find(request, '"state":"queued"', 1, true)
       and redis.call('HEXISTS', KEYS[6], string.format('%d', instant)) == 0 then
-      return {0, 0, false, instant, instant, -1, 0, 0, false, 0}
+      return reply({0, 0, false, instant, instant, -1, 0, 0, false, 0})
     end
   elseif take_queued then
     instant = tonumber(redis.call('HGET', KEYS[4], 'queued')) or 0
     if instant == 0 then
       -- Nothing waits: nothing due.
-      return {0, 0, false, 0, 1, -1, 0, 0, false, 0}
+      return reply({0, 0, false, 0, 1, -1, 0, 0, false, 0})
     end
   elseif window == 0 then
     -- The run belongs to the scheduled instant nearest to Redis's clock, whatever the hosts'.
@@ -203,6 +225,11 @@ if ARGV[3] ~= '' then
   local record = redis.call('HMGET', KEYS[4], 'instant', 'manual')
   ran, manual_ran = tonumber(record[1]), tonumber(record[2])
   scheduled_ran = ran
+  -- Not yet due by Redis's clock (unless it ran already): nothing is taken or written.
+  if not manual and not take_queued and instant - now > AHEAD
+    and not (window == 0 and ran and ran >= instant) then
+    return reply({0, 0, false, instant, 0, -1, 0, 0, false, 0}, instant - now)
+  end
   if manual then ran = nil end
   local raw = redis.call('HGET', KEYS[6], string.format('%d', instant))
   if raw then
@@ -229,51 +256,61 @@ if ARGV[3] ~= '' then
   end
   if skip then answer_request('skipped') end
   if suspended then
-    return {0, 0, false, instant, 0, -1, 0, 0, suspended, 0}
+    return reply({0, 0, false, instant, 0, -1, 0, 0, suspended, 0})
   end
   if skip then
-    return {0, 0, false, instant, instant, -1, 0, 0, false, 0}
+    return reply({0, 0, false, instant, instant, -1, 0, 0, false, 0})
   end
   if window == 0 and not manual then
     if ran and ran >= instant then
       -- With the lock's holder: on several masters, a grant held on a minority (and undone a
       -- moment later) must not read as "already ran" to a contender (store/round.rs).
-      return {0, 0, redis.call('GET', lock), instant, ran, -1, 0, 0, false, 0}
+      return reply({0, 0, redis.call('GET', lock), instant, ran, -1, 0, 0, false, 0})
     end
     attempt = 1
   else
     -- Nothing due: out of the window, a later run started, or this instant is done. (A manual
     -- instant is due while its request is there.)
     if not manual and (instant == 0 or now - instant > window) then
-      return {0, 0, false, instant, instant, -1, 0, 0, false, 0}
+      return reply({0, 0, false, instant, instant, -1, 0, 0, false, 0})
     end
     if ran and ran > instant then
-      return {0, 0, false, instant, ran, -1, 0, 0, false, 0}
+      return reply({0, 0, false, instant, ran, -1, 0, 0, false, 0})
     end
     attempt = 1
     if entry then
-      if entry.state == 'running' and redis.call('GET', lock) ~= entry.holder then
-        -- Claimed, never released, and its lock is gone: its host died mid-run.
+      local last = entry.attempts[#entry.attempts]
+      if entry.state == 'running' and redis.call('GET', lock) ~= entry.holder
+        and type(last) == 'table' then
+        -- Claimed, never released, and its lock is gone: its host died mid-run, or its run
+        -- ended while Redis could not take its end (slow, or away).
         entry.state = 'abandoned'
-        entry.attempts[#entry.attempts].ended = now
-        entry.attempts[#entry.attempts].state = 'abandoned'
+        last.ended, last.state, last.lapsed = now, 'abandoned', true
         redis.call('HSET', KEYS[6], string.format('%d', instant), cjson.encode(entry))
       end
       if entry.state == 'running' then
         -- Its attempt runs now, under its lock: held elsewhere. A --wait waits for its end, and
         -- a replica (--crontab) looks again when that lock would lapse if its host died.
-        return {0, redis.call('PTTL', lock), entry.holder, instant, 0, -1, 0, 0, false, 0}
+        return reply({0, redis.call('PTTL', lock), entry.holder, instant, 0, -1, 0, 0, false, 0})
+      end
+      -- Abandoned for its lapse: its holder has REPORT ms to say how it ended before --retries
+      -- runs it again (held elsewhere until then).
+      local judged = type(last) == 'table' and last.lapsed and tonumber(last.ended)
+      if entry.state == 'abandoned' and judged and now - judged < REPORT
+        and #entry.attempts <= tonumber(ARGV[5]) then
+        return reply({0, REPORT - (now - judged), entry.holder or false, instant, 0, -1, 0, 0,
+          false, 0})
       end
       if (entry.state ~= 'failed' and entry.state ~= 'abandoned' and entry.state ~= 'interrupted')
         or #entry.attempts > tonumber(ARGV[5]) then
-        return {0, 0, false, instant, instant, -1, 0, 0, false, 0}
+        return reply({0, 0, false, instant, instant, -1, 0, 0, false, 0})
       end
       attempt = #entry.attempts + 1
     end
   end
 end
 if suspended then
-  return {0, 0, false, 0, 0, -1, 0, 0, suspended, 0}
+  return reply({0, 0, false, 0, 0, -1, 0, 0, suspended, 0})
 end
 -- Busy without --catch-up: the instant is recorded skipped for an overlap (unless the ledger has
 -- it: its own attempt holds the lock), so every instant is accounted for. With --catch-up it is
@@ -306,7 +343,7 @@ if allow and not holder and instant ~= 0 then
       if ok and type(e) == 'table' and e.state == 'running' and e.holder == running[i + 1]
         and type(e.attempts) == 'table' and type(e.attempts[#e.attempts]) == 'table' then
         local last = e.attempts[#e.attempts]
-        last.state, last.ended = 'abandoned', now
+        last.state, last.ended, last.lapsed = 'abandoned', now, true
         e.state = 'abandoned'
         redis.call('HSET', KEYS[6], running[i], cjson.encode(e))
       end
@@ -324,11 +361,11 @@ if allow and not holder and instant ~= 0 then
       end
       if busy_since_asked(held) then
         answer_request('queued')
-        return {0, soonest, by, instant, 0, -1, 0, 0, false, 0}
+        return reply({0, soonest, by, instant, 0, -1, 0, 0, false, 0})
       end
     end
     overlapped()
-    return {0, soonest, by, instant, 0, -1, 0, 0, false, 0}
+    return reply({0, soonest, by, instant, 0, -1, 0, 0, false, 0})
   end
 end
 -- --overlap replace: an earlier instant's run (the last one started, the schedule's or a manual
@@ -371,7 +408,7 @@ if holder then
   end
   if manual and instant ~= 0 and not entry and (queue or busy_since_asked(held)) then
     answer_request('queued')
-    return {0, redis.call('PTTL', lock), holder, instant, 0, -1, 0, 0, false, 0}
+    return reply({0, redis.call('PTTL', lock), holder, instant, 0, -1, 0, 0, false, 0})
   end
   -- --overlap queue: the first instant that finds the lock held waits (one at most).
   if queue and instant ~= 0 and window == 0 and not manual and not take_queued and not entry
@@ -379,10 +416,10 @@ if holder then
     redis.call('HSET', KEYS[4], 'queued', string.format('%d', instant))
     redis.call('HSET', KEYS[6], string.format('%d', instant), '{"state":"queued","attempts":{}}')
     keep_ledger()
-    return {0, redis.call('PTTL', lock), holder, instant, 0, -1, 0, 0, false, 0}
+    return reply({0, redis.call('PTTL', lock), holder, instant, 0, -1, 0, 0, false, 0})
   end
   overlapped()
-  return {0, redis.call('PTTL', lock), holder, instant, 0, -1, 0, 0, false, 0}
+  return reply({0, redis.call('PTTL', lock), holder, instant, 0, -1, 0, 0, false, 0})
 end
 -- The token first: a counter that cannot give one refuses before anything is written.
 local token, refused = fence_token(KEYS[2], t)
@@ -413,7 +450,7 @@ if queue and not manual and instant ~= 0 and window == 0 then
   end
 end
 if not redis.call('SET', lock, ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {0, redis.call('PTTL', lock), redis.call('GET', lock), instant, 0, -1, 0, 0, false, 0}
+  return reply({0, redis.call('PTTL', lock), redis.call('GET', lock), instant, 0, -1, 0, 0, false, 0})
 end
 if allow and instant ~= 0 then redis.call('HSET', KEYS[10], string.format('%d', instant), ARGV[1]) end
 if instant ~= 0 then
@@ -435,7 +472,9 @@ if instant ~= 0 then
         if ok and type(e) == 'table' and e.state == 'running' and type(e.attempts) == 'table'
           and #e.attempts > 0 then
           local last = e.attempts[#e.attempts]
-          if type(last) == 'table' then last.state, last.ended = 'abandoned', now end
+          if type(last) == 'table' then
+            last.state, last.ended, last.lapsed = 'abandoned', now, true
+          end
           e.state = 'abandoned'
           redis.call('HSET', KEYS[6], field, cjson.encode(e))
         end
@@ -501,4 +540,4 @@ if replace then
   end
 end
 -- The token as a decimal string: a Lua number would round it above 2^53.
-return {token, 0, false, instant, 0, 0, 0, attempt, false, after}
+return reply({token, 0, false, instant, 0, 0, 0, attempt, false, after})

@@ -8,7 +8,8 @@
 -- ARGV[6] notification expiry in ms
 -- KEYS[5] the ledger of instants; ARGV[7] with --schedule, this run's instant ('' for none),
 -- ARGV[8] its exit status: the attempt is marked succeeded (0) or failed, when it is still ours
--- and running (an entry that ended is never rewritten);
+-- and running, or was judged abandoned only for its lapse (an entry that ended is never
+-- rewritten);
 -- ARGV[9] '1' when cronlock was asked to end (SIGTERM, SIGINT: a drain, a shutdown) and the
 -- command did not succeed: the attempt is 'interrupted', which --retries runs again;
 -- ARGV[10] our holder value as a JSON string: an entry in the shape acquire.lua writes for a
@@ -92,16 +93,18 @@ if ARGV[7] ~= '' then
     return result
   end
   local ok, e = pcall(cjson.decode, raw)
+  local last = ok and type(e) == 'table' and e.holder == ARGV[1] and type(e.attempts) == 'table'
+    and e.attempts[#e.attempts]
   -- Only an entry still running under our attempt: an ended one is never written again. (One
-  -- replaced, 'replaced', gets its end and keeps its state.)
-  if ok and type(e) == 'table' and (e.state == 'running' or e.state == 'replaced')
-    and e.holder == ARGV[1] and type(e.attempts) == 'table' and #e.attempts > 0
-    and type(e.attempts[#e.attempts]) == 'table' and not e.attempts[#e.attempts].ended then
+  -- replaced, 'replaced', gets its end and keeps its state.) But an attempt judged abandoned
+  -- only because its lock lapsed ('lapsed', acquire.lua) gets its real end when it comes, as
+  -- long as no later attempt started: its run ended while Redis could not take the end.
+  if type(last) == 'table' and (((e.state == 'running' or e.state == 'replaced') and not last.ended)
+    or (e.state == 'abandoned' and last.lapsed)) then
     local t = redis.call('TIME')
     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    local last = e.attempts[#e.attempts]
-    if e.state == 'running' then e.state = state end
-    last.state, last.ended, last.exit = e.state, now, code
+    if e.state ~= 'replaced' then e.state = state end
+    last.state, last.ended, last.exit, last.lapsed = e.state, now, code, nil
     redis.call('HSET', KEYS[5], ARGV[7], cjson.encode(e))
   end
 end
