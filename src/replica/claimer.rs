@@ -162,6 +162,8 @@ fn tell(answers: &Sender<Answer>, answer: Answer) -> Result<(), LoopGone> {
 pub const LINGER: Duration = Duration::from_millis(10);
 /// The most asks in one batch (a bound on one pipeline).
 pub const MOST: usize = 256;
+/// The most one carrying out of the releases owed on one server list may take.
+const OWED_WITHIN: Duration = Duration::from_millis(500);
 
 /// `first` and the asks waiting behind it; with a run's release among them (and no claim, no
 /// release an instant waits for), also those that come within [`LINGER`].
@@ -446,6 +448,9 @@ fn release_owed(
         let Some(Reach { config, within }) = reach(group.iter().map(|r| &r.config)) else {
             continue;
         };
+        // Bounded short: a server that hangs must not hold up the claims of the others every
+        // AGAIN (a release sent to a stalled Redis is carried out as it wakes all the same).
+        let within = within.min(OWED_WITHIN);
         let items: Vec<(&Held, &ReleaseOptions)> =
             group.iter().map(|r| (&*r.held, &*r.opts)).collect();
         let released = masters(&mut desk.links, &config).release_many(within, &items);

@@ -80,7 +80,19 @@ pub fn try_acquire(
             acquire_reply,
         )?
     };
-    attempt(link, reply, ask, sent_at)
+    let clock = RedisRead {
+        redis_ms: reply.redis_ms,
+        by: Instant::now(),
+    };
+    attempt(link, reply, ask, sent_at, clock)
+}
+
+/// Redis's clock as a reply told it (Unix ms; 0: not read), and a time on `CLOCK_BOOTTIME` it
+/// was read by (the reply had come): Redis's clock reads `redis_ms` no later than `by`.
+#[derive(Debug, Clone, Copy)]
+struct RedisRead {
+    redis_ms: i64,
+    by: Instant,
 }
 
 /// One attempt's outcome.
@@ -155,20 +167,31 @@ pub fn try_acquire_many(
         .map(|(c, gone)| plain_call(c.keys, c.holder, c.ttl, c.instants, gone))
         .collect();
     let replies = eval_many(link, within, &ACQUIRE, ACQUIRE_LUA, &calls, acquire_reply);
+    // The pipeline's latest reading of Redis's clock (its last script's) is the closest to when
+    // the replies came: every claim's instant is timed from it.
+    let clock = RedisRead {
+        redis_ms: replies
+            .iter()
+            .filter_map(|r| r.as_ref().ok().map(|r| r.redis_ms))
+            .max()
+            .unwrap_or(0),
+        by: Instant::now(),
+    };
     replies
         .into_iter()
         .zip(claims)
-        .map(|(reply, ask)| attempt(link, reply?, *ask, sent_at))
+        .map(|(reply, ask)| attempt(link, reply?, *ask, sent_at, clock))
         .collect()
 }
 
-/// What an acquire's reply says: a grant (sent at `sent_at`), busy, already ran, suspended, or
-/// another `--limit`.
+/// What an acquire's reply says: a grant (sent at `sent_at`; its instant due by Redis's clock as
+/// `clock` read it), busy, already ran, suspended, not yet due, or another `--limit`.
 fn attempt(
     link: &mut Link,
     reply: AcquireReply,
     ask: Acquire<'_>,
     sent_at: Instant,
+    clock: RedisRead,
 ) -> Result<AcquireOutcome, Failure> {
     let Acquire {
         keys,
@@ -230,10 +253,10 @@ fn attempt(
     // reply, which came after Redis read its clock, so never early. (A manual instant is a
     // label: it runs now.)
     let due = instant
-        .filter(|_| !manual && reply.redis_ms > 0)
+        .filter(|_| !manual && clock.redis_ms > 0)
         .and_then(|at| {
-            let now = Instant::now();
-            let ms = at - reply.redis_ms;
+            let now = clock.by;
+            let ms = at - clock.redis_ms;
             match u64::try_from(ms) {
                 Ok(ahead) => Some(now + Duration::from_millis(ahead)),
                 Err(_) => now.checked_sub(Duration::from_millis(ms.unsigned_abs())),
