@@ -3,7 +3,8 @@
  * machine's drift hits every command alike). Prints per command: median, p10, p90 in ms.
  * Usage: interleave ROUNDS CMDFILE   (one command per line, words split on spaces, or on tabs
  * only when the line has a tab, so a word can hold spaces; no shell)
- * A word's "{n}" becomes PID-ROUND, unique to the round and the run (a fresh KEY per round). */
+ * A word's "{n}" becomes PID-ROUND, unique to the round and the run (a fresh KEY per round).
+ * Leading NAME=value words go into the command's environment (as env(1) would, without its exec). */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,7 +74,9 @@ int main(int argc, char **argv) {
             pid_t p = fork();
             if (p == 0) {
                 dup2(devnull, 1);
-                execvp(argv_r[0], argv_r);
+                char **cmd = argv_r;
+                while (*cmd && strchr(*cmd, '=') && **cmd != '=') putenv(*cmd++);
+                execvp(cmd[0], cmd);
                 _exit(127);
             }
             int st;

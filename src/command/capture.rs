@@ -3,25 +3,30 @@
 //! run record ([`crate::command::kept`]). A stream that is not captured is cronlock's own,
 //! untouched; `--keep-output` never captures a terminal.
 //!
-//! A pipe replaces each captured stream; a thread per pipe copies everything to cronlock's own
-//! stdout or stderr as it comes and keeps the ends. When that reader goes away, the copying
-//! stops, so the command's next write fails as it would without cronlock between.
+//! A pipe replaces each captured stream. One thread copies both to cronlock's own stdout and
+//! stderr as the bytes come, and keeps the ends; it starts only once the command has written
+//! something (the read ends wake the main loop, `O_ASYNC`, until then), so a command that prints
+//! nothing, as most cron jobs, costs no thread. When a stream's reader goes away, its copying
+//! stops, so the command's next write there fails as it would without cronlock between. A
+//! reader that does not read holds back both streams' copies (the thread blocks writing to it),
+//! as it would hold back a command that writes both streams from one thread.
 //!
-//! The two pipes are read by two threads, so the order in which their bytes arrive is not the
-//! order the command wrote them: a stdout backlog still in its pipe can arrive after the final
-//! error line on stderr. One shared 10 KiB window would then drop that error line, the part a
-//! reader of the ping wants most. So each stream keeps its own tail, and the body gives each
-//! stream at least half of [`TAIL`] (all of it when the other is shorter), in arrival order.
+//! The thread reads whichever pipe has bytes, so the order in which they arrive is not always
+//! the order the command wrote them: a stdout backlog still in its pipe can arrive after the
+//! final error line on stderr. One shared 10 KiB window would then drop that error line, the
+//! part a reader of the ping wants most. So each stream keeps its own tail, and the body gives
+//! each stream at least half of [`TAIL`] (all of it when the other is shorter), in arrival order.
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::mem::ManuallyDrop;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::fcntl::OFlag;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::unistd::pipe2;
 
 use crate::command::child::Stdio;
@@ -34,13 +39,18 @@ pub const TAIL: usize = 10 * 1024;
 
 pub struct Capture {
     writers: [Option<OwnedFd>; 2],
-    /// The read ends the copying threads own, as numbers (for the guard to close its copies).
+    /// The read ends (for the guard to close its copies).
     readers: [RawFd; 2],
+    /// The read ends, until the copying thread takes them (or the main thread copies, when no
+    /// thread could be started).
+    reads: Streams,
     tails: Arc<Mutex<Tails>>,
-    done: mpsc::Receiver<()>,
-    /// How many copying threads were started.
-    threads: usize,
+    /// Once the copying thread runs: told when it is done.
+    done: Option<mpsc::Receiver<()>>,
 }
+
+/// The captured streams' read ends (stdout, stderr), each until it ends.
+type Streams = [Option<std::fs::File>; 2];
 
 /// What passes through cronlock, and what of it is kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -175,39 +185,29 @@ struct Tails {
 }
 
 impl Capture {
+    /// The pipes; nothing copies yet. Their read ends wake the main loop when the command
+    /// writes ([`Capture::look`] then starts the copying).
     pub fn start(plan: CapturePlan) -> std::io::Result<Capture> {
         let tails = Arc::new(Mutex::new(Tails {
             ping: plan.ping_body.then(Tail::default),
             kept: Kept::new(plan.keep),
         }));
-        let (done_tx, done) = mpsc::channel();
         let mut writers = [None, None];
         let mut readers = [UNTOUCHED; 2];
-        let mut threads = 0;
-        for (stream, target) in [libc::STDOUT_FILENO, libc::STDERR_FILENO]
-            .into_iter()
-            .enumerate()
-            .filter(|(stream, _)| plan.streams[*stream])
-        {
+        let mut reads = [None, None];
+        for stream in [0, 1].into_iter().filter(|&s| plan.streams[s]) {
             let (read, write) = pipe2(OFlag::O_CLOEXEC)?;
+            crate::signals::wake_on_readable(read.as_raw_fd(), true)?;
             writers[stream] = Some(write);
             readers[stream] = read.as_raw_fd();
-            let (tails, done_tx) = (tails.clone(), done_tx.clone());
-            std::thread::Builder::new()
-                .name("output".into())
-                .stack_size(64 * 1024)
-                .spawn(move || {
-                    copy(read, target, stream, &tails);
-                    let _ = done_tx.send(());
-                })?;
-            threads += 1;
+            reads[stream] = Some(std::fs::File::from(read));
         }
         Ok(Capture {
             writers,
             readers,
+            reads,
             tails,
-            done,
-            threads,
+            done: None,
         })
     }
 
@@ -228,16 +228,72 @@ impl Capture {
         self.writers = [None, None];
     }
 
+    /// On each turn of the main loop: once the command has written, the copying starts (on a
+    /// thread of its own; where none can be started, here, a turn at a time).
+    pub fn look(&mut self) {
+        if self.done.is_some() {
+            return;
+        }
+        let written = self
+            .reads
+            .iter()
+            .flatten()
+            .any(|r| crate::command::sys::unread(r.as_raw_fd()) > 0);
+        if written && !self.copy_apart() {
+            copy_some(&mut self.reads, &self.tails, PollTimeout::ZERO);
+        }
+    }
+
+    /// Hand the read ends to a copying thread. False when none could be started (the read ends
+    /// are then still here).
+    fn copy_apart(&mut self) -> bool {
+        let (done_tx, done) = mpsc::channel();
+        let mut reads = std::mem::take(&mut self.reads);
+        for r in reads.iter().flatten() {
+            let _ = crate::signals::wake_on_readable(r.as_raw_fd(), false);
+        }
+        let tails = self.tails.clone();
+        let (give, take) = mpsc::sync_channel::<Streams>(1);
+        let spawned = std::thread::Builder::new()
+            .name("output".into())
+            .stack_size(64 * 1024)
+            .spawn(move || {
+                if let Ok(mut reads) = take.recv() {
+                    while !copy_some(&mut reads, &tails, PollTimeout::NONE) {}
+                }
+                let _ = done_tx.send(());
+            });
+        match spawned {
+            Ok(_) => {
+                let _ = give.send(std::mem::take(&mut reads));
+                self.done = Some(done);
+                true
+            }
+            Err(_) => {
+                for r in reads.iter().flatten() {
+                    let _ = crate::signals::wake_on_readable(r.as_raw_fd(), true);
+                }
+                self.reads = reads;
+                false
+            }
+        }
+    }
+
     /// The output's ends, once the pipes are drained (waiting at most `within`: a descendant
     /// that escaped with a pipe open must not hold up the end of the run).
     pub fn finish(mut self, within: Duration) -> Captured {
         self.writers = [None, None];
         let end = std::time::Instant::now() + within;
-        for _ in 0..self.threads {
-            let left = end.saturating_duration_since(std::time::Instant::now());
-            if self.done.recv_timeout(left).is_err() {
-                break;
+        let open = |reads: &Streams| reads.iter().flatten().any(|r| !drained(r));
+        if self.done.is_none() && open(&self.reads) && !self.copy_apart() {
+            while !copy_some(&mut self.reads, &self.tails, PollTimeout::from(10u8)) {
+                if std::time::Instant::now() >= end {
+                    break;
+                }
             }
+        }
+        if let Some(done) = &self.done {
+            let _ = done.recv_timeout(end.saturating_duration_since(std::time::Instant::now()));
         }
         let mut tails = self.tails.lock().unwrap_or_else(|e| e.into_inner());
         let body = tails.ping.as_ref().map(Tail::body);
@@ -246,34 +302,72 @@ impl Capture {
     }
 }
 
-fn copy(read: OwnedFd, target: RawFd, stream: usize, tails: &Mutex<Tails>) {
-    let mut from = std::fs::File::from(read);
-    // SAFETY: fd 1 or 2, which stays open for cronlock's life; ManuallyDrop never closes it.
-    let mut to = ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(target) });
+/// Whether a pipe's read end holds nothing and has no writer left.
+fn drained(from: &std::fs::File) -> bool {
+    let mut fds = [PollFd::new(from.as_fd(), PollFlags::POLLIN)];
+    let hung_up = poll(&mut fds, PollTimeout::ZERO).is_ok_and(|n| n == 1)
+        && fds[0]
+            .revents()
+            .is_some_and(|r| r.contains(PollFlags::POLLHUP));
+    hung_up && crate::command::sys::unread(from.as_raw_fd()) <= 0
+}
+
+/// One round of copying: wait (at most `timeout`) until a stream has bytes or ended, then copy
+/// what came to cronlock's own stream and keep its end. A stream that ended, failed, or whose
+/// reader went away is closed. True once every stream is closed.
+fn copy_some(reads: &mut Streams, tails: &Mutex<Tails>, timeout: PollTimeout) -> bool {
+    let ready: Vec<usize> = {
+        let (which, mut fds): (Vec<usize>, Vec<PollFd>) = reads
+            .iter()
+            .enumerate()
+            .filter_map(|(s, r)| Some((s, PollFd::new(r.as_ref()?.as_fd(), PollFlags::POLLIN))))
+            .unzip();
+        if fds.is_empty() {
+            return true;
+        }
+        if !poll(&mut fds, timeout).is_ok_and(|n| n > 0) {
+            return false;
+        }
+        which
+            .into_iter()
+            .zip(&fds)
+            .filter(|(_, f)| f.revents().is_some_and(|r| !r.is_empty()))
+            .map(|(s, _)| s)
+            .collect()
+    };
     let mut buf = [0u8; 8192];
-    loop {
+    for stream in ready {
+        let Some(from) = reads[stream].as_mut() else {
+            continue;
+        };
         let n = match from.read(&mut buf) {
-            Ok(0) => return,
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => return,
+            Err(_) => 0,
         };
-        {
-            let mut tails = tails.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(ping) = tails.ping.as_mut() {
-                ping.push(stream, &buf[..n]);
-            }
-            tails.kept.push(stream, &buf[..n]);
-        }
-        // A reader that went away: the command's next write fails as it would have without
-        // cronlock between (SIGPIPE), so `cronlock KEY -- yes | head -1` still ends. (Any other
-        // failure to write is the reader's; the output goes on being kept.)
-        if let Err(e) = to.write_all(&buf[..n]) {
-            if e.kind() == std::io::ErrorKind::BrokenPipe {
-                return;
-            }
+        if n == 0 || !pass_on(stream, &buf[..n], tails) {
+            reads[stream] = None;
         }
     }
+    reads.iter().all(Option::is_none)
+}
+
+/// Keep the bytes' end and write them to cronlock's own stream. False when its reader went
+/// away: the command's next write then fails as it would have without cronlock between
+/// (SIGPIPE), so `cronlock KEY -- yes | head -1` still ends. (Any other failure to write is the
+/// reader's; the output goes on being kept.)
+fn pass_on(stream: usize, bytes: &[u8], tails: &Mutex<Tails>) -> bool {
+    {
+        let mut tails = tails.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(ping) = tails.ping.as_mut() {
+            ping.push(stream, bytes);
+        }
+        tails.kept.push(stream, bytes);
+    }
+    let target = [libc::STDOUT_FILENO, libc::STDERR_FILENO][stream];
+    // SAFETY: fd 1 or 2, which stays open for cronlock's life; ManuallyDrop never closes it.
+    let mut to = ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(target) });
+    !matches!(to.write_all(bytes), Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
 #[cfg(test)]

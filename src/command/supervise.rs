@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use crate::clock::Instant;
+use crate::command::capture::Capture;
 use crate::command::child::{guard_died_message, Child, Ended, Finished, Stop};
 use crate::exit::Exit;
 use crate::lease::{LockState, Validity};
@@ -43,7 +44,15 @@ pub struct Limits {
 ///
 /// On the safety path the signal always goes out before anything is logged: a log line may wait
 /// for a stalled stderr reader (it is queued, see [`crate::log`]), a kill must not.
-pub fn supervise(mut child: Child, keeper: &mut dyn Keeper, limits: Limits, log: &Log) -> Ended {
+/// `output`, the command's captured output, is looked at on every turn (its copying starts once
+/// the command wrote).
+pub fn supervise(
+    mut child: Child,
+    keeper: &mut dyn Keeper,
+    mut output: Option<&mut Capture>,
+    limits: Limits,
+    log: &Log,
+) -> Ended {
     let watch = keeper.validity().clone();
     let set = signals::watched();
     let mut s = Supervision {
@@ -57,6 +66,9 @@ pub fn supervise(mut child: Child, keeper: &mut dyn Keeper, limits: Limits, log:
     loop {
         if let Some(finished) = child.try_finish() {
             return s.ended(&child, finished, log);
+        }
+        if let Some(o) = output.as_deref_mut() {
+            o.look();
         }
         let now = Instant::now();
         // The renewal thread starts when the first renewal is due; if it cannot, the lock is

@@ -227,7 +227,7 @@ impl<'a> Run<'a> {
     /// replica, for its run) is told when it started; the end of its output goes to `captured`
     /// (`--ping-body`, `--keep-output`).
     fn command(&mut self, on_start: OnStart<'_>, captured: &mut capture::Captured) -> CommandEnd {
-        let Started { child, capture } = match self.start() {
+        let Started { child, mut capture } = match self.start() {
             Ok(started) => started,
             Err(exit) => {
                 return CommandEnd {
@@ -258,7 +258,13 @@ impl<'a> Run<'a> {
             None => own,
         };
         self.watchdog.track(plan, started);
-        let ended = supervise::supervise(child, &mut self.watchdog, self.limits, self.log);
+        let ended = supervise::supervise(
+            child,
+            &mut self.watchdog,
+            capture.as_mut(),
+            self.limits,
+            self.log,
+        );
         RUNNING_GROUP.store(0, Ordering::SeqCst);
         if let Some(c) = capture {
             *captured = c.finish(Duration::from_secs(1));

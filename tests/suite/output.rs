@@ -2,6 +2,8 @@
 //! and `--check`; the output itself still goes where it went, and a reader that goes away ends
 //! the command as it would without cronlock.
 
+use std::time::Duration;
+
 use serde_json::Value;
 
 use crate::common::*;
@@ -155,4 +157,60 @@ fn a_reader_that_goes_away_ends_the_command_as_without_cronlock() {
         .output()
         .unwrap();
     assert_eq!(stdout(&out), "y\nstatus 141\n", "{}", stderr(&out));
+}
+
+/// How many of process `pid`'s threads copy a command's output.
+fn copying_threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|tasks| {
+            tasks
+                .flatten()
+                .filter(|t| {
+                    std::fs::read_to_string(t.path().join("comm"))
+                        .is_ok_and(|c| c.trim() == "output")
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// A command that has printed nothing costs no thread of cronlock's; once it writes, one thread
+/// copies both streams, and both still arrive where they went (files here, so both are
+/// captured for `--keep-output`), and are kept.
+#[test]
+fn output_is_copied_by_one_thread_started_once_the_command_writes() {
+    let r = Redis::start();
+    let dir = scratch("output-one-thread");
+    let (ran, go, end) = (dir.join("ran"), dir.join("go"), dir.join("end"));
+    let wait = |f: &std::path::Path| format!("while [ ! -e {} ]; do sleep 0.02; done", f.display());
+    let script = format!(
+        "touch {}; {}; echo to-out; echo to-err >&2; {}; exit 3",
+        ran.display(),
+        wait(&go),
+        wait(&end)
+    );
+    let (out, err) = (dir.join("out"), dir.join("err"));
+    let mut cmd = cronlock(&r);
+    tie(&mut cmd);
+    let mut child = cmd
+        .args(["one-thread", "--", "sh", "-c", &script])
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    assert!(wait_for(Duration::from_secs(10), || ran.exists()));
+    assert_eq!(copying_threads(pid), 0, "a thread before any output");
+    std::fs::write(&go, "").unwrap();
+    let read = |f: &std::path::Path| std::fs::read_to_string(f).unwrap_or_default();
+    assert!(wait_for(Duration::from_secs(10), || read(&out)
+        == "to-out\n"
+        && read(&err).contains("to-err\n")));
+    assert_eq!(copying_threads(pid), 1, "one thread copies both streams");
+    std::fs::write(&end, "").unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(3));
+    assert_eq!(
+        kept(&last_run(&r, "one-thread")),
+        ["stdout to-out", "stderr to-err"]
+    );
 }

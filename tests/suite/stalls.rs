@@ -312,9 +312,15 @@ fn replicas_whose_clocks_are_off_run_every_instant_once_and_none_early() {
         assert_eq!(runs.get(&at), Some(&1), "{at}: {runs:?}\n{}", err());
     }
     let said = err();
-    assert!(said.contains("3.0"), "{said}");
-    assert!(said.contains("s ahead of redis's"), "{said}");
-    assert!(said.contains("s behind redis's"), "{said}");
+    // "clock is 2.998 s ahead of redis's": the offset as measured, within 200 ms of the shift.
+    for side in ["ahead of", "behind"] {
+        let near_three = said.lines().any(|l| {
+            l.split_once(&format!(" s {side} redis's"))
+                .and_then(|(before, _)| before.rsplit(' ').next()?.parse::<f64>().ok())
+                .is_some_and(|s| (s - 3.0).abs() < 0.2)
+        });
+        assert!(near_three, "no offset of about 3 s {side}: {said}");
+    }
 }
 
 /// This host's wall clock, in Unix ms.
