@@ -178,7 +178,7 @@ impl Tail {
     }
 }
 
-/// The ping's tail and the kept lines, fed by the copying threads.
+/// The ping's tail and the kept lines, fed by the copying thread.
 struct Tails {
     ping: Option<Tail>,
     kept: Kept,
