@@ -39,8 +39,6 @@ pub const TAIL: usize = 10 * 1024;
 
 pub struct Capture {
     writers: [Option<OwnedFd>; 2],
-    /// The read ends (for the guard to close its copies).
-    readers: [RawFd; 2],
     /// The read ends, until the copying thread takes them (or the main thread copies, when no
     /// thread could be started).
     reads: Streams,
@@ -193,25 +191,23 @@ impl Capture {
             kept: Kept::new(plan.keep),
         }));
         let mut writers = [None, None];
-        let mut readers = [UNTOUCHED; 2];
         let mut reads = [None, None];
         for stream in [0, 1].into_iter().filter(|&s| plan.streams[s]) {
             let (read, write) = pipe2(OFlag::O_CLOEXEC)?;
             crate::signals::wake_on_readable(read.as_raw_fd(), true)?;
             writers[stream] = Some(write);
-            readers[stream] = read.as_raw_fd();
             reads[stream] = Some(std::fs::File::from(read));
         }
         Ok(Capture {
             writers,
-            readers,
             reads,
             tails,
             done: None,
         })
     }
 
-    /// The pipes, for the command's stdout and stderr.
+    /// The pipes, for the command's stdout and stderr (before the copying starts: the guard
+    /// closes its copies of the read ends).
     pub fn stdio(&self) -> Stdio {
         Stdio {
             writers: [0, 1].map(|s| {
@@ -219,7 +215,7 @@ impl Capture {
                     .as_ref()
                     .map_or(UNTOUCHED, |w| w.as_raw_fd())
             }),
-            readers: self.readers,
+            readers: [0, 1].map(|s| self.reads[s].as_ref().map_or(UNTOUCHED, |r| r.as_raw_fd())),
         }
     }
 
