@@ -75,6 +75,10 @@ fn cgroups_left_by_killed_runs_are_removed_by_the_next_run() {
         .unwrap_or_else(|| lacks("a writable cgroup v2 hierarchy", "the orphaned-cgroup test"));
     assert!(left.starts_with(&parent.dir), "{}", left.display());
     let guard = parent_of(cmd);
+    // Both stopped first, so that neither sees the other die (and cleans up) before its own
+    // SIGKILL: killed together, as a crash kills them.
+    signal(c.id() as i32, libc::SIGSTOP);
+    signal(guard, libc::SIGSTOP);
     signal(guard, libc::SIGKILL);
     signal(c.id() as i32, libc::SIGKILL);
     let _ = c.wait();
