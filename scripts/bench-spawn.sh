@@ -14,7 +14,9 @@ CMD=${3:-true}
 . scripts/bench-common.sh
 bench_install gcc:gcc
 WORK=$(mktemp -d)
-root=$(awk '$9 == "cgroup2" {print $5; exit}' /proc/self/mountinfo)
+# (A mountinfo line's file system type is the field after its lone "-".)
+root=$(awk '{for (i = 7; i < NF; i++) if ($i == "-") {if ($(i + 1) == "cgroup2") {print $5; exit} break}}' \
+  /proc/self/mountinfo)
 [ -n "$root" ] || { echo "bench-spawn: no cgroup v2 hierarchy is mounted" >&2; exit 1; }
 parent="$root$(awk -F: '$1 == "0" {print $3}' /proc/self/cgroup)"
 parent="${parent%/}/spawn-bench-$$"

@@ -119,6 +119,19 @@ static long clone3_vfork(struct clone_args *args) {
     return rax;
 }
 
+/* clone3(CLONE_INTO_CGROUP) into the cgroup open as `fd`, and the reap. */
+static void start_into(int fd) {
+    struct clone_args args;
+    memset(&args, 0, sizeof args);
+    args.exit_signal = SIGCHLD;
+    args.flags = CLONE_INTO_CGROUP;
+    args.cgroup = (uint64_t)fd;
+    pid_t pid = clone3(&args);
+    if (pid < 0) die("clone3");
+    if (pid == 0) exec_child();
+    wait_for(pid);
+}
+
 static void start(int way) {
     char path[512];
     pid_t pid;
@@ -155,23 +168,13 @@ static void start(int way) {
         new_cgroup(path, sizeof path);
         int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (fd < 0) die(path);
-        args.flags = CLONE_INTO_CGROUP;
-        args.cgroup = (uint64_t)fd;
-        pid = clone3(&args);
-        if (pid < 0) die("clone3");
-        if (pid == 0) exec_child();
+        start_into(fd);
         close(fd);
-        wait_for(pid);
         if (rmdir(path) != 0) die("rmdir");
         return;
     }
     case CLONE3_POOL:
-        args.flags = CLONE_INTO_CGROUP;
-        args.cgroup = (uint64_t)pool_fd;
-        pid = clone3(&args);
-        if (pid < 0) die("clone3");
-        if (pid == 0) exec_child();
-        wait_for(pid);
+        start_into(pool_fd);
         return;
     case VFORK3_POOL:
         args.flags = CLONE_VM | CLONE_VFORK | CLONE_INTO_CGROUP;
