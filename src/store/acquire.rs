@@ -3,10 +3,9 @@
 //! `--limit`, or an instant not yet due by Redis's clock. Anything but the exact shape is a
 //! failure, never a grant.
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{Script, Value};
+use redis::Value;
 
 use crate::clock::Instant;
 use crate::record::suspension::Suspension;
@@ -14,7 +13,7 @@ use crate::record::Stored;
 use crate::store::keys::Keys;
 use crate::store::lock::{Held, Holder, InstantKind, Instants};
 use crate::store::overlap::Overlap;
-use crate::store::script::{eval, eval_many, int, ms, text_or_nil, ScriptCall};
+use crate::store::script::{eval, eval_many, int, ms, text_or_nil, Script, ScriptCall};
 use crate::store::topology::{Failure, Link};
 
 // Hashed once: every call then sends EVALSHA with the SHA1.
@@ -29,8 +28,8 @@ const SEMAPHORE_LUA: &str = concat!(
     include_str!("lua/suspension.lua"),
     include_str!("lua/semaphore.lua")
 );
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
-static SEMAPHORE: LazyLock<Script> = LazyLock::new(|| Script::new(SEMAPHORE_LUA));
+static ACQUIRE: Script = Script::new(ACQUIRE_LUA);
+static SEMAPHORE: Script = Script::new(SEMAPHORE_LUA);
 
 /// One acquisition attempt, within `within` (connecting included). An error whose
 /// [`Failure::maybe_ran`] holds may have taken the lock: see [`crate::store::lock::abandon`].
@@ -63,22 +62,13 @@ pub fn try_acquire(
             link,
             within,
             &SEMAPHORE,
-            SEMAPHORE_LUA,
             &all,
             &[holder.value.clone(), ms(ttl).to_string(), limit.to_string()],
             acquire_reply,
         )?
     } else {
         let ScriptCall { keys, args } = plain_call(keys, holder, ttl, instants, &abandoned);
-        eval(
-            link,
-            within,
-            &ACQUIRE,
-            ACQUIRE_LUA,
-            &keys,
-            &args,
-            acquire_reply,
-        )?
+        eval(link, within, &ACQUIRE, &keys, &args, acquire_reply)?
     };
     let clock = RedisRead {
         redis_ms: reply.redis_ms,
@@ -166,7 +156,7 @@ pub fn try_acquire_many(
         .zip(&abandoned)
         .map(|(c, gone)| plain_call(c.keys, c.holder, c.ttl, c.instants, gone))
         .collect();
-    let replies = eval_many(link, within, &ACQUIRE, ACQUIRE_LUA, &calls, acquire_reply);
+    let replies = eval_many(link, within, &ACQUIRE, &calls, acquire_reply);
     // The pipeline's latest reading of Redis's clock (its last script's) is the closest to when
     // the replies came: every claim's instant is timed from it.
     let clock = RedisRead {

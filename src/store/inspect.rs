@@ -2,11 +2,10 @@
 //! `--list`), a forced release (`--force-release`) and the fleet-wide switch (`--suspend`,
 //! `--resume`), each one script.
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
-use redis::{Script, Value};
+use redis::Value;
 
 use crate::record::ledger::LedgerInstant;
 use crate::record::run::RunRecord;
@@ -14,7 +13,7 @@ use crate::record::suspension::Suspension;
 use crate::record::Stored;
 use crate::store::keys::{Keys, MAX_LIMIT};
 use crate::store::lock::NOTIFY_TTL;
-use crate::store::script::{eval, ms, text_or_nil};
+use crate::store::script::{eval, ms, text_or_nil, Script};
 use crate::store::topology::{Failure, Link};
 
 const FORCE_RELEASE_LUA: &str = include_str!("lua/force_release.lua");
@@ -30,10 +29,10 @@ const RESUME_LUA: &str = concat!(
     include_str!("lua/suspension.lua"),
     include_str!("lua/resume.lua")
 );
-static FORCE_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(FORCE_RELEASE_LUA));
-static STATUS: LazyLock<Script> = LazyLock::new(|| Script::new(STATUS_LUA));
-static SUSPEND: LazyLock<Script> = LazyLock::new(|| Script::new(SUSPEND_LUA));
-static RESUME: LazyLock<Script> = LazyLock::new(|| Script::new(RESUME_LUA));
+static FORCE_RELEASE: Script = Script::new(FORCE_RELEASE_LUA);
+static STATUS: Script = Script::new(STATUS_LUA);
+static SUSPEND: Script = Script::new(SUSPEND_LUA);
+static RESUME: Script = Script::new(RESUME_LUA);
 
 /// How many instants the ledger keeps (`KEEP` in `acquire.lua`, which trims in batches above it).
 pub const LEDGER_KEEP: usize = 64;
@@ -59,7 +58,6 @@ pub fn suspend(
         link,
         within,
         &SUSPEND,
-        SUSPEND_LUA,
         &[&keys.suspend],
         &[record.to_string(), lasting.as_millis().to_string()],
         |v| {
@@ -73,15 +71,9 @@ pub fn suspend(
 
 /// `--resume KEY`: the record that was in force (None: KEY was not suspended).
 pub fn resume(link: &mut Link, within: Duration, keys: &Keys) -> Result<Option<String>> {
-    eval(
-        link,
-        within,
-        &RESUME,
-        RESUME_LUA,
-        &[&keys.suspend],
-        &[],
-        |v| text_or_nil(v, "a resume reply that is not the record"),
-    )
+    eval(link, within, &RESUME, &[&keys.suspend], &[], |v| {
+        text_or_nil(v, "a resume reply that is not the record")
+    })
     .map_err(|e| anyhow!("cannot resume lock '{}': {e}", keys.name))
 }
 
@@ -100,7 +92,6 @@ pub fn force_release(
         link,
         within,
         &FORCE_RELEASE,
-        FORCE_RELEASE_LUA,
         &all,
         &[ms(NOTIFY_TTL).to_string(), token.unwrap_or("").to_string()],
         |v| match v {
@@ -246,7 +237,6 @@ pub fn snapshot(
         link,
         within,
         &STATUS,
-        STATUS_LUA,
         &all,
         &[history.map_or(0, i64::from).to_string()],
         |v| StatusReply::read(v).ok_or_else(|| Failure::shape("a status reply of the wrong shape")),

@@ -4,20 +4,19 @@
 //! does not own. The keys a KEY uses are [`Keys`] (`store/keys.rs`); what the admin modes read and
 //! force is in `store/inspect.rs`.
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use anyhow::Result;
-use redis::{Script, Value};
+use redis::Value;
 
 use crate::clock::Instant;
 pub use crate::store::holder::Holder;
 use crate::store::keys::Keys;
 use crate::store::overlap::Overlap;
-use crate::store::script::{eval, eval_many, int, ms, ScriptCall};
+use crate::store::script::{eval, eval_many, int, ms, Script, ScriptCall};
 use crate::store::topology::{Failure, Link};
 
-// The scripts, hashed once: every call then sends EVALSHA with the SHA1.
+// The scripts, hashed at compile time: every call sends EVALSHA with the SHA1.
 const RENEW_LUA: &str = include_str!("lua/renew.lua");
 const RELEASE_LUA: &str = include_str!("lua/release.lua");
 const ABANDON_LUA: &str = include_str!("lua/abandon.lua");
@@ -27,10 +26,10 @@ const RESTORE_LUA: &str = concat!(
     include_str!("lua/restore.lua")
 );
 
-static RESTORE: LazyLock<Script> = LazyLock::new(|| Script::new(RESTORE_LUA));
-static RAISE: LazyLock<Script> = LazyLock::new(|| Script::new(RAISE_LUA));
-static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_LUA));
-static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
+static RESTORE: Script = Script::new(RESTORE_LUA);
+static RAISE: Script = Script::new(RAISE_LUA);
+static RENEW: Script = Script::new(RENEW_LUA);
+static RELEASE: Script = Script::new(RELEASE_LUA);
 
 /// How long a release notification waits for a waiter before it expires.
 pub const NOTIFY_TTL: Duration = Duration::from_secs(10);
@@ -212,7 +211,7 @@ pub fn abandon(
 }
 
 const CLAIMED_LUA: &str = include_str!("lua/claimed.lua");
-static CLAIMED: LazyLock<Script> = LazyLock::new(|| Script::new(CLAIMED_LUA));
+static CLAIMED: Script = Script::new(CLAIMED_LUA);
 
 /// A KEY's keys and one of its instants.
 pub struct KeyInstant<'a> {
@@ -241,7 +240,7 @@ pub fn claimed_many(
                 .collect::<Result<Vec<bool>, Failure>>(),
             _ => Err(Failure::shape(SHAPE)),
         };
-        return match eval(link, within, &CLAIMED, CLAIMED_LUA, &keys, &args, read) {
+        return match eval(link, within, &CLAIMED, &keys, &args, read) {
             Ok(all) => all.into_iter().map(Ok).collect(),
             Err(f) => items.iter().map(|_| Err(f.duplicate())).collect(),
         };
@@ -251,7 +250,7 @@ pub fn claimed_many(
         Value::Array(a) if a.len() == 1 => Ok(int(&a[0], SHAPE)? == 1),
         _ => Err(Failure::shape(SHAPE)),
     };
-    eval_many(link, within, &CLAIMED, CLAIMED_LUA, &calls, read)
+    eval_many(link, within, &CLAIMED, &calls, read)
 }
 
 /// `claimed.lua`'s keys (each KEY's schedule record and ledger) and arguments (the instants).
@@ -270,7 +269,7 @@ fn claimed_call<'a>(items: &[KeyInstant<'a>]) -> ScriptCall<'a> {
 /// Any other reply (`+OK`, RESP3 `#t`, a string) is a failure: the renewal is not confirmed.
 pub fn renew(link: &mut Link, within: Duration, held: &Held) -> Result<bool, Failure> {
     let ScriptCall { keys, args } = renew_call(held);
-    eval(link, within, &RENEW, RENEW_LUA, &keys, &args, renewed)
+    eval(link, within, &RENEW, &keys, &args, renewed)
 }
 
 /// [`renew`] for several locks at once, as one pipeline: each one's answer, in order.
@@ -280,7 +279,7 @@ pub fn renew_many(
     helds: &[&Held],
 ) -> Vec<Result<bool, Failure>> {
     let calls: Vec<ScriptCall<'_>> = helds.iter().map(|held| renew_call(held)).collect();
-    eval_many(link, within, &RENEW, RENEW_LUA, &calls, renewed)
+    eval_many(link, within, &RENEW, &calls, renewed)
 }
 
 /// `renew.lua`'s keys and arguments for `held`: with `--limit` above 1, our slot and the limit
@@ -310,7 +309,7 @@ fn renewed(v: &Value) -> Result<bool, Failure> {
 }
 
 const REPLACED_LUA: &str = include_str!("lua/replaced.lua");
-static REPLACED: LazyLock<Script> = LazyLock::new(|| Script::new(REPLACED_LUA));
+static REPLACED: Script = Script::new(REPLACED_LUA);
 
 /// `--overlap replace`: how many runs replaced may still be stopping (`replaced.lua`).
 pub fn replaced_left(link: &mut Link, within: Duration, keys: &Keys) -> Result<u64, Failure> {
@@ -318,22 +317,14 @@ pub fn replaced_left(link: &mut Link, within: Duration, keys: &Keys) -> Result<u
         u64::try_from(int(v, "a count that is not a number")?)
             .map_err(|_| Failure::shape("a count below 0"))
     };
-    eval(
-        link,
-        within,
-        &REPLACED,
-        REPLACED_LUA,
-        &[&keys.replaced],
-        &[],
-        read,
-    )
+    eval(link, within, &REPLACED, &[&keys.replaced], &[], read)
 }
 
 const MISSED_LUA: &str = concat!(
     include_str!("lua/suspension.lua"),
     include_str!("lua/missed.lua")
 );
-static MISSED: LazyLock<Script> = LazyLock::new(|| Script::new(MISSED_LUA));
+static MISSED: Script = Script::new(MISSED_LUA);
 
 /// Record instant `at` of `keys`'s KEY as missed in its ledger, for `reason` (a word), unless the
 /// ledger has it already; whether it wrote.
@@ -354,7 +345,6 @@ pub fn record_missed(
         link,
         within,
         &MISSED,
-        MISSED_LUA,
         &keys,
         &[at.to_string(), reason.to_string()],
         read,
@@ -368,7 +358,6 @@ pub fn raise(link: &mut Link, within: Duration, held: &Held) -> Result<bool, Fai
         link,
         within,
         &RAISE,
-        RAISE_LUA,
         &[&held.keys.lock, &held.keys.fence],
         &[held.holder.value.clone(), held.fence.to_string()],
         |v| Ok(int(v, "a fencing reply that is not 0 or 1")? == 1),
@@ -382,7 +371,6 @@ pub fn restore(link: &mut Link, within: Duration, held: &Held) -> Result<bool, F
         link,
         within,
         &RESTORE,
-        RESTORE_LUA,
         &[&held.keys.lock, &held.keys.fence],
         &[
             held.holder.value.clone(),
@@ -402,7 +390,7 @@ pub fn release(
 ) -> Result<Released, Failure> {
     let ReleaseCall { keys, args } = release_call(held, opts);
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-    eval(link, within, &RELEASE, RELEASE_LUA, &keys, &args, released)
+    eval(link, within, &RELEASE, &keys, &args, released)
 }
 
 /// [`release`] for several locks at once, as one pipeline: each one's outcome, in order.
@@ -422,7 +410,7 @@ pub fn release_many(
             args: c.args.clone(),
         })
         .collect();
-    eval_many(link, within, &RELEASE, RELEASE_LUA, &calls, released)
+    eval_many(link, within, &RELEASE, &calls, released)
 }
 
 /// `release.lua`'s keys and arguments for a lock (owned: a slot's keys are made here).

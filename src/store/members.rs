@@ -9,18 +9,17 @@
 //! not see it. Beside it, in the same slot, `...:pokes`: the manual instants (`--trigger`) that
 //! wait for a replica of the fleet (`poke.lua`), read with every heartbeat.
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{Script, Value};
+use redis::Value;
 
-use crate::store::script::{eval, int, ms};
+use crate::store::script::{eval, int, ms, Script};
 use crate::store::topology::{Failure, Link};
 
 const MEMBERS_LUA: &str = include_str!("lua/members.lua");
-static MEMBERS: LazyLock<Script> = LazyLock::new(|| Script::new(MEMBERS_LUA));
+static MEMBERS: Script = Script::new(MEMBERS_LUA);
 const POKE_LUA: &str = include_str!("lua/poke.lua");
-static POKE: LazyLock<Script> = LazyLock::new(|| Script::new(POKE_LUA));
+static POKE: Script = Script::new(POKE_LUA);
 
 /// The most replicas a view lists (a bound on the reply).
 pub const MAX_MEMBERS: usize = 256;
@@ -98,7 +97,7 @@ pub fn poke(
     let keys = [pokes_key(prefix, fleet), members_key(prefix, fleet)];
     let keys = [keys[0].as_str(), keys[1].as_str()];
     let args = [poke.member(), span.as_millis().to_string()];
-    eval(link, within, &POKE, POKE_LUA, &keys, &args, |v| {
+    eval(link, within, &POKE, &keys, &args, |v| {
         Ok(int(v, "a poke reply that is not a count")?.max(0) as usize)
     })
 }
@@ -140,7 +139,6 @@ pub fn beat(link: &mut Link, within: Duration, beat: Heartbeat<'_>) -> Result<Fl
         link,
         within,
         &MEMBERS,
-        MEMBERS_LUA,
         &[&members, &pokes],
         &args,
         read_view,

@@ -4,13 +4,12 @@
 //! the request and the instant's ledger entry). A replica's claim of the instant
 //! (`acquire.lua`) marks the request accepted, or skipped.
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{Script, Value};
+use redis::Value;
 
 use crate::store::keys::Keys;
-use crate::store::script::{eval, int, text_or_nil};
+use crate::store::script::{eval, int, text_or_nil, Script};
 use crate::store::topology::{Failure, Link};
 
 const TRIGGER_LUA: &str = concat!(
@@ -19,9 +18,9 @@ const TRIGGER_LUA: &str = concat!(
 );
 const UNTRIGGER_LUA: &str = include_str!("lua/untrigger.lua");
 const READ_LUA: &str = include_str!("lua/trigger_read.lua");
-static TRIGGER: LazyLock<Script> = LazyLock::new(|| Script::new(TRIGGER_LUA));
-static UNTRIGGER: LazyLock<Script> = LazyLock::new(|| Script::new(UNTRIGGER_LUA));
-static READ: LazyLock<Script> = LazyLock::new(|| Script::new(READ_LUA));
+static TRIGGER: Script = Script::new(TRIGGER_LUA);
+static UNTRIGGER: Script = Script::new(UNTRIGGER_LUA);
+static READ: Script = Script::new(READ_LUA);
 
 /// How long the requests of a KEY are kept after the last one (for `--status` and `--wait`).
 pub const KEPT: Duration = Duration::from_secs(86_400);
@@ -44,7 +43,6 @@ pub fn ask(
         link,
         within,
         &TRIGGER,
-        TRIGGER_LUA,
         &[&keys.trigger, &keys.ledger],
         &args,
         |v| Ok(int(v, "a trigger reply that is not 0 or 1")? == 1),
@@ -62,7 +60,6 @@ pub fn take_back(
         link,
         within,
         &UNTRIGGER,
-        UNTRIGGER_LUA,
         &[&keys.trigger],
         &[instant.to_string()],
         |v| Ok(int(v, "an untrigger reply that is not 0 or 1")? == 1),
@@ -88,7 +85,6 @@ pub fn read(
         link,
         within,
         &READ,
-        READ_LUA,
         &[&keys.trigger, &keys.ledger],
         &[instant.to_string()],
         |v| match v {
