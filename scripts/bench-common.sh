@@ -25,6 +25,14 @@ bench_setup() {
   gcc -O2 -o "$WORK/interleave" scripts/interleave.c
 }
 
+# The builds an interleaved benchmark compares, in the array builds: this one (BIN, from
+# bench_setup) as "this=BIN", then each OTHER_BIN given as "its file name=OTHER_BIN".
+bench_builds() {
+  builds=("this=$BIN")
+  local other
+  for other in "$@"; do builds+=("$(basename "$other")=$other"); done
+}
+
 # A free TCP port on loopback.
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'

@@ -18,8 +18,7 @@ shift $(($# < 3 ? $# : 3))
 bench_install redis-server:redis-server redis-cli:redis-tools gcc:gcc perf:linux-perf
 bench_setup
 bench_redis
-builds=("this=$BIN")
-for other in "$@"; do builds+=("$(basename "$other")=$other"); done
+bench_builds "$@"
 {
   echo "CRON_TZ=UTC"
   for i in $(seq "$RATE"); do

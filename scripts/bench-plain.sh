@@ -15,8 +15,7 @@ bench_install redis-server:redis-server redis-cli:redis-tools gcc:gcc flock:util
 bench_setup
 bench_redis
 export CRONLOCK_CONFLICT_EXIT_CODE=99
-builds=("this=$BIN")
-for other in "$@"; do builds+=("$(basename "$other")=$other"); done
+bench_builds "$@"
 echo "| repeat | command | median | p10-p90 | / flock |"
 echo "|---|---|---|---|---|"
 for rep in $(seq "$REPEATS"); do
