@@ -16,7 +16,7 @@ use crate::store::overlap::Overlap;
 use crate::store::script::{eval, eval_many, int, ms, text_or_nil, Script, ScriptCall};
 use crate::store::topology::{Failure, Link};
 
-// Hashed once: every call then sends EVALSHA with the SHA1.
+// Hashed at compile time: every call sends EVALSHA with the SHA1.
 const ACQUIRE_LUA: &str = concat!(
     include_str!("lua/fence.lua"),
     include_str!("lua/suspension.lua"),
