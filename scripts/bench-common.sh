@@ -1,5 +1,5 @@
 # Sourced by the benchmark scripts (bench-tls, bench-catchup, bench-crontab, bench-listen,
-# bench-plain, bench-redis-scripts, bench-redis-wake, bench-spawn, bench-fleet-profile): what every interleaved benchmark needs first. Not run on its own.
+# bench-plain, bench-redis-scripts, bench-redis-wake, bench-spawn, bench-fleet-profile, bench-run-memory): what every interleaved benchmark needs first. Not run on its own.
 
 # Install the Debian packages of the commands that are missing: bench_install CMD:PACKAGE ...
 bench_install() {

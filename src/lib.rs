@@ -164,7 +164,7 @@ fn unknown(message: &str) -> Exit {
 /// Do what the parsed command line says: one run, one of the admin modes, or a replica.
 fn execute(cli: &Cli, log: &Log) -> Result<Exit> {
     match cli::request::request(cli)? {
-        Request::Run(config) => run::run_reported(&config, log),
+        Request::Run(config) => run::run_reported(&config, log, None),
         Request::Admin(admin) => admin_mode(&admin, log),
         Request::Crontab(replica) => {
             let file = replica.file.clone();

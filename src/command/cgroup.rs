@@ -121,7 +121,8 @@ const ORPHAN_AGE: Duration = Duration::from_secs(5);
 /// together with their guards (SIGKILL to both, as a crashing host does) left behind, so that a
 /// host that crash-loops does not pile them up. Only cgroups with no process in them (`populated
 /// 0`: no live run's command is there) and older than [`ORPHAN_AGE`]; a run that is ending
-/// removes its own too, and whichever `rmdir` comes first wins. Best effort: errors are ignored.
+/// removes its own too, and whichever `rmdir` comes first wins; one that is locked is a starter's,
+/// for a command still to come, and is left. Best effort: errors are ignored.
 pub fn sweep(ours: &Path) {
     if let Some(parent) = ours.parent() {
         sweep_in(parent, Some(ours));
@@ -156,9 +157,17 @@ fn sweep_in(parent: &Path, ours: Option<&Path>) {
             .metadata()
             .and_then(|m| m.modified())
             .is_ok_and(|t| t.elapsed().is_ok_and(|age| age >= ORPHAN_AGE));
+        // Not one a replica's starter made for a run whose command is still to come: that one
+        // is locked (`command::oversight`).
+        let unclaimed = || {
+            let f = std::fs::File::open(&dir).ok()?;
+            f.try_lock().ok().map(|_| f)
+        };
         if empty && old {
-            // rmdir: a cgroup with a process (or a child cgroup) in it is refused (EBUSY).
-            let _ = std::fs::remove_dir(&dir);
+            if let Some(_unclaimed) = unclaimed() {
+                // rmdir: a cgroup with a process (or a child cgroup) in it is refused (EBUSY).
+                let _ = std::fs::remove_dir(&dir);
+            }
         }
     }
 }

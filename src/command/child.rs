@@ -7,7 +7,7 @@
 use std::cell::Cell;
 use std::ffi::{CString, OsStr, OsString};
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
@@ -16,6 +16,7 @@ use nix::unistd::pipe2;
 
 use crate::command::cgroup::Cgroup;
 use crate::command::guard::{self, Prepared};
+use crate::command::oversight::RunCgroup;
 use crate::command::process;
 use crate::command::shared::{self, Shared};
 use crate::exit::Exit;
@@ -44,9 +45,13 @@ impl SpawnError {
     }
 }
 
-/// A running command: the pid of its guard, which is also its process group id.
+/// A running command: the pid of its guard, which is also its process group id (or, with no
+/// guard, the command's own pid).
 pub struct Child {
     pub group: libc::pid_t,
+    /// A guard leads the group (else the command's process does, and the starter that made
+    /// its cgroup guards it: `command::oversight`).
+    guarded: bool,
     shared: Shared,
     cgroup: Option<Cgroup>,
     /// cronlock SIGKILLed the group, the guard (its leader) included.
@@ -164,6 +169,101 @@ pub fn spawn(
     cgroup: Option<PathBuf>,
     stdio: Stdio,
 ) -> Result<Child, SpawnError> {
+    let path = cgroup
+        .as_ref()
+        .and_then(|dir| CString::new(dir.as_os_str().as_bytes()).ok());
+    let mut job = prepare(argv, extra_env, shared, path, stdio)?;
+    // Orphans whose guard died (SIGKILLed with the group) come to us, to be killed, not to init.
+    // SAFETY: plain prctl on our own process.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+
+    // SAFETY: we are cronlock's main thread; the guard works on its own copy of `prepared`.
+    let pid = unsafe { guard::start(&job.prepared) };
+    let pid = job.started(pid)?;
+    // Also from the parent, so the group exists before we could signal it.
+    // SAFETY: plain system call on our child.
+    unsafe { libc::setpgid(pid, pid) };
+    let report = job.report();
+    // The guard has made the cgroup by now (or said why not): from here on it is ours to remove,
+    // whatever happens. Only one the guard made: never another run's.
+    let cgroup = cgroup
+        .filter(|_| shared.has(shared::CGROUP_MADE))
+        .map(Cgroup::adopt);
+    if let Some(code) = report {
+        // The guard ends at once when its command did not start.
+        process::reap(pid);
+        // Dropping it kills what is left in it and removes it.
+        drop(cgroup);
+        return Err(not_started(job.program, code));
+    }
+    Ok(Child {
+        group: pid,
+        guarded: true,
+        shared,
+        cgroup,
+        killed: Cell::new(false),
+        taken_over: Cell::new(None),
+    })
+}
+
+/// Start `argv` as [`spawn`] does, but with no guard: straight into `cgroup`, which a replica's
+/// starter made for this run and guards (`command::oversight`), leading a process group of its
+/// own. The command is this process's child.
+pub fn spawn_overseen(
+    argv: &[OsString],
+    extra_env: &[CommandVariable],
+    shared: Shared,
+    cgroup: RunCgroup,
+    stdio: Stdio,
+) -> Result<Child, SpawnError> {
+    let path = CString::new(cgroup.dir.as_os_str().as_bytes()).ok();
+    let mut job = prepare(argv, extra_env, shared, path, stdio)?;
+    job.prepared.own_group = true;
+    // What the command's processes leave orphaned comes to us (not to the starter, not to a
+    // replica that is PID 1), to be killed and reaped as the command ends.
+    // SAFETY: plain prctl on our own process.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    // SAFETY: `own_group` is set; this thread waits until the command's process has exec'd or
+    // exited, and `job` outlives the call.
+    let pid = unsafe { guard::start_alone(&job.prepared, cgroup.fd.as_raw_fd()) };
+    let pid = job.started(pid)?;
+    // SAFETY: plain system call on our child (it does the same itself before `execve`).
+    unsafe { libc::setpgid(pid, pid) };
+    let report = job.report();
+    let RunCgroup { dir, fd } = cgroup;
+    drop(fd);
+    let cgroup = Some(Cgroup::adopt(dir));
+    if let Some(code) = report {
+        // Its process ends at once when the command did not start.
+        process::reap(pid);
+        return Err(not_started(job.program, code));
+    }
+    Ok(Child {
+        group: pid,
+        guarded: false,
+        shared,
+        cgroup,
+        killed: Cell::new(false),
+        taken_over: Cell::new(None),
+    })
+}
+
+/// A command about to start: what the guard or the command's process is given, and the pipe
+/// an exec failure is reported on.
+struct Job {
+    program: String,
+    prepared: Prepared,
+    read_end: Option<OwnedFd>,
+    write_end: Option<OwnedFd>,
+}
+
+fn prepare(
+    argv: &[OsString],
+    extra_env: &[CommandVariable],
+    shared: Shared,
+    cgroup_path: Option<CString>,
+    stdio: Stdio,
+) -> Result<Job, SpawnError> {
     let program = argv[0].to_string_lossy().into_owned();
     let fail = |error| SpawnError {
         program: program.clone(),
@@ -183,55 +283,45 @@ pub fn spawn(
         args,
         env,
         shared,
-        cgroup
-            .as_ref()
-            .and_then(|dir| CString::new(dir.as_os_str().as_bytes()).ok()),
+        cgroup_path,
     )
     .map_err(fail)?;
     prepared.stdio = stdio.writers;
     prepared.stdio_readers = stdio.readers;
     prepared.report_fd = write_end.as_raw_fd();
-    // Orphans whose guard died (SIGKILLed with the group) come to us, to be killed, not to init.
-    // SAFETY: plain prctl on our own process.
-    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-
-    // SAFETY: we are cronlock's main thread; the guard works on its own copy of `prepared`.
-    let pid = unsafe { guard::start(&prepared) };
-    drop(write_end);
-    drop(prepared);
-    if pid < 0 {
-        return Err(SpawnError {
-            no_process: true,
-            ..fail(io::Error::from_raw_os_error(-pid as i32))
-        });
-    }
-    let pid = pid as libc::pid_t;
-    // Also from the parent, so the group exists before we could signal it.
-    // SAFETY: plain system call on our child.
-    unsafe { libc::setpgid(pid, pid) };
-
-    // The pipe closes on a successful exec; an exec failure sends its errno first.
-    let mut report = Vec::with_capacity(4);
-    let _ = std::fs::File::from(read_end).read_to_end(&mut report);
-    // The guard has made the cgroup by now (or said why not): from here on it is ours to remove,
-    // whatever happens. Only one the guard made: never another run's.
-    let cgroup = cgroup
-        .filter(|_| shared.has(shared::CGROUP_MADE))
-        .map(Cgroup::adopt);
-    if let Ok(bytes) = <[u8; 4]>::try_from(report.as_slice()) {
-        // The guard ends at once when its command did not start.
-        process::reap(pid);
-        // Dropping it kills what is left in it and removes it.
-        drop(cgroup);
-        return Err(not_started(program, i32::from_ne_bytes(bytes)));
-    }
-    Ok(Child {
-        group: pid,
-        shared,
-        cgroup,
-        killed: Cell::new(false),
-        taken_over: Cell::new(None),
+    Ok(Job {
+        program,
+        prepared,
+        read_end: Some(read_end),
+        write_end: Some(write_end),
     })
+}
+
+impl Job {
+    /// The pid [`guard::start`] or [`guard::start_alone`] returned, or why no process was made.
+    /// The report pipe's write end is closed here: only the new process holds it now.
+    fn started(&mut self, pid: isize) -> Result<libc::pid_t, SpawnError> {
+        drop(self.write_end.take());
+        if pid < 0 {
+            return Err(SpawnError {
+                program: self.program.clone(),
+                error: io::Error::from_raw_os_error(-pid as i32),
+                too_late: false,
+                no_process: true,
+            });
+        }
+        Ok(pid as libc::pid_t)
+    }
+
+    /// What the new process reported: nothing (the pipe closed on a successful exec), or the
+    /// code of why the command did not start.
+    fn report(&mut self) -> Option<i32> {
+        let mut report = Vec::with_capacity(4);
+        let _ = std::fs::File::from(self.read_end.take()?).read_to_end(&mut report);
+        <[u8; 4]>::try_from(report.as_slice())
+            .ok()
+            .map(i32::from_ne_bytes)
+    }
 }
 
 /// Why the guard's command did not start, from the code the guard reported: too late for the
@@ -240,6 +330,9 @@ fn not_started(program: String, code: i32) -> SpawnError {
     let (error, too_late, no_process) = if code == guard::REPORT_TOO_LATE {
         let error = io::Error::other("the lock could expire before it started");
         (error, true, false)
+    } else if code == guard::REPORT_NOT_CONTAINED {
+        let error = io::Error::other("it could not join the cgroup its starter made");
+        (error, false, true)
     } else if code >= guard::REPORT_NO_PROCESS {
         let errno = code - guard::REPORT_NO_PROCESS;
         (io::Error::from_raw_os_error(errno), false, true)
@@ -325,6 +418,10 @@ impl Child {
     /// checked, so a pid the guard reaped and the system gave to another process is never taken
     /// for it; a guard that is merely busy ending the job (it reaps in a moment) is left to it.
     pub(super) fn unreaped(&self) -> Option<i32> {
+        if !self.guarded {
+            // The command is our own child: we reap it.
+            return None;
+        }
         let pid = self.shared.command()?;
         let fields = |pid: i32| -> Option<Vec<String>> {
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -357,6 +454,23 @@ impl Child {
         loop {
             // Left waitable, so the guard's pid (the group's id) stays reserved until reaped.
             let pid = process::ended_any()?;
+            if pid == self.group && !self.guarded {
+                // The command itself: what it left behind goes now, while its pid (the
+                // group's id) cannot be reused.
+                self.kill_all();
+                let status = process::reap(pid);
+                // Its orphans, which reached us (a subreaper): killed and reaped.
+                crate::command::tree::kill_descendants(
+                    self.cgroup.as_ref().and_then(Cgroup::kill_fd),
+                );
+                // Dropping it kills what is left in it and removes it.
+                drop(self.cgroup.take());
+                let status = self.taken_over.get().unwrap_or(status);
+                return Some(Finished {
+                    status,
+                    guard_died: None,
+                });
+            }
             if pid == self.group {
                 // The guard hands over the command's status once it has killed what the command
                 // left behind. Without it (the guard was killed, or ended the job itself), kill

@@ -40,6 +40,10 @@ pub const UNTOUCHED: RawFd = -1;
 /// How the guard reports an exec failure on the report pipe when the deadline had passed.
 pub const REPORT_TOO_LATE: i32 = -1;
 
+/// How the command's process reports that it could not join the cgroup its starter made, when
+/// no guard started it (only that cgroup lets the starter stop it: [`start_alone`]).
+pub const REPORT_NOT_CONTAINED: i32 = -2;
+
 /// Added to the errno when the guard could not create the command's process at all (`clone`
 /// failed: too many processes), as opposed to an `execve` that failed in it.
 pub const REPORT_NO_PROCESS: i32 = 1 << 16;
@@ -83,6 +87,9 @@ pub struct Prepared {
     pub stdio_readers: [RawFd; 2],
     /// The write end of a close-on-exec pipe on which exec failures are reported as an errno.
     pub report_fd: RawFd,
+    /// The command's process leads a process group of its own (no guard leads one for it:
+    /// [`start_alone`]).
+    pub own_group: bool,
     /// The command's process runs on this until it calls `execve` (see [`start_command`]).
     #[cfg(target_arch = "x86_64")]
     command_stack: sys::Stack,
@@ -131,6 +138,7 @@ impl Prepared {
             stdio: [UNTOUCHED; 2],
             stdio_readers: [UNTOUCHED; 2],
             report_fd: -1,
+            own_group: false,
             #[cfg(target_arch = "x86_64")]
             command_stack: sys::Stack::new(STACK)?,
         })
@@ -241,6 +249,20 @@ unsafe fn run(p: &Prepared) -> ! {
             relay_to_escaped_children(sig as libc::c_int);
         }
     }
+}
+
+/// Start the command with no guard, straight into the cgroup open at `dir` (a replica's run,
+/// whose starter guards the cgroup: `command::oversight`), leading a process group of its own;
+/// its pid, or `-errno`.
+///
+/// # Safety
+/// `p.own_group` is set, and `p` outlives the call; the calling thread waits until the command's
+/// process has called `execve` or exited (`CLONE_VFORK`), so it must not be one another thread
+/// waits on meanwhile.
+pub unsafe fn start_alone(p: &Prepared, dir: RawFd) -> isize {
+    let cgroup = CgroupFds { dir, kill: -1 };
+    // SAFETY: as the caller promised; `exec_command` makes raw system calls only.
+    unsafe { start_command(p, Some(cgroup)) }
 }
 
 /// Start the command's process, inside the job's cgroup when there is one, and return its pid
@@ -377,20 +399,29 @@ fn end_everything(p: &Prepared, cgroup: Option<CgroupFds>) -> ! {
 /// # Safety
 /// Call only in the command's process, started by [`start_command`].
 unsafe fn exec_command(p: &Prepared, cgroup: Option<CgroupFds>, joined: bool) -> ! {
-    // If the guard is killed alone, the command must not run on without it.
+    // If the guard is killed alone, the command must not run on without it (nor without the
+    // run that started it, when no guard did).
     sys::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+    if p.own_group {
+        sys::setpgid(0, 0);
+    }
+    let mut contained = joined;
     if let Some(cg) = cgroup {
-        if joined {
-            p.shared.set(shared::CGROUP_JOINED);
-        } else {
+        if !joined {
             let procs = sys::openat(cg.dir, c"cgroup.procs", libc::O_WRONLY);
             if procs >= 0 {
-                if sys::write(procs as libc::c_int, b"0") == 1 {
-                    p.shared.set(shared::CGROUP_JOINED);
-                }
+                contained = sys::write(procs as libc::c_int, b"0") == 1;
                 sys::close(procs as libc::c_int);
             }
         }
+        if contained {
+            p.shared.set(shared::CGROUP_JOINED);
+        }
+    }
+    if p.own_group && !contained {
+        // Nothing independent could stop the command outside its cgroup: it does not run.
+        report(p.report_fd, REPORT_NOT_CONTAINED);
+        sys::exit(crate::exit::FAILURE as libc::c_int);
     }
     for (fd, target) in p
         .stdio

@@ -9,6 +9,7 @@ pub mod cgroup;
 pub mod child;
 pub mod guard;
 pub mod kept;
+pub mod oversight;
 pub mod process;
 pub mod shared;
 pub mod supervise;

@@ -6,7 +6,9 @@
 //!   std's `posix_spawn`: the replica has threads, and a fork of it would copy locks they hold;
 //! - a starter's runs are forks of the starter without `execve` ([`fork_alone`]), sound because
 //!   the starter has one thread, which [`fork_alone`] checks;
-//! - a run's command is started behind its guard (`child.rs`, `guard.rs`), with raw system calls.
+//! - a run's command is started behind its guard (`child.rs`, `guard.rs`), with raw system calls,
+//!   or, for a replica's run, with no guard, straight into the cgroup its starter made and
+//!   guards (`child::spawn_overseen`, `oversight.rs`).
 //!
 //! Every child is reaped here: [`reap_any`], [`reap`] and [`ended_any`] for those made by fork
 //! (wait statuses as `waitpid` gives them), [`Helper::end_within`] and [`Helper::kill`] for the

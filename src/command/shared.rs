@@ -43,8 +43,9 @@ struct Page {
     command: AtomicI32,
 }
 
-/// A handle on the shared page. The mapping lives as long as the process (it is never unmapped:
-/// the guard may still read it after cronlock's handle is gone).
+/// A handle on the shared page. A run's mapping lives as long as its process (the guard may still
+/// read it after cronlock's handle is gone); only a replica's starter unmaps the pages it made
+/// for its runs, once each run is reaped ([`Shared::unmap`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Shared {
     page: NonNull<Page>,
@@ -75,8 +76,21 @@ impl Shared {
         Ok(shared)
     }
 
+    /// Give the page back: a replica's starter maps one per run it forks, and unmaps it once the
+    /// run is reaped (`command::oversight`).
+    ///
+    /// # Safety
+    /// No handle on this page (a copy of this one) is used in this process afterwards.
+    pub unsafe fn unmap(self) {
+        let len = std::mem::size_of::<Page>();
+        // SAFETY: the page was mapped by `new` with this length; the caller promises nothing of
+        // this process uses it again.
+        let _ = unsafe { nix::sys::mman::munmap(self.page.cast(), len) };
+    }
+
     fn page(&self) -> &Page {
-        // SAFETY: the mapping is valid, aligned (page-aligned) and never unmapped.
+        // SAFETY: the mapping is valid and aligned (page-aligned); it is unmapped only by
+        // `unmap`, whose caller uses no handle on it afterwards.
         unsafe { self.page.as_ref() }
     }
 

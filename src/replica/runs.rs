@@ -1,10 +1,12 @@
 //! The runs a replica started: each is the run `cronlock --schedule ... KEY -c ...` makes, forked
 //! by the replica's starter (`starter.rs`, `run/starter.rs`), handed the lock the replica claimed
 //! on a channel of its own ([`crate::handover`]), and tied to the replica by that channel
-//! (its end asks the run to end), not to the starter: a starter replaced or killed leaves its
-//! runs going. Its reports (started, release, ended) are read on a thread and reach the loop as
-//! typed values; its output is relayed line by line with its KEY; its end comes from the
-//! starter, which reaps it, or, once that starter is gone, from its channel alone.
+//! (its end asks the run to end), and to its starter, which guards its command
+//! (`command::oversight`): a starter killed asks its runs to end, and one replaced (it did not
+//! answer a start) is let go, not killed, and kept until its runs have ended. Its reports
+//! (started, release, ended) are read on a thread and reach the loop as typed values; its output
+//! is relayed line by line with its KEY; its end comes from the starter, which reaps it, or,
+//! once that starter is gone, from its channel alone.
 //!
 //! The replica renews a run's lock when the run asks (`renew`: the runs that ask together go to
 //! the claims thread together, one pipeline per server list) and tells it `renewed` once Redis
@@ -146,6 +148,9 @@ pub struct Runs {
     /// The starter the runs are forked by (spawned at a run when there is none: the first, the
     /// first after it was gone or let go), and what it says of them.
     starter: Option<Starter>,
+    /// Starters replaced while runs they forked may still work (their commands, which they
+    /// guard, with them), reaped once they exit.
+    retired: Vec<Starter>,
     /// When it was last asked to start a run, and how long it is kept idle.
     starter_used: Instant,
     starter_idle: Duration,
@@ -171,6 +176,7 @@ impl Runs {
             by_pid: HashMap::new(),
             heard: mpsc::channel(),
             starter: None,
+            retired: Vec::new(),
             starter_used: Instant::now(),
             starter_idle: crate::hooks::millis(crate::hooks::STARTER_IDLE_MS)
                 .unwrap_or(STARTER_IDLE),
@@ -212,7 +218,7 @@ impl Runs {
             }
         }
         if !self.starter.as_mut().is_some_and(Starter::usable) {
-            self.starter = None;
+            self.retire_starter();
             let s = Starter::spawn(&self.exe, &not_for_runs(), &self.news.0)
                 .map_err(|e| anyhow!("cannot start its starter: {e:#}"))?;
             self.starter = Some(s);
@@ -298,7 +304,7 @@ impl Runs {
                 }
                 StarterNews::Gone { pid } => {
                     if self.starter.as_ref().is_some_and(|s| s.pid() == pid) {
-                        self.starter = None;
+                        self.retire_starter();
                     }
                     for run in self.by_pid.values_mut() {
                         run.orphaned |= run.starter == pid && run.exited.is_none();
@@ -308,6 +314,19 @@ impl Runs {
         }
         self.reap_orphans();
         self.let_idle_starter_go();
+        self.retired.retain_mut(Starter::running);
+    }
+
+    /// Give up the current starter (gone, or replaced): kept until its process exits, never
+    /// killed while runs it forked may still work, since it guards their commands
+    /// (`command::oversight`); the next run gets a new one.
+    fn retire_starter(&mut self) {
+        if let Some(mut old) = self.starter.take() {
+            old.let_go();
+            if old.running() {
+                self.retired.push(old);
+            }
+        }
     }
 
     /// As PID 1 (a container's entrypoint), the runs whose starter is gone are this replica's

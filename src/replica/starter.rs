@@ -148,8 +148,9 @@ impl Starter {
                 Err(_) => {
                     self.early.clear();
                     // Unanswered: whatever it forked gets no lock (its channel is never
-                    // written), and a starter that hangs is replaced.
-                    self.stop();
+                    // written), and a starter that hangs is replaced: let go, not killed, since
+                    // it guards the commands of the runs it forked before (`Runs::retire`).
+                    self.let_go();
                     bail!(
                         "its starter did not answer within {} s",
                         START_ANSWER.as_secs()
@@ -159,11 +160,23 @@ impl Starter {
         }
     }
 
-    /// Stop it now (SIGKILL) and reap it: the runs it forked go on (they follow the replica).
+    /// Stop it now (SIGKILL) and reap it: before it forked any run.
     pub fn stop(&mut self) {
         self.broken = true;
         self.link.shutdown();
         self.child.kill();
+    }
+
+    /// Ask it for nothing more: its link closes, and it exits once the runs it forked (whose
+    /// commands it guards) have ended.
+    pub fn let_go(&mut self) {
+        self.broken = true;
+        self.link.shutdown();
+    }
+
+    /// Whether its process still runs (an ended one is reaped).
+    pub fn running(&mut self) -> bool {
+        self.child.running()
     }
 }
 

@@ -15,6 +15,7 @@ use crate::command::capture::{self, CapturePlan};
 use crate::command::cgroup;
 use crate::command::child::Stdio;
 use crate::command::child::{self, Child, Ended, Stop};
+use crate::command::oversight::{RunCgroup, RunGuard};
 use crate::command::shared::Shared;
 use crate::command::supervise::{self, Limits};
 use crate::config::RunConfig;
@@ -54,11 +55,11 @@ const OUTPUT_READ_WITHIN: Duration = Duration::from_millis(100);
 pub static RUNNING_GROUP: AtomicI32 = AtomicI32::new(0);
 
 /// One run, with its reports (metrics file, pings): a command line's, or a replica's run that its
-/// starter forked.
-pub fn run_reported(config: &RunConfig, log: &Log) -> Result<Exit> {
+/// starter forked (and guards: `guard`, see [`crate::command::oversight`]).
+pub fn run_reported(config: &RunConfig, log: &Log, guard: Option<RunGuard>) -> Result<Exit> {
     let mut report = Report::new(&config.reports, log)?;
     let attempted = crate::clock::unix_millis();
-    let outcome = run_job(config, log, &mut |rid, attempt| {
+    let outcome = run_job(config, log, guard, &mut |rid, attempt| {
         report.started(&config.key, rid, attempt, log)
     });
     report.tell(&config.key, attempted, &outcome, log);
@@ -67,8 +68,14 @@ pub fn run_reported(config: &RunConfig, log: &Log) -> Result<Exit> {
 
 /// Take the lock, run the command under the watchdog, release and record the run: how it went,
 /// for the reports. `on_start` is called once the command started, with its run id and attempt
-/// (the start ping, the metrics' `cronlock_running`).
-pub fn run_job(config: &RunConfig, log: &Log, on_start: &mut dyn FnMut(&str, u32)) -> RunOutcome {
+/// (the start ping, the metrics' `cronlock_running`). A run its replica's starter guards has
+/// `guard`: no guard process of its own where the starter made its command's cgroup.
+pub fn run_job(
+    config: &RunConfig,
+    log: &Log,
+    guard: Option<RunGuard>,
+    on_start: &mut dyn FnMut(&str, u32),
+) -> RunOutcome {
     let mut outcome = RunOutcome {
         result: Ok(Exit::Success),
         locked: false,
@@ -76,7 +83,7 @@ pub fn run_job(config: &RunConfig, log: &Log, on_start: &mut dyn FnMut(&str, u32
         body: None,
         suspended: None,
     };
-    outcome.result = run_locked(config, log, on_start, &mut outcome);
+    outcome.result = run_locked(config, log, guard, on_start, &mut outcome);
     outcome
 }
 
@@ -84,6 +91,7 @@ pub fn run_job(config: &RunConfig, log: &Log, on_start: &mut dyn FnMut(&str, u32
 fn run_locked(
     config: &RunConfig,
     log: &Log,
+    guard: Option<RunGuard>,
     on_start: OnStart<'_>,
     outcome: &mut RunOutcome,
 ) -> Result<Exit> {
@@ -115,7 +123,7 @@ fn run_locked(
             ("attempt", held.attempt.into()),
         ],
     );
-    let mut run = Run::new(config, log, held, masters, channel)?;
+    let mut run = Run::new(config, log, held, masters, channel, guard)?;
     replacing::wait_for_replaced(config, &run.held, &run.watchdog.validity, log);
     wait_for_instant(&run.held, config.jitter_offset());
     let mut captured = capture::Captured::default();
@@ -162,8 +170,12 @@ struct Run<'a> {
     channel: Option<RunSide>,
     watchdog: Watchdog,
     limits: Limits,
-    /// The page it shares with the guard (told the kill-by time each time the lease moves).
+    /// The page it shares with the guard, or with its starter (told the kill-by time each time
+    /// the lease moves).
     shared: Shared,
+    /// The cgroup its starter made for its command, which the starter guards: the command starts
+    /// in it with no guard process (a replica's run).
+    overseen: Option<RunCgroup>,
 }
 
 /// A command started: its process, and with `--ping-body` the capture of its output (its clock
@@ -182,10 +194,19 @@ impl<'a> Run<'a> {
         held: Held,
         masters: Masters,
         channel: Option<RunSide>,
+        guard: Option<RunGuard>,
     ) -> Result<Run<'a>> {
         let timing = config.timing;
         let until = held.sent_at + timing.ttl;
-        let shared = match Shared::new(lease::kill_by(until, timing.margin)) {
+        let kill_by = lease::kill_by(until, timing.margin);
+        let (page, overseen) = match guard {
+            Some(guard) => {
+                guard.publish_first(kill_by);
+                (Ok(guard.shared), guard.cgroup)
+            }
+            None => (Shared::new(kill_by), None),
+        };
+        let shared = match page {
             Ok(shared) => shared,
             Err(e) => {
                 let within = config.connect_timeout;
@@ -219,6 +240,7 @@ impl<'a> Run<'a> {
             watchdog,
             limits,
             shared,
+            overseen,
         };
         Ok(run)
     }
@@ -387,7 +409,7 @@ impl<'a> Run<'a> {
 
     /// Start the command, if the lock leaves time to stop it; the exit status if it did not
     /// start.
-    fn start(&self) -> Result<Started, Exit> {
+    fn start(&mut self) -> Result<Started, Exit> {
         let shared = self.shared;
         let (config, held, log) = (self.config, &self.held, self.log);
         let validity = &self.watchdog.validity;
@@ -434,9 +456,11 @@ impl<'a> Run<'a> {
             _ => return Err(too_late()),
         }
         let env = command_env(config, held);
-        // Contained in a cgroup of its own where one can be made (the guard makes it); why not,
-        // for -v.
+        // Contained in a cgroup of its own where one can be made (the guard makes it, or the
+        // starter did); why not, for -v.
+        let overseen = self.overseen.take();
         let (cgroup, no_cgroup) = match cgroup::plan(&held.holder.token) {
+            _ if overseen.is_some() => (None, None),
             Ok(dir) => (Some(dir), None),
             Err(why) => (None, Some(why)),
         };
@@ -445,7 +469,11 @@ impl<'a> Run<'a> {
         let stdio = capture
             .as_ref()
             .map_or(Stdio::UNTOUCHED, capture::Capture::stdio);
-        let child = match child::spawn(&config.argv, &env, shared, cgroup, stdio) {
+        let spawned = match overseen {
+            Some(given) => child::spawn_overseen(&config.argv, &env, shared, given, stdio),
+            None => child::spawn(&config.argv, &env, shared, cgroup, stdio),
+        };
+        let child = match spawned {
             Ok(c) => c,
             Err(e) if e.too_late => return Err(too_late()),
             Err(e) => return Err(spawn_failed(&e, log)),

@@ -531,7 +531,7 @@ fn the_replica_renews_its_runs_locks_and_a_frozen_replicas_runs_renew_by_themsel
 /// What the replica reports for runs it did not start: instants missed, suspended jobs.
 mod reports;
 
-/// The starter, and the runs' guards, when it or the replica is SIGKILLed mid-run.
+/// The starter, which guards its runs' commands, when it, a run or the replica is SIGKILLed mid-run.
 mod starter;
 
 /// The tests that measure time: they run alone (`common::alone`).

@@ -372,18 +372,6 @@ fn pid_1_cronlocks_side_by_side_get_a_cgroup_each() {
     }
 }
 
-/// The parent of `pid` (the guard, for the command's process).
-fn parent_of(pid: i32) -> i32 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let after_comm = stat.rsplit_once(')').unwrap().1;
-    after_comm
-        .split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
 fn which(name: &str) -> String {
     ["/usr/bin", "/bin", "/usr/sbin", "/sbin"]
         .iter()

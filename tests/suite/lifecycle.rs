@@ -334,9 +334,9 @@ fn as_pid_1_reaps_orphans_and_stops_on_sigterm() {
 }
 
 /// A `--crontab` replica as PID 1 (a container's entrypoint) whose starter is SIGKILLed while a
-/// run works: the run goes on (it follows the replica, not the starter), its command finishes
-/// and its instant reads `succeeded`; the run, now the replica's own child, is reaped (no zombie
-/// is left under PID 1), and the replica still drains and exits 0 on SIGTERM.
+/// run works: the starter guarded the run's command, so the run stops it (its instant reads
+/// `interrupted`); the run, now the replica's own child, is reaped (no zombie is left under
+/// PID 1), and the replica still drains and exits 0 on SIGTERM.
 #[test]
 fn as_pid_1_a_replica_reaps_the_runs_of_a_killed_starter() {
     pid_namespace_or_fail();
@@ -371,9 +371,15 @@ fn as_pid_1_a_replica_reaps_the_runs_of_a_killed_starter() {
     });
     let (starter, _) = starter.expect("the replica's starter");
     signal(starter, libc::SIGKILL);
-    assert!(wait_for(Duration::from_secs(10), || dir
-        .join("done")
-        .exists()));
+    assert!(
+        wait_for(Duration::from_secs(10), || subtree(pid1).is_empty()),
+        "under the replica: {:?}",
+        subtree(pid1)
+    );
+    assert!(
+        !dir.join("done").exists(),
+        "the command outlived its starter"
+    );
     assert!(
         wait_for(Duration::from_secs(10), || subtree(pid1).is_empty()),
         "under the replica: {:?}",
@@ -381,7 +387,7 @@ fn as_pid_1_a_replica_reaps_the_runs_of_a_killed_starter() {
     );
     let status = run(cronlock(&r).args(["--status", "--json", "long"]));
     let v: serde_json::Value = serde_json::from_str(&stdout(&status)).unwrap();
-    assert_eq!(v["ledger"][0]["state"], "succeeded", "{v}");
+    assert_eq!(v["ledger"][0]["state"], "interrupted", "{v}");
     signal(pid1, libc::SIGTERM);
     let (code, err) = finish(c);
     assert_eq!(code, 0, "{err}");

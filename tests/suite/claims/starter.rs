@@ -1,20 +1,32 @@
-//! The replica's starter (the process its runs are forked from), and the runs' guards, when the
-//! starter or the replica is SIGKILLed while a run's command sleeps: a run outlives its starter,
-//! never its replica.
+//! The replica's starter (the process its runs are forked from, which guards their commands), when
+//! it or the replica is SIGKILLed while a run's command sleeps: a run's command outlives neither.
 
 use super::*;
 use crate::common::replicas::starter_of;
 
-/// A crontab of a long job (`--ttl 2s`, its command's pid written to `pid`, then 30 s of sleep)
+/// A crontab of a long job (`--ttl 2s`, its command's pid written to `pid` and its instant to
+/// `instant`, then 30 s of sleep)
 /// and, with `tick`, a job every second (`--ttl 2s` too) appending its instant to `ticks`.
 fn long_crontab(dir: &Path, tick: bool) -> std::path::PathBuf {
     let d = dir.display();
-    let mut text =
-        format!("CRON_TZ=UTC\n* * * * * * --ttl 2s long echo $$ > {d}/pid; exec sleep 30\n");
+    let mut text = format!(
+        "CRON_TZ=UTC\n* * * * * * --ttl 2s long echo $CRONLOCK_INSTANT > {d}/instant; \
+             echo $$ > {d}/pid; exec sleep 30\n"
+    );
     if tick {
         text += &format!("* * * * * * --ttl 2s tick echo $CRONLOCK_INSTANT >> {d}/ticks\n");
     }
     crontab(dir, &text)
+}
+
+/// The long job runs again (another instant than `instant` is written) within `within`.
+fn assert_runs_again(dir: &Path, file: &Path, instant: &str, within: Duration) {
+    let again = || std::fs::read_to_string(dir.join("instant")).is_ok_and(|i| i != instant);
+    assert!(
+        wait_for(within, again),
+        "the long job did not run again\n{}",
+        replica_err(file)
+    );
 }
 
 /// The pid the long command wrote, once it did (within 10 s).
@@ -34,21 +46,26 @@ fn command_pid(dir: &Path, file: &Path) -> i32 {
     written().unwrap()
 }
 
-/// A starter SIGKILLed while a run's command sleeps: the run goes on (it follows its replica,
-/// not the starter), so its command outlives the lock's TTL of 2 s under a lock the run still
-/// renews; the replica starts its next runs from a new starter. The replica SIGKILLed then: the
-/// run hears it (its channel closes) and its command is stopped within 4 s.
+/// A starter SIGKILLed while a run's command sleeps: it guarded that command (the run forked no
+/// guard of its own), so its death asks the run to end, as a drain would: the run stops its
+/// command, gives its lock back and records the attempt `interrupted`; the job runs again at its
+/// next instant, and the other job's instants go on, from a new starter.
 #[test]
-fn a_killed_starter_leaves_its_runs_going_and_the_replica_serves_on() {
+fn a_killed_starters_runs_stop_their_commands_and_the_replica_serves_on() {
     let r = Redis::start();
     let dir = scratch("starter-kill");
     let file = long_crontab(&dir, true);
     let c = replica(&r.url(), &file, &[]);
     let command = command_pid(&dir, &file);
+    let instant = std::fs::read_to_string(dir.join("instant")).unwrap();
     let starter = starter_of(c.id()).expect("the replica's starter");
     signal(starter as i32, libc::SIGKILL);
-    let killed = Instant::now();
-    // The next instants run, from another starter, while the long run goes on.
+    assert!(
+        wait_for(Duration::from_secs(4), || !alive(command)),
+        "the command outlived the starter that guarded it\n{}",
+        replica_err(&file)
+    );
+    // The next instants run, from another starter: the long job's too.
     let ticks = dir.join("ticks");
     let before = instants(&ticks).len();
     assert!(
@@ -58,28 +75,102 @@ fn a_killed_starter_leaves_its_runs_going_and_the_replica_serves_on() {
         replica_err(&file)
     );
     assert!(starter_of(c.id()).is_some_and(|s| s != starter));
-    assert!(wait_for(Duration::from_secs(8), || killed.elapsed()
-        > Duration::from_secs(4)));
-    assert!(
-        alive(command),
-        "the run died with its starter\n{}",
-        replica_err(&file)
-    );
-    assert!(r.exists("cronlock:{long}"), "{:?}", r.keys());
+    assert_runs_again(&dir, &file, &instant, Duration::from_secs(5));
+    crate::common::replicas::assert_first_attempt(&r.url(), "long", instant.trim(), "interrupted");
     let mut c = c;
     signal(c.id() as i32, libc::SIGKILL);
     c.wait().unwrap();
-    assert!(
-        wait_for(Duration::from_secs(4), || !alive(command)),
-        "the command outlived its replica\n{}",
-        replica_err(&file)
-    );
 }
 
-/// A replica SIGKILLed while a run's command sleeps: its starter and its run die with it, and
-/// the run's guard stops the command by the lock's deadline (within 4 s); the lock lapses.
+/// A replica's run forks no guard: its command is its own child, in a cgroup its starter made
+/// (where cgroups can be made), and the starter guards it. The run SIGKILLed, its command is
+/// gone at once (its death signal, and the starter's `cgroup.kill` as it reaps the run), and so
+/// is its cgroup; its lock is left to lapse, and the job runs again.
 #[test]
-fn a_killed_replicas_guards_stop_their_commands_in_time() {
+fn a_replicas_run_forks_no_guard_and_its_starter_stops_a_killed_runs_command() {
+    let r = Redis::start();
+    let dir = scratch("starter-guards");
+    let file = long_crontab(&dir, false);
+    let c = replica(&r.url(), &file, &[]);
+    let command = command_pid(&dir, &file);
+    let starter = starter_of(c.id()).expect("the replica's starter");
+    let run = parent_of(command);
+    assert_eq!(parent_of(run), starter as i32, "{}", replica_err(&file));
+    let name = std::fs::read_to_string(format!("/proc/{run}/comm")).unwrap();
+    assert_eq!(
+        name.trim(),
+        "cronlock",
+        "the command's parent is not its run"
+    );
+    let cgroup = std::fs::read_to_string(format!("/proc/{command}/cgroup")).unwrap();
+    let own = cgroup
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .unwrap_or("");
+    // Where the cgroup2 hierarchy is mounted: pure v2, or hybrid's "unified".
+    let mount = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+        .into_iter()
+        .find(|m| Path::new(m).join("cgroup.procs").exists())
+        .unwrap_or("/sys/fs/cgroup");
+    let dir_of = |rel: &str| Path::new(mount).join(rel.trim_start_matches('/'));
+    assert!(
+        own.contains("/cronlock-") && dir_of(own).is_dir(),
+        "the command is not in a cgroup of its own (a writable cgroup v2 is needed): {cgroup}"
+    );
+    let instant = std::fs::read_to_string(dir.join("instant")).unwrap();
+    signal(run, libc::SIGKILL);
+    assert!(
+        wait_for(Duration::from_secs(1), || !alive(command)),
+        "the command outlived its run\n{}",
+        replica_err(&file)
+    );
+    assert!(
+        wait_for(Duration::from_secs(1), || !dir_of(own).exists()),
+        "the run's cgroup is left: {own}"
+    );
+    assert_runs_again(&dir, &file, &instant, Duration::from_secs(8));
+    let mut c = c;
+    signal(c.id() as i32, libc::SIGKILL);
+    c.wait().unwrap();
+}
+
+/// A replica's run SIGSTOPped while its command sleeps, and nothing else happening on the
+/// replica (its one job is held by that run): the starter, woken by the run's first kill-by time
+/// and sleeping until it, kills the command by the lock's deadline (`--ttl 2s`), and the job runs
+/// again once the lock lapsed.
+#[test]
+fn a_frozen_runs_command_is_killed_by_its_starter_in_time() {
+    let r = Redis::start();
+    let dir = scratch("starter-frozen-run");
+    let file = long_crontab(&dir, false);
+    let c = replica(&r.url(), &file, &[]);
+    let command = command_pid(&dir, &file);
+    let run = parent_of(command);
+    let instant = std::fs::read_to_string(dir.join("instant")).unwrap();
+    signal(run, libc::SIGSTOP);
+    let frozen = std::time::Instant::now();
+    assert!(
+        wait_for(Duration::from_secs(4), || !alive(command)),
+        "the frozen run's command outlived its lock\n{}",
+        replica_err(&file)
+    );
+    assert!(
+        frozen.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        frozen.elapsed()
+    );
+    signal(run, libc::SIGCONT);
+    assert_runs_again(&dir, &file, &instant, Duration::from_secs(8));
+    let mut c = c;
+    signal(c.id() as i32, libc::SIGKILL);
+    c.wait().unwrap();
+}
+
+/// A replica SIGKILLed while a run's command sleeps: its starter dies with it, and the run,
+/// told by its channel's end and by its starter's death, stops its command by the lock's
+/// deadline (within 4 s); the lock is gone.
+#[test]
+fn a_killed_replicas_runs_stop_their_commands_in_time() {
     let r = Redis::start();
     let dir = scratch("replica-kill-guard");
     let file = long_crontab(&dir, false);
