@@ -200,11 +200,30 @@ impl Drop for Cgroup {
     /// Whoever drops the cgroup removes it, killing what is left in it and waiting at most a
     /// second for it to empty: after the job, and also when an internal error unwinds past it.
     fn drop(&mut self) {
-        remove_dir(&self.dir, self, Duration::from_secs(1));
+        remove_dir(&self.dir, Duration::from_secs(1), &|| self.kill());
     }
 }
 
-fn remove_dir(dir: &Path, cg: &Cgroup, within: Duration) {
+/// Kill everything in the cgroup at `dir`, by its path (one that is gone is not an error): for a
+/// replica's starter, which keeps no descriptor per run (`command::oversight`).
+pub fn kill_at(dir: &Path) {
+    use std::io::Write;
+    let kill = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join("cgroup.kill"));
+    if let Ok(mut kill) = kill {
+        let _ = kill.write_all(b"1");
+    }
+}
+
+/// Remove the cgroup at `dir` by its path, killing what is left in it, within `within`.
+pub fn remove_at(dir: &Path, within: Duration) {
+    remove_dir(dir, within, &|| kill_at(dir));
+}
+
+/// Remove the cgroup at `dir`, calling `kill` while it is busy (a process still on its way
+/// out), for at most `within`.
+fn remove_dir(dir: &Path, within: Duration, kill: &dyn Fn()) {
     let end = Instant::now() + within;
     let Ok(path) = CString::new(dir.as_os_str().as_bytes()) else {
         return;
@@ -216,7 +235,7 @@ fn remove_dir(dir: &Path, cg: &Cgroup, within: Duration) {
         }
         match io::Error::last_os_error().raw_os_error() {
             Some(libc::EBUSY) if Instant::now() < end => {
-                cg.kill();
+                kill();
                 std::thread::sleep(Duration::from_millis(1));
             }
             _ => return,

@@ -20,9 +20,9 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::OwnedFd;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::clock::Instant;
@@ -82,11 +82,7 @@ pub struct Overseer {
 }
 
 impl Overseer {
-    /// The runs forked and not yet reaped.
-    pub fn len(&self) -> usize {
-        self.runs.len()
-    }
-
+    /// Whether no run it forked is left.
     pub fn is_empty(&self) -> bool {
         self.runs.is_empty()
     }
@@ -130,7 +126,7 @@ impl Overseer {
         let RunGuard { shared, cgroup, .. } = guard;
         if let Some(c) = cgroup {
             drop(c.fd);
-            remove(&c.dir);
+            cgroup::remove_at(&c.dir, REMOVE_WITHIN);
         }
         // SAFETY: no run was forked with this page, and the starter drops its only handle here.
         unsafe { shared.unmap() };
@@ -156,7 +152,7 @@ impl Overseer {
                 continue;
             }
             run.shared.set(shared::GUARD_ENFORCED);
-            kill(dir);
+            cgroup::kill_at(dir);
             run.enforced = true;
         }
     }
@@ -168,8 +164,8 @@ impl Overseer {
             return false;
         };
         if let Some(dir) = run.cgroup.as_deref() {
-            kill(dir);
-            remove(dir);
+            cgroup::kill_at(dir);
+            cgroup::remove_at(dir, REMOVE_WITHIN);
         }
         // SAFETY: the run that shared this page is gone, and this was the starter's only handle.
         unsafe { run.shared.unmap() };
@@ -190,36 +186,8 @@ fn make_cgroup() -> Option<RunCgroup> {
     match File::open(&dir).and_then(|f| f.lock_shared().map(|_| f)) {
         Ok(f) => Some(RunCgroup { dir, fd: f.into() }),
         Err(_) => {
-            remove(&dir);
+            cgroup::remove_at(&dir, REMOVE_WITHIN);
             None
-        }
-    }
-}
-
-/// Kill everything in the cgroup at `dir` (one that is gone already is not an error).
-fn kill(dir: &Path) {
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .write(true)
-        .open(dir.join("cgroup.kill"))
-    {
-        let _ = f.write_all(b"1");
-    }
-}
-
-/// Remove the cgroup at `dir`, killing what is left in it, within [`REMOVE_WITHIN`].
-fn remove(dir: &Path) {
-    let end = Instant::now() + REMOVE_WITHIN;
-    loop {
-        // rmdir: refused (EBUSY) while a process is still in the cgroup.
-        let Err(e) = std::fs::remove_dir(dir) else {
-            return;
-        };
-        match e.raw_os_error() {
-            Some(libc::EBUSY) if Instant::now() < end => {
-                kill(dir);
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            _ => return,
         }
     }
 }
