@@ -84,8 +84,21 @@ pub fn supervise(
             // the last known deadline.
             LockState::Lost { until, .. } => (Some(now), until.checked_sub(watch.margin)),
         };
+        if s.stopped.is_none() && child.guard_enforced() {
+            // The guard ended the job while we could not (frozen): what is left goes too (the
+            // guard may still be on its way out), then one line says why, as at the end.
+            child.kill_all();
+            s.killed = true;
+            log.event(
+                Level::Error,
+                "lost",
+                &format!("lock lost: {GUARD_REASON}"),
+                &[],
+            );
+            s.stopped = Some(Stop::LockLost(GUARD_REASON.into()));
+        }
         if s.stopped.is_none() {
-            if let Some(why) = s.why_stop(&child, &watch, &lock, term_at, now) {
+            if let Some(why) = s.why_stop(&watch, &lock, term_at, now) {
                 s.stop(
                     &child,
                     why,
@@ -183,11 +196,11 @@ impl Supervision {
         }
     }
 
-    /// Whether the command must be stopped now, and why: the lock is lost (or the guard acted,
-    /// or no renewal came before the grace period must begin), or `--max-runtime` is past.
+    /// Whether the command must be stopped now, and why: the lock is lost (or no renewal came
+    /// before the grace period must begin), or `--max-runtime` is past. (The guard acting is
+    /// seen before this, in [`supervise`].)
     fn why_stop(
         &self,
-        child: &Child,
         watch: &Validity,
         lock: &LockState,
         term_at: Option<Instant>,
@@ -195,8 +208,6 @@ impl Supervision {
     ) -> Option<Stop> {
         match lock {
             LockState::Lost { reason, .. } => Some(Stop::LockLost(reason.clone())),
-            // The guard acted while we were frozen: say so, not what we would have done.
-            _ if child.guard_enforced() => Some(Stop::LockLost(GUARD_REASON.into())),
             LockState::Valid { .. } if term_at.is_some_and(|t| now >= t) => {
                 Some(Stop::LockLost(format!(
                     "no renewal was confirmed in time ({}), so it may expire soon",
