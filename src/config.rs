@@ -14,11 +14,13 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use crate::fleet::next::NextQuery;
+use crate::fleet::record::CommandEnd;
 pub use crate::fleet::report::Reports;
 use crate::fleet::schedule::Schedule;
 use crate::lease::Timing;
 use crate::log::{LogFormat, Verbosity};
-use crate::store::lock::{Held, InstantKind, Instants};
+use crate::record::run::KeptLine;
+use crate::store::lock::{Held, InstantKind, Instants, LedgerEnd, ReleaseOptions};
 use crate::store::overlap::Overlap;
 use crate::store::topology::Redis;
 
@@ -242,6 +244,31 @@ impl KeepOutput {
 }
 
 impl RunConfig {
+    /// What the release of a run that held `held` records, its command having ended so
+    /// (`end`): the run record, with the lines `--keep-output` kept (`kept`, asked for only when
+    /// it keeps them for this ending), the ledger's end of the instant, and `--min-hold`. The
+    /// same for a replica that releases for its run and for a run that releases by itself.
+    pub fn release_options(
+        &self,
+        held: &Held,
+        end: &CommandEnd,
+        kept: impl FnOnce() -> Vec<KeptLine>,
+    ) -> ReleaseOptions {
+        let output = self.keep_output.keeps(end.succeeded()).then(kept);
+        let record = crate::fleet::record::run_record(held, end, output);
+        ReleaseOptions {
+            hold_until: (!self.min_hold.is_zero()).then(|| held.sent_at + self.min_hold),
+            record: Some(crate::record::to_text(&record)),
+            history: self.history,
+            record_ttl: self.history_ttl,
+            ledger: held.instant.map(|instant| LedgerEnd {
+                instant,
+                exit: end.exit.code(),
+                interrupted: end.interrupted,
+            }),
+        }
+    }
+
     /// How a lock a replica claimed differs from what a run of this configuration holds, if it
     /// does (another KEY, TTL or `--limit`, or an instant its schedule never names): the run
     /// refuses it, and a replica whose crontab changed while the claim was in flight undoes it.

@@ -2,7 +2,7 @@
 //! with a version (`"v"`) and a kind: the replica sends one `lock` (and `changed` whenever its
 //! watch saw the lock change, `renewed` whenever it renewed the lock); the run sends `started`,
 //! `renew` whenever a renewal is due,
-//! then `release` (what to record) and waits for the replica's `releasing`, then `released`,
+//! then `release` (how its command ended) and waits for the replica's `releasing`, then `released`,
 //! then `ended`
 //! (`handover/mod.rs` carries them).
 
@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::record::run::Ending;
 
 /// The version of the messages; a process refuses any other.
-pub const VERSION: u64 = 5;
+pub const VERSION: u64 = 6;
 
 /// One message, by kind.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -25,7 +25,7 @@ pub enum Message {
     /// The run is alive and its command runs: renew the lock now (with the others due, in one
     /// pipeline), and say `renewed`.
     Renew,
-    /// Release the lock for the run, recording this.
+    /// Release the lock for the run, recording how its command ended.
     Release(ReleaseMessage),
     /// The replica read a `release` and is carrying it out: the run waits for its `released`
     /// (without it, soon, the run releases by itself). Sent at once by the thread that reads the
@@ -94,24 +94,23 @@ pub struct LockMessage {
     pub due_boot_ns: Option<u64>,
 }
 
-/// What a run asks its replica to record at release.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// How a run's command ended, which its replica records at the release it asks for (the
+/// replica makes the run record and the ledger's end from it, `config::RunConfig::release_options`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReleaseMessage {
-    /// Until when `--min-hold` keeps the lock (`CLOCK_BOOTTIME`).
+    /// cronlock's exit status for the run.
+    pub status: u8,
+    /// The command was killed by this signal (the status is 128 + it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hold_until_boot_ns: Option<u64>,
-    /// The run record, as stored.
-    pub record: Option<String>,
-    pub history: u32,
-    pub record_ttl_ms: Option<u64>,
-    pub ledger: Option<LedgerEndMessage>,
-}
-
-/// How the run's instant ends in the ledger.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LedgerEndMessage {
-    pub instant: i64,
-    pub exit: u8,
+    pub signal: Option<i32>,
+    pub ending: Ending,
+    /// When the command started (wall-clock ms), if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_ms: Option<u64>,
+    /// When the run was done with it (wall-clock ms).
+    pub finished_ms: u64,
+    /// The run was asked to end while its command ran.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub interrupted: bool,
 }
 

@@ -6,13 +6,13 @@
 //! The channel is a Unix socket pair. The run's end reaches the run through the replica's
 //! starter (`run/starter.rs`, [`crate::starting`]), close-on-exec, so the command does not
 //! inherit it. Each message is one line of JSON with a version (`"v"`):
-//! the replica sends one `lock`; the run sends `started`, then `release` (what to record) and
+//! the replica sends one `lock`; the run sends `started`, then `release` (how its command ended) and
 //! waits for the replica's `released`, then `ended`. End of file without `ended` means the run
 //! died.
 //!
 //! The release goes through the replica so that a run costs Redis no connection of its own: the
-//! replica releases on its long-lived one, with the holder value it claimed with (the run only
-//! says what to record). A run that hears no `released` in time (the replica died or hangs)
+//! replica releases on its long-lived one, with the holder value it claimed with, and records
+//! the run (the run only says how its command ended). A run that hears no `released` in time (the replica died or hangs)
 //! releases by itself, as any run does.
 
 pub mod message;
@@ -27,21 +27,21 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Result};
 
 use crate::clock::Instant;
-use crate::handover::message::{
-    LedgerEndMessage, LockMessage, Message, ReleaseMessage, ReleaseOutcome,
-};
+use crate::exit::Exit;
+use crate::fleet::record::CommandEnd;
+use crate::handover::message::{LockMessage, Message, ReleaseMessage, ReleaseOutcome};
 use crate::record::run::Ending;
 use crate::store::holder::Holder;
 use crate::store::keys::Keys;
-use crate::store::lock::{Held, LedgerEnd, ReleaseOptions, Released};
+use crate::store::lock::{Held, Released};
 use crate::store::tracking::Watch;
 
 /// How a run asks its replica to renew its lock ([`RunSide::renew_asker`]).
 pub type AskReplica = Box<dyn Fn() + Send>;
 
-/// The longest message: a run's `release` carries its record, with the output `--keep-output`
-/// kept (at most 64 KiB, each byte at most 5 once escaped, and 4,096 lines of 31 more).
-pub const MAX_MESSAGE: usize = 512 * 1024;
+/// The longest message: the `lock`, with the KEY (at most 1 KiB) and the holder value (its
+/// command cut to 256 characters), each at most 6 bytes a byte once escaped, well within this.
+pub const MAX_MESSAGE: usize = 64 * 1024;
 
 /// The lock a replica won, as the run receives it.
 #[derive(Debug, Clone)]
@@ -195,8 +195,9 @@ pub enum RunReport {
     Started { pid: u32 },
     /// Renew the lock now: the run is alive, and its command runs.
     Renew,
-    /// Release the lock for the run, recording this; the run waits for [`ReleaseAnswer`].
-    Release(Box<ReleaseOptions>),
+    /// Release the lock for the run, recording how its command ended; the run waits for
+    /// [`ReleaseAnswer`].
+    Release(CommandEnd),
     /// The run ended (the lock released and the instant recorded).
     Ended(RunEnd),
 }
@@ -214,7 +215,7 @@ impl RunReport {
         match self {
             RunReport::Started { pid } => Message::Started { pid: *pid },
             RunReport::Renew => Message::Renew,
-            RunReport::Release(opts) => Message::Release(release_message(opts)),
+            RunReport::Release(end) => Message::Release(release_message(end)),
             RunReport::Ended(end) => Message::Ended {
                 status: end.status,
                 ending: end.ending,
@@ -228,7 +229,7 @@ impl RunReport {
         match Message::parse(line)? {
             Message::Started { pid } => Ok(RunReport::Started { pid }),
             Message::Renew => Ok(RunReport::Renew),
-            Message::Release(m) => Ok(RunReport::Release(Box::new(release_options(m)))),
+            Message::Release(m) => Ok(RunReport::Release(command_end(m))),
             Message::Ended {
                 status,
                 ending,
@@ -261,35 +262,30 @@ pub enum ReleaseAnswer {
     Failed(String),
 }
 
-/// A `release` message: what the run asks to be recorded.
-fn release_message(opts: &ReleaseOptions) -> ReleaseMessage {
+/// A `release` message: how the run's command ended.
+fn release_message(end: &CommandEnd) -> ReleaseMessage {
     ReleaseMessage {
-        hold_until_boot_ns: opts.hold_until.map(|t| t.as_duration().as_nanos() as u64),
-        record: opts.record.clone(),
-        history: opts.history,
-        record_ttl_ms: opts.record_ttl.map(|t| t.as_millis() as u64),
-        ledger: opts.ledger.map(|l| LedgerEndMessage {
-            instant: l.instant,
-            exit: l.exit,
-            interrupted: l.interrupted,
-        }),
+        status: end.exit.code(),
+        signal: match end.exit {
+            Exit::Signal(n) => Some(n),
+            _ => None,
+        },
+        ending: end.ending,
+        started_ms: end.started_ms,
+        finished_ms: end.finished_ms,
+        interrupted: end.interrupted,
     }
 }
 
-/// What a `release` message asks for.
-fn release_options(m: ReleaseMessage) -> ReleaseOptions {
-    ReleaseOptions {
-        hold_until: m
-            .hold_until_boot_ns
-            .map(|ns| Instant::from_duration(Duration::from_nanos(ns))),
-        record: m.record,
-        history: m.history,
-        record_ttl: m.record_ttl_ms.map(Duration::from_millis),
-        ledger: m.ledger.map(|l| LedgerEnd {
-            instant: l.instant,
-            exit: l.exit,
-            interrupted: l.interrupted,
-        }),
+/// How a run's command ended, as its `release` message says: the exit status as the record and
+/// the ledger store it (the number, and the signal that made it).
+fn command_end(m: ReleaseMessage) -> CommandEnd {
+    CommandEnd {
+        exit: m.signal.map_or(Exit::Child(m.status), Exit::Signal),
+        ending: m.ending,
+        started_ms: m.started_ms,
+        finished_ms: m.finished_ms,
+        interrupted: m.interrupted,
     }
 }
 
@@ -377,16 +373,16 @@ impl RunSide {
         }
     }
 
-    /// Ask the replica to release the lock, recording `opts`, and wait at most
+    /// Ask the replica to release the lock, recording how the command ended (`end`), and wait at most
     /// [`RELEASING_WITHIN`] for its `releasing`, then at most `within` in all for its answer.
     /// `None`: no answer (the replica is gone, frozen, hangs, or answered out of shape): the run
     /// releases by itself.
     pub fn release_by_replica(
         &mut self,
-        opts: &ReleaseOptions,
+        end: &CommandEnd,
         within: Duration,
     ) -> Option<ReleaseAnswer> {
-        self.send(&RunReport::Release(Box::new(opts.clone())));
+        self.send(&RunReport::Release(*end));
         let sent = Instant::now();
         let mut taken = false;
         let mut reader = BufReader::new(&self.stream);

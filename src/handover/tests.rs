@@ -72,9 +72,9 @@ fn a_handover_reads_back_as_written() {
 
 #[test]
 fn other_versions_and_shapes_are_refused() {
-    let line = sample().line().replace("\"v\":5", "\"v\":6");
+    let line = sample().line().replace("\"v\":6", "\"v\":7");
     let e = Handover::parse(line.trim_end()).unwrap_err().to_string();
-    assert!(e.contains("version 6"), "{e}");
+    assert!(e.contains("version 7"), "{e}");
     assert!(Handover::parse("{}").is_err());
     assert!(Handover::parse("not json").is_err());
     let line = sample().line().replace("\"fence\":42", "\"fence\":0");
@@ -98,21 +98,24 @@ fn reports_read_back() {
 
 #[test]
 fn release_asks_and_answers_read_back() {
-    let opts = ReleaseOptions {
-        hold_until: Some(Instant::now() + Duration::from_millis(1500)),
-        record: Some("{\"exit_status\":3}".into()),
-        history: 10,
-        record_ttl: Some(Duration::from_secs(60)),
-        ledger: Some(LedgerEnd {
-            instant: 1_700_000_000_000,
-            exit: 3,
-            interrupted: true,
-        }),
+    let failed = CommandEnd {
+        exit: Exit::Child(3),
+        ending: Ending::Exited,
+        started_ms: Some(1_700_000_000_100),
+        finished_ms: 1_700_000_000_900,
+        interrupted: true,
     };
-    let ask = RunReport::Release(Box::new(opts));
-    assert_eq!(RunReport::parse(ask.line().trim_end()).unwrap(), ask);
-    let bare = RunReport::Release(Box::default());
-    assert_eq!(RunReport::parse(bare.line().trim_end()).unwrap(), bare);
+    let killed = CommandEnd {
+        exit: Exit::Signal(9),
+        ending: Ending::Signalled,
+        started_ms: None,
+        finished_ms: 1,
+        interrupted: false,
+    };
+    for end in [failed, killed] {
+        let ask = RunReport::Release(end);
+        assert_eq!(RunReport::parse(ask.line().trim_end()).unwrap(), ask);
+    }
     for answer in [
         ReleaseAnswer::Done(Released::Deleted),
         ReleaseAnswer::Done(Released::Kept),
@@ -144,7 +147,7 @@ fn a_run_the_replica_answers_does_not_release_by_itself() {
             .unwrap();
         asked
     });
-    let answer = run.release_by_replica(&ReleaseOptions::default(), Duration::from_secs(5));
+    let answer = run.release_by_replica(&ended(), Duration::from_secs(5));
     assert_eq!(answer, Some(ReleaseAnswer::Done(Released::Deleted)));
     assert!(matches!(
         replica.join().unwrap(),
@@ -161,7 +164,7 @@ fn a_run_the_replica_answers_does_not_release_by_itself() {
     };
     let asked = Instant::now();
     assert_eq!(
-        run.release_by_replica(&ReleaseOptions::default(), Duration::from_secs(5)),
+        run.release_by_replica(&ended(), Duration::from_secs(5)),
         None
     );
     assert!(asked.elapsed() < Duration::from_secs(1));
@@ -200,7 +203,7 @@ fn a_released_answer_is_read_past_changes() {
         .unwrap();
     ours.write_all(released_line(&ReleaseAnswer::Done(Released::Kept)).as_bytes())
         .unwrap();
-    let answer = run.release_by_replica(&ReleaseOptions::default(), Duration::from_secs(5));
+    let answer = run.release_by_replica(&ended(), Duration::from_secs(5));
     assert_eq!(answer, Some(ReleaseAnswer::Done(Released::Kept)));
     // (Heard on the main loop's wake-ups, through O_ASYNC: a signal the suite's process does
     // not block, so that part is told by `tests/suite/tracking.rs` on real runs.)
@@ -251,4 +254,15 @@ fn a_renewal_the_replica_made_reads_back_with_when_it_was_sent() {
             .unwrap()
             .renewed_by_replica
     );
+}
+
+/// A command that exited with status 0.
+fn ended() -> CommandEnd {
+    CommandEnd {
+        exit: Exit::Child(0),
+        ending: Ending::Exited,
+        started_ms: Some(1),
+        finished_ms: 2,
+        interrupted: false,
+    }
 }

@@ -611,8 +611,7 @@ impl<'a> Replicant<'a> {
                     pid: run.pid(),
                     held: run.held.clone(),
                 }),
-                Followup::Release { mut opts, reply } => {
-                    reports::keep_output(&mut opts, run);
+                Followup::Release { opts, reply } => {
                     let ask = Ask::ReleaseRun {
                         config: run.config.clone(),
                         held: run.held.clone(),

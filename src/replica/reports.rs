@@ -6,10 +6,10 @@
 use std::time::Duration;
 
 use crate::clock::{redis_millis, rfc3339};
+use crate::fleet::record::CommandEnd;
 use crate::handover::{ReplicaSide, RunEnd, RunReport};
 use crate::log::Log;
-use crate::record::run::{Ending, RecordedEnding, RunRecord};
-use crate::record::Stored;
+use crate::record::run::Ending;
 use crate::store::lock::ReleaseOptions;
 
 use super::runs::Spawned;
@@ -20,7 +20,7 @@ pub enum Followup {
     /// Renew the run's lock on the claims thread's link (with the others asked together), and
     /// say `renewed` on its channel.
     Renew,
-    /// Release the run's lock on the claims thread's link, and answer on `reply`.
+    /// Release the run's lock on the claims thread's link, recording this, and answer on `reply`.
     Release {
         opts: Box<ReleaseOptions>,
         reply: ReplicaSide,
@@ -48,8 +48,9 @@ pub fn heard(run: &mut Spawned, report: Option<RunReport>, log: &Log) -> Followu
             }
         }
         // At most once: a second ask goes unanswered, and the run releases by itself.
-        Some(RunReport::Release(opts)) => {
+        Some(RunReport::Release(end)) => {
             if let Some(reply) = run.reply.take() {
+                let opts = Box::new(release_options(run, &end));
                 return Followup::Release { opts, reply };
             }
         }
@@ -64,30 +65,12 @@ pub fn heard(run: &mut Spawned, report: Option<RunReport>, log: &Log) -> Followu
     Followup::Nothing
 }
 
-/// `--keep-output`: the record the run asks to be released with, given the last lines of its
-/// command's output as the replica relayed them (the run waited until they were read), when
-/// the run did not succeed or the job keeps every run's. A record that does not read as ours
-/// is left as it is.
-pub fn keep_output(opts: &mut ReleaseOptions, run: &Spawned) {
-    let keep = run.config.keep_output;
-    // A scheduled run's exit is in its ledger end: a success that keeps nothing costs no parse.
-    if opts.ledger.is_some_and(|l| !keep.keeps(l.exit == 0)) || keep.bytes == 0 {
-        return;
-    }
-    let Some(text) = opts.record.as_deref() else {
-        return;
-    };
-    let Stored::Ours(mut record) = Stored::<RunRecord>::read(text) else {
-        return;
-    };
-    let succeeded = record.ended == Some(RecordedEnding::Known(Ending::Exited))
-        && record.exit_status == Some(0);
-    if !keep.keeps(succeeded) {
-        return;
-    }
-    let lines = run.kept.lock().unwrap_or_else(|e| e.into_inner()).lines();
-    record.output = Some(lines);
-    opts.record = Some(crate::record::to_text(&record));
+/// What the release of `run` records, its command having ended so: the replica, which claimed
+/// the lock, makes the run record, with the last lines of its command's output as the replica
+/// relayed them (`--keep-output`: the run waited until they were read).
+fn release_options(run: &Spawned, end: &CommandEnd) -> ReleaseOptions {
+    let kept = || run.kept.lock().unwrap_or_else(|e| e.into_inner()).lines();
+    run.config.release_options(&run.held, end, kept)
 }
 
 /// What follows a run that is over without having reported its end.

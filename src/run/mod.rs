@@ -22,7 +22,7 @@ use crate::config::RunConfig;
 use crate::duration::Span;
 use crate::exit::Exit;
 use crate::fleet::metrics;
-use crate::fleet::record;
+use crate::fleet::record::CommandEnd;
 use crate::fleet::report::{Report, RunOutcome};
 use crate::handover::{ReleaseAnswer, RunEnd, RunReport, RunSide};
 use crate::lease::{self, LockState, Validity};
@@ -30,7 +30,7 @@ use crate::log::Log;
 use crate::record::run::Ending;
 use crate::record::run::KeptLine;
 use crate::signals;
-use crate::store::lock::{Held, LedgerEnd, ReleaseOptions};
+use crate::store::lock::{Held, ReleaseOptions};
 use crate::store::quorum::Masters;
 use crate::store::tracking;
 use crate::watchdog::Watchdog;
@@ -149,15 +149,6 @@ fn wait_for_instant(held: &Held, offset: Duration) {
     std::thread::sleep(ahead.min(MAX_EARLY));
 }
 
-/// How the command ended: cronlock's exit status, and the ending the run record names.
-#[derive(Debug, Clone, Copy)]
-struct CommandEnd {
-    exit: Exit,
-    ending: Ending,
-    /// When the command started (wall-clock ms), if it did.
-    started_ms: Option<u64>,
-}
-
 /// One run that holds its lock: what it was asked to do, the lock, its log, the channel to the
 /// replica that handed it the lock (a replica's run), and the watchdog that keeps the lock
 /// while the command runs. Its steps are its methods, in order: [`Run::command`] (start the
@@ -256,6 +247,8 @@ impl<'a> Run<'a> {
                     exit,
                     ending: Ending::NotStarted,
                     started_ms: None,
+                    finished_ms: crate::clock::unix_millis(),
+                    interrupted: false,
                 }
             }
         };
@@ -291,9 +284,13 @@ impl<'a> Run<'a> {
         if let Some(c) = capture {
             *captured = c.finish(Duration::from_secs(1));
         }
+        let (exit, ending) = finished(&ended, started, self.log);
         CommandEnd {
+            exit,
+            ending,
             started_ms: Some(started_ms),
-            ..finished(&ended, started, self.log)
+            finished_ms: crate::clock::unix_millis(),
+            interrupted: signals::asked_to_end(),
         }
     }
 
@@ -330,7 +327,8 @@ impl<'a> Run<'a> {
             exit_status: exit.code(),
             attempt: held.attempt,
         });
-        let opts = release_options(config, &held, end, kept);
+        // (Made only where this run records: the replica records what it releases.)
+        let opts = || config.release_options(&held, &end, || kept);
         let lost_until = if lost { Instant::now() } else { valid_until };
         let within = config.connect_timeout;
         // A replica's run has the replica release on its long-lived connection; without an
@@ -349,10 +347,10 @@ impl<'a> Run<'a> {
         }
         match channel
             .as_mut()
-            .and_then(|c| c.release_by_replica(&opts, wait))
+            .and_then(|c| c.release_by_replica(&end, wait))
         {
             Some(ReleaseAnswer::Done(released)) => {
-                said_released(&held, &opts, Ok(released), lost, false, log)
+                said_released(&held, &opts(), Ok(released), lost, false, log)
             }
             Some(ReleaseAnswer::Owed(why)) => log.info(
                 "release_owed",
@@ -369,7 +367,7 @@ impl<'a> Run<'a> {
                 masters,
                 &held,
                 lost_until,
-                &opts,
+                &opts(),
                 log,
             ),
         }
@@ -535,40 +533,6 @@ fn stop_watchdog(watchdog: Watchdog, config: &RunConfig, ending: Ending, log: &L
     }
 }
 
-/// What the release records: the run record (with the lines `--keep-output` kept, when it keeps
-/// them for this ending), the ledger's end of the instant, and `--min-hold`.
-fn release_options(
-    config: &RunConfig,
-    held: &Held,
-    end: CommandEnd,
-    kept: Vec<KeptLine>,
-) -> ReleaseOptions {
-    let CommandEnd {
-        exit,
-        ending,
-        started_ms,
-    } = end;
-    let succeeded = ending == Ending::Exited && exit.code() == 0;
-    let record = record::run_record(
-        held,
-        ending,
-        exit,
-        started_ms,
-        config.keep_output.keeps(succeeded).then_some(kept),
-    );
-    ReleaseOptions {
-        hold_until: (!config.min_hold.is_zero()).then(|| held.sent_at + config.min_hold),
-        record: Some(crate::record::to_text(&record)),
-        history: config.history,
-        record_ttl: config.history_ttl,
-        ledger: held.instant.map(|instant| LedgerEnd {
-            instant,
-            exit: exit.code(),
-            interrupted: signals::asked_to_end(),
-        }),
-    }
-}
-
 /// The capture of the command's output, when `--ping-body` or `--keep-output` asks for one.
 /// A replica keeps its runs' output as it relays it (`replica/runs.rs`): no pipe, no thread of
 /// the run's own for it. `--ping-body` needs the output: a capture that cannot start fails the
@@ -672,8 +636,9 @@ fn contained(
     );
 }
 
-/// "command exited with status N after D", and what the run record calls the ending.
-fn finished(ended: &Ended, started: Instant, log: &Log) -> CommandEnd {
+/// "command exited with status N after D": cronlock's exit status, and what the run record
+/// calls the ending.
+fn finished(ended: &Ended, started: Instant, log: &Log) -> (Exit, Ending) {
     let exit = ended.exit();
     let (ending, how) = match (&ended.stopped, ended.status) {
         (Some(Stop::LockLost(_)), _) => (Ending::Lost, "was terminated: lock lost".to_string()),
@@ -697,9 +662,5 @@ fn finished(ended: &Ended, started: Instant, log: &Log) -> CommandEnd {
             ("duration_ms", took_ms.into()),
         ],
     );
-    CommandEnd {
-        exit,
-        ending,
-        started_ms: None,
-    }
+    (exit, ending)
 }
