@@ -14,11 +14,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use crate::fleet::next::NextQuery;
-use crate::fleet::record::CommandEnd;
 pub use crate::fleet::report::Reports;
 use crate::fleet::schedule::Schedule;
 use crate::lease::Timing;
 use crate::log::{LogFormat, Verbosity};
+use crate::record::run::CommandEnd;
 use crate::record::run::KeptLine;
 use crate::store::lock::{Held, InstantKind, Instants, LedgerEnd, ReleaseOptions};
 use crate::store::overlap::Overlap;

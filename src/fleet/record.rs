@@ -2,31 +2,8 @@
 //! the KEY's last run and into its capped history, with the output `--keep-output` kept.
 
 use crate::exit::Exit;
-use crate::record::run::{Ending, KeptLine, RecordedEnding, RunRecord};
+use crate::record::run::{CommandEnd, KeptLine, RecordedEnding, RunRecord};
 use crate::store::lock::Held;
-
-/// How a run's command ended, as its release records it: what a replica's run tells its replica
-/// when it asks it to release (the replica, which claimed the lock, makes the record), and what a
-/// run that releases by itself records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CommandEnd {
-    /// cronlock's exit status for the run.
-    pub exit: Exit,
-    pub ending: Ending,
-    /// When the command started (wall-clock ms), if it did.
-    pub started_ms: Option<u64>,
-    /// When the run was done with it (wall-clock ms).
-    pub finished_ms: u64,
-    /// cronlock was asked to end while it ran (and passed it on): the ledger says interrupted.
-    pub interrupted: bool,
-}
-
-impl CommandEnd {
-    /// Whether the command ran and exited with status 0.
-    pub fn succeeded(&self) -> bool {
-        self.ending == Ending::Exited && self.exit.code() == 0
-    }
-}
 
 /// The record of one run: from when its command started (the lock's ask, when it did not) to
 /// when it ended; `output`, what `--keep-output` kept of it.

@@ -28,8 +28,8 @@ use anyhow::{anyhow, bail, Result};
 
 use crate::clock::Instant;
 use crate::exit::Exit;
-use crate::fleet::record::CommandEnd;
 use crate::handover::message::{LockMessage, Message, ReleaseMessage, ReleaseOutcome};
+use crate::record::run::CommandEnd;
 use crate::record::run::Ending;
 use crate::store::holder::Holder;
 use crate::store::keys::Keys;

@@ -5,6 +5,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::exit::Exit;
+
 /// How a run ended, as recorded, logged and reported to a replica.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -114,5 +116,28 @@ impl KeptStream {
             KeptStream::Stdout => "out",
             KeptStream::Stderr => "err",
         }
+    }
+}
+
+/// How a run's command ended, as its release records it: what a replica's run tells its replica
+/// when it asks it to release (the replica, which claimed the lock, makes the record), and what a
+/// run that releases by itself records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommandEnd {
+    /// cronlock's exit status for the run.
+    pub exit: Exit,
+    pub ending: Ending,
+    /// When the command started (wall-clock ms), if it did.
+    pub started_ms: Option<u64>,
+    /// When the run was done with it (wall-clock ms).
+    pub finished_ms: u64,
+    /// cronlock was asked to end while it ran (and passed it on): the ledger says interrupted.
+    pub interrupted: bool,
+}
+
+impl CommandEnd {
+    /// Whether the command ran and exited with status 0.
+    pub fn succeeded(&self) -> bool {
+        self.ending == Ending::Exited && self.exit.code() == 0
     }
 }

@@ -6,9 +6,9 @@
 use std::time::Duration;
 
 use crate::clock::{redis_millis, rfc3339};
-use crate::fleet::record::CommandEnd;
 use crate::handover::{ReplicaSide, RunEnd, RunReport};
 use crate::log::Log;
+use crate::record::run::CommandEnd;
 use crate::record::run::Ending;
 use crate::store::lock::ReleaseOptions;
 

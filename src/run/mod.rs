@@ -22,11 +22,11 @@ use crate::config::RunConfig;
 use crate::duration::Span;
 use crate::exit::Exit;
 use crate::fleet::metrics;
-use crate::fleet::record::CommandEnd;
 use crate::fleet::report::{Report, RunOutcome};
 use crate::handover::{ReleaseAnswer, RunEnd, RunReport, RunSide};
 use crate::lease::{self, LockState, Validity};
 use crate::log::Log;
+use crate::record::run::CommandEnd;
 use crate::record::run::Ending;
 use crate::record::run::KeptLine;
 use crate::signals;
@@ -284,13 +284,9 @@ impl<'a> Run<'a> {
         if let Some(c) = capture {
             *captured = c.finish(Duration::from_secs(1));
         }
-        let (exit, ending) = finished(&ended, started, self.log);
         CommandEnd {
-            exit,
-            ending,
             started_ms: Some(started_ms),
-            finished_ms: crate::clock::unix_millis(),
-            interrupted: signals::asked_to_end(),
+            ..finished(&ended, started, self.log)
         }
     }
 
@@ -637,8 +633,8 @@ fn contained(
 }
 
 /// "command exited with status N after D": cronlock's exit status, and what the run record
-/// calls the ending.
-fn finished(ended: &Ended, started: Instant, log: &Log) -> (Exit, Ending) {
+/// calls the ending (its start is the caller's to fill in).
+fn finished(ended: &Ended, started: Instant, log: &Log) -> CommandEnd {
     let exit = ended.exit();
     let (ending, how) = match (&ended.stopped, ended.status) {
         (Some(Stop::LockLost(_)), _) => (Ending::Lost, "was terminated: lock lost".to_string()),
@@ -662,5 +658,11 @@ fn finished(ended: &Ended, started: Instant, log: &Log) -> (Exit, Ending) {
             ("duration_ms", took_ms.into()),
         ],
     );
-    (exit, ending)
+    CommandEnd {
+        exit,
+        ending,
+        started_ms: None,
+        finished_ms: crate::clock::unix_millis(),
+        interrupted: signals::asked_to_end(),
+    }
 }
