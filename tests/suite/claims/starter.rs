@@ -19,6 +19,12 @@ fn long_crontab(dir: &Path, tick: bool) -> std::path::PathBuf {
     crontab(dir, &text)
 }
 
+/// The test's replica SIGKILLed and reaped.
+fn kill_replica(mut c: std::process::Child) {
+    signal(c.id() as i32, libc::SIGKILL);
+    c.wait().unwrap();
+}
+
 /// The long job runs again (another instant than `instant` is written) within `within`.
 fn assert_runs_again(dir: &Path, file: &Path, instant: &str, within: Duration) {
     let again = || std::fs::read_to_string(dir.join("instant")).is_ok_and(|i| i != instant);
@@ -77,9 +83,7 @@ fn a_killed_starters_runs_stop_their_commands_and_the_replica_serves_on() {
     assert!(starter_of(c.id()).is_some_and(|s| s != starter));
     assert_runs_again(&dir, &file, &instant, Duration::from_secs(5));
     crate::common::replicas::assert_first_attempt(&r.url(), "long", instant.trim(), "interrupted");
-    let mut c = c;
-    signal(c.id() as i32, libc::SIGKILL);
-    c.wait().unwrap();
+    kill_replica(c);
 }
 
 /// A replica's run forks no guard: its command is its own child, in a cgroup its starter made
@@ -129,9 +133,7 @@ fn a_replicas_run_forks_no_guard_and_its_starter_stops_a_killed_runs_command() {
         "the run's cgroup is left: {own}"
     );
     assert_runs_again(&dir, &file, &instant, Duration::from_secs(8));
-    let mut c = c;
-    signal(c.id() as i32, libc::SIGKILL);
-    c.wait().unwrap();
+    kill_replica(c);
 }
 
 /// A replica's run SIGSTOPped while its command sleeps, and nothing else happening on the
@@ -161,9 +163,7 @@ fn a_frozen_runs_command_is_killed_by_its_starter_in_time() {
     );
     signal(run, libc::SIGCONT);
     assert_runs_again(&dir, &file, &instant, Duration::from_secs(8));
-    let mut c = c;
-    signal(c.id() as i32, libc::SIGKILL);
-    c.wait().unwrap();
+    kill_replica(c);
 }
 
 /// A replica SIGKILLed while a run's command sleeps: its starter dies with it, and the run,
@@ -174,11 +174,10 @@ fn a_killed_replicas_runs_stop_their_commands_in_time() {
     let r = Redis::start();
     let dir = scratch("replica-kill-guard");
     let file = long_crontab(&dir, false);
-    let mut c = replica(&r.url(), &file, &[]);
+    let c = replica(&r.url(), &file, &[]);
     let command = command_pid(&dir, &file);
     let starter = starter_of(c.id()).expect("the replica's starter");
-    signal(c.id() as i32, libc::SIGKILL);
-    c.wait().unwrap();
+    kill_replica(c);
     assert!(
         wait_for(Duration::from_secs(4), || !alive(command)),
         "the command outlived its run's lock\n{}",
